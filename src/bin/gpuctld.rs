@@ -1,0 +1,2 @@
+//! `gpuctld`: the agent daemon.
+fn main() {}

@@ -1,0 +1,68 @@
+//! The `gpuctl` command line. Each subcommand lives in its own module; `main.rs` only calls
+//! [`run`].
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+pub mod plan;
+pub mod validate;
+
+/// Exit codes shared by subcommands.
+pub mod exit {
+    /// Success / valid / converged.
+    pub const OK: i32 = 0;
+    /// Invalid policy, or changes pending (`check`).
+    pub const INVALID: i32 = 1;
+    /// A file could not be read, or another operational failure.
+    pub const UNREADABLE: i32 = 2;
+}
+
+/// gpuctl makes a shared NVIDIA GPU host match a declarative team policy: MIG layout, MPS
+/// daemons, per-team systemd slices with device, memory and CPU limits, and each team's device
+/// view.
+#[derive(Debug, Parser)]
+#[command(name = "gpuctl", version, propagate_version = true)]
+pub struct Cli {
+    /// Resolve every host path (policy directories, /run, /var/lib, /dev, /proc) under DIR.
+    #[arg(long, global = true, value_name = "DIR", default_value = "/")]
+    pub root: PathBuf,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check policy files; exit 0 when valid, 1 when invalid, 2 when unreadable.
+    Validate(validate::ValidateArgs),
+    /// Show what would change to make the host match the policy.
+    Plan(plan::PlanArgs),
+    /// Make the host (or a simulated host) match the policy.
+    Apply(plan::ApplyArgs),
+    /// Exit 0 when the host matches the policy, 1 when changes are pending.
+    Check(plan::CheckArgs),
+}
+
+/// Parse the command line and run; returns the process exit code.
+pub fn run() -> i32 {
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Validate(a) => validate::run(&cli, a),
+        Command::Plan(a) => plan::run_plan(&cli, a),
+        Command::Apply(a) => plan::run_apply(&cli, a),
+        Command::Check(a) => plan::run_check(&cli, a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("gpuctl: {e:#}");
+            exit::UNREADABLE
+        }
+    }
+}
+
+/// The clap command, for man pages and shell completions.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}

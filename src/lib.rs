@@ -1,0 +1,19 @@
+//! gpuctl: a declarative, systemd-native split of a shared NVIDIA GPU host between teams.
+//!
+//! The crate is laid out as the data flows:
+//! - [`policy`]: TOML drop-ins → validated [`policy::Policy`];
+//! - [`observe`]: a typed snapshot of the host ([`observe::Observed`]);
+//! - [`plan`]: the pure planner, `plan(&Policy, &Observed) -> Plan`, with no I/O;
+//! - [`apply`]: the executor and the effector traits it drives;
+//! - [`sim`]: simulated hosts built from the reference data, for offline plans and tests;
+//! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
+#![warn(missing_docs)]
+
+pub mod apply;
+pub mod cli;
+pub mod observe;
+pub mod paths;
+pub mod plan;
+pub mod policy;
+pub mod profiles;
+pub mod sim;

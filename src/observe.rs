@@ -1,0 +1,174 @@
+//! A typed snapshot of the host: GPUs and their MIG state, team slices, MPS daemons, team
+//! environment files.
+//!
+//! The snapshot is plain data. It is filled by effectors (NVML, systemd, files) on a real host and
+//! by [`crate::sim`] on a simulated one; the planner only reads it.
+
+use crate::profiles::Placement;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Everything the planner needs to know about the host.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Observed {
+    /// RAM and CPUs.
+    pub host: HostInfo,
+    /// Whether NVML could be used; `Some(reason)` when it could not (no driver, no library).
+    #[serde(default)]
+    pub nvml_unavailable: Option<String>,
+    /// GPUs by NVML index order.
+    pub gpus: Vec<GpuState>,
+    /// Contents of `/proc/driver/nvidia-caps/mig-minors`: `gpu0/gi1/ci0/access` → minor.
+    #[serde(default)]
+    pub mig_minors: BTreeMap<String, u32>,
+    /// Live team slices by team name (only `gpu-<team>.slice` units gpuctl manages).
+    #[serde(default)]
+    pub slices: BTreeMap<String, SliceSpec>,
+    /// Running MPS daemons by instance name.
+    #[serde(default)]
+    pub mps: BTreeMap<String, MpsSpec>,
+    /// `/run/gpuctl/teams/<team>.env` contents by team.
+    #[serde(default)]
+    pub env_files: BTreeMap<String, String>,
+}
+
+/// Host RAM and CPUs, for percentage limits and CPU sets.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostInfo {
+    /// Bytes of RAM.
+    pub memory_bytes: u64,
+    /// Online CPUs.
+    pub cpus: u32,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuState {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Name NVML reports.
+    pub name: String,
+    /// Reference key of the model, when known (`H100-SXM5-80GB`).
+    pub model: Option<String>,
+    /// Minor number: the `N` of `/dev/nvidiaN`.
+    pub minor: u32,
+    /// Framebuffer in MiB.
+    pub memory_mib: u64,
+    /// MIG state; `None` when the GPU cannot do MIG.
+    pub mig: Option<MigState>,
+    /// Compute processes on the whole GPU (outside MIG).
+    #[serde(default)]
+    pub processes: Vec<GpuProcess>,
+}
+
+/// MIG mode and instances of one GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MigState {
+    /// Mode in force.
+    pub current: bool,
+    /// Mode that takes effect after a GPU reset (differs from `current` while pending).
+    pub pending: bool,
+    /// GPU instances.
+    pub instances: Vec<GpuInstance>,
+}
+
+impl MigState {
+    /// Whether a mode change waits for a GPU reset.
+    pub fn is_pending(&self) -> bool {
+        self.current != self.pending
+    }
+}
+
+/// A GPU instance.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GpuInstance {
+    /// GI id, chosen by the driver (0..=14).
+    pub id: u32,
+    /// Published profile ID.
+    pub profile_id: u32,
+    /// Profile name (`3g.40gb`), from the reference data.
+    pub profile: String,
+    /// Placement in memory slices; unique per GPU, so it names the instance in plans.
+    pub placement: Placement,
+    /// Team gpuctl assigned it to (from its own state), `None` when gpuctl did not create it.
+    pub owner: Option<String>,
+    /// Compute instances.
+    pub compute: Vec<ComputeInstance>,
+}
+
+/// A compute instance: one MIG device.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ComputeInstance {
+    /// CI id within its GI (0..=7).
+    pub id: u32,
+    /// CI profile ID.
+    pub profile_id: u32,
+    /// Profile name (`1c.3g.40gb` or the GI name for a full CI).
+    pub profile: String,
+    /// Placement in compute slices of the GI.
+    pub placement: Placement,
+    /// `MIG-…` UUID of the MIG device.
+    pub uuid: String,
+    /// Compute processes on this MIG device.
+    #[serde(default)]
+    pub processes: Vec<GpuProcess>,
+}
+
+/// A process using a GPU or a MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuProcess {
+    /// PID.
+    pub pid: u32,
+    /// Bytes of GPU memory used.
+    #[serde(default)]
+    pub used_memory: u64,
+    /// systemd unit owning the PID (from its cgroup), when known.
+    #[serde(default)]
+    pub unit: Option<String>,
+    /// cgroup path of the PID, when known.
+    #[serde(default)]
+    pub cgroup: Option<String>,
+}
+
+/// Properties of a team slice that gpuctl manages. `None` leaves systemd's default.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SliceSpec {
+    /// `MemoryMax=` in bytes.
+    pub memory_max: Option<u64>,
+    /// `MemoryHigh=` in bytes.
+    pub memory_high: Option<u64>,
+    /// `CPUWeight=`.
+    pub cpu_weight: Option<u64>,
+    /// `AllowedCPUs=`.
+    pub allowed_cpus: Option<String>,
+    /// `TasksMax=`.
+    pub tasks_max: Option<u64>,
+    /// `IOWeight=`.
+    pub io_weight: Option<u64>,
+    /// `DeviceAllow=` paths (all `rw`); `DevicePolicy=closed` is implied.
+    pub device_allow: BTreeSet<String>,
+}
+
+/// One MPS control daemon.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MpsSpec {
+    /// Owning team.
+    pub team: String,
+    /// `CUDA_VISIBLE_DEVICES` of the daemon: GPU or MIG UUIDs.
+    pub devices: Vec<String>,
+    /// Default active thread percentage.
+    pub active_thread_percentage: Option<u32>,
+    /// Default pinned device memory limit in bytes.
+    pub pinned_memory_limit: Option<u64>,
+    /// Unix user of the daemon; `None` is root.
+    pub user: Option<String>,
+}
+
+impl Observed {
+    /// GPU by index.
+    pub fn gpu(&self, index: u32) -> Option<&GpuState> {
+        self.gpus.iter().find(|g| g.index == index)
+    }
+}

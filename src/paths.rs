@@ -1,0 +1,58 @@
+//! Host paths, all resolved under an injectable root so that tests run against temp dirs.
+
+use std::path::{Path, PathBuf};
+
+/// The directory that stands for `/` (the real root in production, a temp dir in tests).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Root(PathBuf);
+
+impl Default for Root {
+    fn default() -> Self {
+        Root(PathBuf::from("/"))
+    }
+}
+
+impl Root {
+    /// A root at `dir`.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Root(dir.into())
+    }
+
+    /// The root directory itself.
+    pub fn dir(&self) -> &Path {
+        &self.0
+    }
+
+    /// Resolve an absolute host path (`/etc/gpuctl`) under the root.
+    pub fn join(&self, host_path: impl AsRef<Path>) -> PathBuf {
+        let p = host_path.as_ref();
+        self.0.join(p.strip_prefix("/").unwrap_or(p))
+    }
+}
+
+/// Vendor policy fragments (lowest precedence).
+pub const POLICY_DIR_VENDOR: &str = "/usr/lib/gpuctl/policy.d";
+/// Runtime policy fragments.
+pub const POLICY_DIR_RUN: &str = "/run/gpuctl/policy.d";
+/// Admin policy fragments (highest precedence).
+pub const POLICY_DIR_ETC: &str = "/etc/gpuctl/policy.d";
+/// The admin's main policy file, merged before the fragments.
+pub const POLICY_MAIN: &str = "/etc/gpuctl/policy.toml";
+/// Persistent agent state: MIG ownership labels and the apply journal.
+pub const STATE_DIR: &str = "/var/lib/gpuctl";
+/// Runtime state: team environment files, MPS pipe directories.
+pub const RUN_DIR: &str = "/run/gpuctl";
+/// Where the NVIDIA driver lists MIG capability minors.
+pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn join_strips_leading_slash() {
+        let r = Root::new("/tmp/x");
+        assert_eq!(r.join("/etc/gpuctl"), PathBuf::from("/tmp/x/etc/gpuctl"));
+        assert_eq!(Root::default().join("/etc"), PathBuf::from("/etc"));
+    }
+}
