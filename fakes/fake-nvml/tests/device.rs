@@ -199,3 +199,36 @@ fn second_process_shares_state() {
         Err(INSUFFICIENT_RESOURCES)
     );
 }
+
+#[test]
+fn c_control_exports_act_on_the_current_state() {
+    let fake = Fake::new("a100-40gb");
+    let nvml = fake.nvml();
+    let a100 = nvml.device_by_index(0).unwrap();
+    a100.set_mig_mode(true).unwrap();
+    // SAFETY: loading our own library; the signatures match src/control.rs.
+    unsafe {
+        let lib = libloading::Library::new(lib_path()).unwrap();
+        let add: libloading::Symbol<unsafe extern "C" fn(u32, u32, u32, u32, u64) -> u32> =
+            lib.get(b"fakeNvmlAddProcess").unwrap();
+        let remove: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> =
+            lib.get(b"fakeNvmlRemoveProcess").unwrap();
+        let reset: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> =
+            lib.get(b"fakeNvmlResetGpu").unwrap();
+        let calls: libloading::Symbol<unsafe extern "C" fn(*mut u64) -> u32> =
+            lib.get(b"fakeNvmlMutatingCallCount").unwrap();
+        assert_eq!(add(0, u32::MAX, u32::MAX, 77, 10), SUCCESS);
+        assert_eq!(a100.running_compute_processes().unwrap()[0].pid, 77);
+        assert_eq!(reset(0), IN_USE);
+        assert_eq!(remove(77), SUCCESS);
+        assert_eq!(remove(77), NOT_FOUND);
+        assert_eq!(reset(0), SUCCESS);
+        assert_eq!(reset(1), INVALID_ARGUMENT);
+        let mut n = 0u64;
+        assert_eq!(calls(&mut n), SUCCESS);
+        assert_eq!(n, 1);
+    }
+    assert_eq!(a100.mig_mode().unwrap().current, 1);
+    let log = fake.log_functions();
+    assert_eq!(log.iter().filter(|f| *f == "fakeNvmlResetGpu").count(), 3);
+}
