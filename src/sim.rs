@@ -164,7 +164,10 @@ pub fn build(spec: &str) -> Result<Observed, SimError> {
         .enumerate()
         .map(|(i, m)| GpuState {
             index: i as u32,
-            uuid: uuid("GPU", &[b"gpuctl-sim", &(i as u64).to_le_bytes(), m.key.as_bytes()]),
+            uuid: uuid(
+                "GPU",
+                &[b"gpuctl-sim", &(i as u64).to_le_bytes(), m.key.as_bytes()],
+            ),
             name: m.nvml_name.clone(),
             model: Some(m.key.clone()),
             minor: i as u32,
@@ -196,7 +199,9 @@ pub struct SimHost {
 impl SimHost {
     /// A fresh host from a spec.
     pub fn from_spec(spec: &str) -> Result<Self, SimError> {
-        Ok(SimHost { state: build(spec)? })
+        Ok(SimHost {
+            state: build(spec)?,
+        })
     }
 
     /// Load a state file.
@@ -271,7 +276,10 @@ impl GpuEffector for SimHost {
     fn set_mig_mode(&mut self, gpu: &str, enable: bool) -> Result<bool, EffectError> {
         let (g, m) = self.gpu(gpu)?;
         let busy = !g.processes.is_empty();
-        let mig = g.mig.as_mut().ok_or_else(|| other(gpu, "GPU cannot do MIG"))?;
+        let mig = g
+            .mig
+            .as_mut()
+            .ok_or_else(|| other(gpu, "GPU cannot do MIG"))?;
         if !enable && !mig.instances.is_empty() {
             return Err(EffectError::InUse {
                 what: format!("{gpu}: MIG instances exist"),
@@ -294,9 +302,10 @@ impl GpuEffector for SimHost {
     fn reset_gpu(&mut self, gpu: &str) -> Result<(), EffectError> {
         let (g, _) = self.gpu(gpu)?;
         let busy = !g.processes.is_empty()
-            || g.mig.iter().flat_map(|m| &m.instances).any(|gi| {
-                gi.compute.iter().any(|c| !c.processes.is_empty())
-            });
+            || g.mig
+                .iter()
+                .flat_map(|m| &m.instances)
+                .any(|gi| gi.compute.iter().any(|c| !c.processes.is_empty()));
         if busy {
             return Err(EffectError::InUse {
                 what: format!("{gpu}: processes run"),
@@ -316,7 +325,10 @@ impl GpuEffector for SimHost {
         placement: Placement,
     ) -> Result<u32, EffectError> {
         let (g, m) = self.gpu(gpu)?;
-        let what = format!("{gpu} profile {profile_id} @{}+{}", placement.start, placement.size);
+        let what = format!(
+            "{gpu} profile {profile_id} @{}+{}",
+            placement.start, placement.size
+        );
         let p = m
             .gi_profile_by_id(profile_id)
             .ok_or_else(|| other(&what, "no such GPU instance profile"))?;
@@ -330,8 +342,15 @@ impl GpuEffector for SimHost {
             .filter_map(|i| m.gi_profile_by_id(i.profile_id))
             .map(|q| q.slice_count)
             .sum();
-        let same = mig.instances.iter().filter(|i| i.profile_id == profile_id).count() as u32;
-        if mig.instances.iter().any(|i| i.placement.overlaps(&placement))
+        let same = mig
+            .instances
+            .iter()
+            .filter(|i| i.profile_id == profile_id)
+            .count() as u32;
+        if mig
+            .instances
+            .iter()
+            .any(|i| i.placement.overlaps(&placement))
             || used + p.slice_count > m.compute_slices
             || same >= p.instance_count
             || mig.instances.len() as u32 >= m.max_mig_device_count
@@ -398,8 +417,16 @@ impl GpuEffector for SimHost {
         if !p.placements.contains(&placement) {
             return Err(other(&what, "not a legal placement for this profile"));
         }
-        let same = inst.compute.iter().filter(|c| c.profile_id == profile_id).count() as u32;
-        if inst.compute.iter().any(|c| c.placement.overlaps(&placement)) || same >= p.instance_count
+        let same = inst
+            .compute
+            .iter()
+            .filter(|c| c.profile_id == profile_id)
+            .count() as u32;
+        if inst
+            .compute
+            .iter()
+            .any(|c| c.placement.overlaps(&placement))
+            || same >= p.instance_count
         {
             return Err(no_room(what));
         }
@@ -466,9 +493,8 @@ impl OwnerLabels for SimHost {
 impl UnitEffector for SimHost {
     /// Stopping a unit ends its processes everywhere on the host.
     fn stop_units(&mut self, units: &[String], _timeout: Duration) -> Result<(), EffectError> {
-        let gone = |p: &crate::observe::GpuProcess| {
-            p.unit.as_ref().is_some_and(|u| units.contains(u))
-        };
+        let gone =
+            |p: &crate::observe::GpuProcess| p.unit.as_ref().is_some_and(|u| units.contains(u));
         for g in &mut self.state.gpus {
             g.processes.retain(|p| !gone(p));
             for gi in g.mig.iter_mut().flat_map(|m| m.instances.iter_mut()) {
@@ -564,7 +590,10 @@ mod tests {
         let g = h.state.gpus[0].uuid.clone();
         h.set_mig_mode(&g, true).unwrap();
         let ids: Vec<u32> = (0..7)
-            .map(|s| h.create_gi(&g, 19, Placement { start: s, size: 1 }).unwrap())
+            .map(|s| {
+                h.create_gi(&g, 19, Placement { start: s, size: 1 })
+                    .unwrap()
+            })
             .collect();
         assert_eq!(ids, vec![9, 7, 8, 11, 12, 13, 14]);
         assert!(matches!(
@@ -585,8 +614,13 @@ mod tests {
         assert!(h.create_gi(&g, 9, Placement { start: 0, size: 4 }).is_err());
         h.reset_gpu(&g).unwrap();
         let gi = h.create_gi(&g, 9, Placement { start: 0, size: 4 }).unwrap();
-        let ci = h.create_ci(&g, gi, 2, Placement { start: 0, size: 3 }).unwrap();
-        assert!(matches!(h.destroy_gi(&g, gi), Err(EffectError::InUse { .. })));
+        let ci = h
+            .create_ci(&g, gi, 2, Placement { start: 0, size: 3 })
+            .unwrap();
+        assert!(matches!(
+            h.destroy_gi(&g, gi),
+            Err(EffectError::InUse { .. })
+        ));
         h.state.gpus[0].mig.as_mut().unwrap().instances[0].compute[0]
             .processes
             .push(crate::observe::GpuProcess {
@@ -595,7 +629,10 @@ mod tests {
                 unit: Some("x.service".into()),
                 cgroup: None,
             });
-        assert!(matches!(h.destroy_ci(&g, gi, ci), Err(EffectError::InUse { .. })));
+        assert!(matches!(
+            h.destroy_ci(&g, gi, ci),
+            Err(EffectError::InUse { .. })
+        ));
         assert!(matches!(h.reset_gpu(&g), Err(EffectError::InUse { .. })));
         h.stop_units(&["x.service".into()], Duration::ZERO).unwrap();
         h.destroy_ci(&g, gi, ci).unwrap();

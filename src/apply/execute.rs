@@ -138,9 +138,7 @@ fn run_one<H: Host + ?Sized>(
             ids.gi.insert((gi.gpu.clone(), gi.placement), id);
             host.set_owner(&gi.gpu, id, owner)
         }
-        ActionKind::CreateCi {
-            ci, profile_id, ..
-        } => {
+        ActionKind::CreateCi { ci, profile_id, .. } => {
             let g = ids.gi(&ci.gi.gpu, ci.gi.placement)?;
             let id = host.create_ci(&ci.gi.gpu, g, *profile_id, ci.placement)?;
             ids.ci
@@ -203,7 +201,11 @@ pub fn execute<H: Host + ?Sized>(
     let before = host.observe()?;
     let mut ids = Ids::from(&before);
 
-    let first: Vec<&Action> = plan.actions.iter().filter(|a| is_mig_round(a.phase)).collect();
+    let first: Vec<&Action> = plan
+        .actions
+        .iter()
+        .filter(|a| is_mig_round(a.phase))
+        .collect();
     run_all(policy, host, &mut ids, first.iter().copied(), &mut report);
 
     let ran_mig = first

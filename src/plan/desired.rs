@@ -235,7 +235,12 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
             whole.push(g.index);
             slice.device_allow.insert(format!("/dev/nvidia{}", g.minor));
         }
-        for gi in gd.mig.layout.iter().filter(|l| l.owner.as_deref() == Some(name)) {
+        for gi in gd
+            .mig
+            .layout
+            .iter()
+            .filter(|l| l.owner.as_deref() == Some(name))
+        {
             slice.device_allow.insert(format!("/dev/nvidia{}", g.minor));
             for ci in &gi.cis {
                 let (uuid, exists) = match (&gi.existing, &ci.existing) {
@@ -253,9 +258,9 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
                                 }
                                 None => {
                                     provisional = true;
-                                    slice.device_allow.insert(format!(
-                                        "<cap of {key}: not in mig-minors>"
-                                    ));
+                                    slice
+                                        .device_allow
+                                        .insert(format!("<cap of {key}: not in mig-minors>"));
                                 }
                             }
                         }
@@ -337,7 +342,11 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
 /// name) is the default pipe; `GPUCTL_MPS_INSTANCES` lists all so a shell can pick another.
 fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) -> String {
     let devs = visible.join(",");
-    let nv = if devs.is_empty() { "void".to_string() } else { devs.clone() };
+    let nv = if devs.is_empty() {
+        "void".to_string()
+    } else {
+        devs.clone()
+    };
     let mut s = format!(
         "# Written by gpuctl for team {team}; changes are overwritten.\n\
          GPUCTL_TEAM={team}\nCUDA_VISIBLE_DEVICES={devs}\nNVIDIA_VISIBLE_DEVICES={nv}\n"

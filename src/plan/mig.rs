@@ -28,16 +28,14 @@ fn search(items: &[Item<'_>], occupied: u32) -> Option<Vec<Placement>> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| {
         let size = items[i].placements.first().map(|p| p.size).unwrap_or(0);
-        (std::cmp::Reverse(size), items[i].placements.len(), items[i].id)
+        (
+            std::cmp::Reverse(size),
+            items[i].placements.len(),
+            items[i].id,
+        )
     });
     let mut chosen: Vec<usize> = vec![0; items.len()];
-    fn go(
-        k: usize,
-        order: &[usize],
-        items: &[Item<'_>],
-        mask: u32,
-        chosen: &mut [usize],
-    ) -> bool {
+    fn go(k: usize, order: &[usize], items: &[Item<'_>], mask: u32, chosen: &mut [usize]) -> bool {
         let Some(&i) = order.get(k) else {
             return true;
         };
@@ -87,7 +85,10 @@ pub fn fit_gis(
     let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
     for (id, p) in fixed {
         mask |= p.mask();
-        compute += model.gi_profile_by_id(*id).map(|g| g.slice_count).unwrap_or(0);
+        compute += model
+            .gi_profile_by_id(*id)
+            .map(|g| g.slice_count)
+            .unwrap_or(0);
         *counts.entry(*id).or_default() += 1;
     }
     for w in wanted {
@@ -201,7 +202,10 @@ pub fn slots<'m>(
                     gpu,
                     None,
                     vec![],
-                    format!("compute profile {n} does not exist in a {} instance", gi.name),
+                    format!(
+                        "compute profile {n} does not exist in a {} instance",
+                        gi.name
+                    ),
                 )),
             }
         }
@@ -372,7 +376,12 @@ fn busy_reason(reconf: Reconfigure) -> &'static str {
     }
 }
 
-fn destroy_gi_actions(gpu: &GpuState, gi: &GpuInstance, why: &str, out: &mut Vec<(ActionKind, String)>) {
+fn destroy_gi_actions(
+    gpu: &GpuState,
+    gi: &GpuInstance,
+    why: &str,
+    out: &mut Vec<(ActionKind, String)>,
+) {
     let r = gi_ref(gpu, gi.placement);
     for c in &gi.compute {
         out.push((
@@ -436,7 +445,10 @@ pub fn plan_gpu(
                         index: gpu.index,
                         enable: false,
                     },
-                    format!("gpu {} is used whole: cancel the pending MIG enable", gpu.index),
+                    format!(
+                        "gpu {} is used whole: cancel the pending MIG enable",
+                        gpu.index
+                    ),
                 ));
                 out.mode_changes = true;
                 return out;
@@ -487,7 +499,10 @@ pub fn plan_gpu(
                         gpu: gpu.uuid.clone(),
                         index: gpu.index,
                     },
-                    format!("{} applies a MIG mode change only after a GPU reset", model.nvml_name),
+                    format!(
+                        "{} applies a MIG mode change only after a GPU reset",
+                        model.nvml_name
+                    ),
                 ));
             }
             out
@@ -582,7 +597,9 @@ fn assign(
     let mut score = 0;
     for &i in pool {
         let hit = (0..slots.len()).find(|&s| {
-            !taken[s] && slot_keys[s] == keys[i] && existing[i].owner.as_deref() == Some(&slots[s].owner)
+            !taken[s]
+                && slot_keys[s] == keys[i]
+                && existing[i].owner.as_deref() == Some(&slots[s].owner)
         });
         if let Some(s) = hit {
             taken[s] = true;
@@ -655,14 +672,19 @@ fn plan_instances(
         let Some(places) = fit_gis(model, &fixed, &wanted) else {
             continue;
         };
-        emit(gpu, existing, &slots, &pool, &a, &rest, &places, &procs, &immovable, reconf, out);
+        emit(
+            gpu, existing, &slots, &pool, &a, &rest, &places, &procs, &immovable, reconf, out,
+        );
         return;
     }
 
     // Nothing fits: keep what is there rather than tear down instances for a layout that cannot
     // be completed.
     out.layout = existing.iter().map(LayoutGi::from_existing).collect();
-    let busy: Vec<String> = immov.iter().flat_map(|&i| procs[i].iter().map(|p| holder(p))).collect();
+    let busy: Vec<String> = immov
+        .iter()
+        .flat_map(|&i| procs[i].iter().map(|p| holder(p)))
+        .collect();
     let reason = if busy.is_empty() {
         format!(
             "the MIG geometry does not fit gpu {} ({}); instances left as they are",
@@ -763,7 +785,10 @@ fn emit(
                 profile_id: slot.gi.id,
                 owner: slot.owner.clone(),
             },
-            format!("policy gives team {} a {} on gpu {}", slot.owner, slot.gi.name, gpu.index),
+            format!(
+                "policy gives team {} a {} on gpu {}",
+                slot.owner, slot.gi.name, gpu.index
+            ),
         ));
         let mut cis = Vec::new();
         for (c, cp) in &slot.cis {
@@ -818,11 +843,22 @@ mod tests {
         // First fit in the given order would put the 3g at 0 and leave no room for the 4g.
         assert_eq!(three.placements[0].start, 0);
         let p = fit_gis(m, &[], &[three, four]).expect("a fit exists");
-        assert_eq!(p, vec![Placement { start: 4, size: 4 }, Placement { start: 0, size: 4 }]);
+        assert_eq!(
+            p,
+            vec![
+                Placement { start: 4, size: 4 },
+                Placement { start: 0, size: 4 }
+            ]
+        );
         // Around a fixed 1g at slice 5, 2g+2g fit only at 0 and 2.
         let one = m.gi_profile("1g.10gb").unwrap();
         let two = m.gi_profile("2g.20gb").unwrap();
-        let p = fit_gis(m, &[(one.id, Placement { start: 4, size: 1 })], &[two, two, one]).unwrap();
+        let p = fit_gis(
+            m,
+            &[(one.id, Placement { start: 4, size: 1 })],
+            &[two, two, one],
+        )
+        .unwrap();
         assert!(!p[0].overlaps(&p[1]) && !p[1].overlaps(&p[2]) && !p[0].overlaps(&p[2]));
     }
 
@@ -832,7 +868,10 @@ mod tests {
         let three = m.gi_profile("3g.40gb").unwrap();
         assert!(fit_gis(m, &[], &[three, three, three]).is_none());
         let me = m.gi_profile("1g.10gb+me").unwrap();
-        assert!(fit_gis(m, &[], &[me, me]).is_none(), "instance_count of +me is 1");
+        assert!(
+            fit_gis(m, &[], &[me, me]).is_none(),
+            "instance_count of +me is 1"
+        );
         let one = m.gi_profile("1g.10gb").unwrap();
         assert!(fit_gis(m, &[], &[one; 7]).is_some());
         assert!(fit_gis(m, &[], &[one; 8]).is_none());
@@ -850,7 +889,13 @@ mod tests {
         // 2c has a single placement (0..2); the 1c must go to slice 2 even though it is listed
         // first.
         let p = fit_cis(gi, &[one, two]).unwrap();
-        assert_eq!(p, vec![Placement { start: 2, size: 1 }, Placement { start: 0, size: 2 }]);
+        assert_eq!(
+            p,
+            vec![
+                Placement { start: 2, size: 1 },
+                Placement { start: 0, size: 2 }
+            ]
+        );
         assert!(fit_cis(gi, &[two, two]).is_none());
     }
 }

@@ -323,7 +323,11 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
             .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
 
     // Devices: capability nodes, env files.
-    let need: BTreeSet<u32> = d.teams.values().flat_map(|t| t.cap_minors.iter().copied()).collect();
+    let need: BTreeSet<u32> = d
+        .teams
+        .values()
+        .flat_map(|t| t.cap_minors.iter().copied())
+        .collect();
     let missing: Vec<u32> = need.difference(&observed.cap_nodes).copied().collect();
     if !missing.is_empty() {
         push(
@@ -489,7 +493,11 @@ impl fmt::Display for ActionKind {
             }
             ActionKind::StopMps { instance } => write!(f, "stop MPS daemon {instance}"),
             ActionKind::StartMps { instance, spec } => {
-                write!(f, "start MPS daemon {instance} on {}", spec.devices.join(","))?;
+                write!(
+                    f,
+                    "start MPS daemon {instance} on {}",
+                    spec.devices.join(",")
+                )?;
                 if let Some(p) = spec.active_thread_percentage {
                     write!(f, " threads={p}%")?;
                 }
