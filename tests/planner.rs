@@ -313,3 +313,51 @@ fn whole_gpu_turns_mig_off_and_removed_team_is_cleaned_up() {
     assert!(!h.state.gpus[0].mig.as_ref().unwrap().current);
     assert_eq!(h.state.mps.keys().collect::<Vec<_>>(), vec!["a-gpus"]);
 }
+
+/// The policy of `tests/golden/mig-inference-h100`, built by hand: it pins that case's expected
+/// plan before the loader exists, and the golden test then checks the loader reproduces it.
+#[test]
+fn golden_case_rendered_from_hand_built_policy() {
+    use gpuctl::policy::{MpsSettings, Size};
+    let mut prod = team("prod");
+    prod.limits.memory_max = Some(Size::Bytes(128 << 30));
+    prod.limits.cpu_weight = Some(1000);
+    let mut interns = team("interns");
+    interns.limits.memory_max = Some(Size::PercentOfRam(10.0));
+    interns.limits.cpu_weight = Some(50);
+    interns.mps = Some(MpsSettings {
+        active_thread_percentage: Some(50),
+        ..Default::default()
+    });
+    let p = policy(
+        vec![prod, interns],
+        vec![
+            mig(
+                0,
+                &[
+                    ("3g.40gb", "prod", 1, &[]),
+                    ("3g.40gb", "interns", 1, &["1c", "2c"]),
+                ],
+            ),
+            assign(
+                Selector::Model("l40s".into()),
+                GpuUse::Owned("interns".into()),
+            ),
+        ],
+        Reconfigure::WhenIdle,
+    );
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mig-inference-h100");
+    let spec = std::fs::read_to_string(dir.join("host")).unwrap();
+    let obs = gpuctl::sim::build(spec.trim()).unwrap();
+    let d = gpuctl::plan::desired(&p, &obs);
+    let got = gpuctl::cli::plan::render(&obs, &d, &gpuctl::plan::diff(&d, &obs));
+    let file = dir.join("expected-plan.txt");
+    if std::env::var_os("GOLDEN_UPDATE").is_some() {
+        std::fs::write(&file, &got).unwrap();
+    }
+    assert_eq!(got, std::fs::read_to_string(&file).unwrap());
+    // Whatever the layout, both 3g halves exist and gpu 1 is left alone.
+    assert!(got.contains("gpu 1 ·") && got.contains("not named by the policy"));
+    assert_eq!(got.matches("create GI 3g.40gb").count(), 2);
+}
