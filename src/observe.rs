@@ -30,6 +30,9 @@ pub struct Observed {
     /// `/run/gpuctl/teams/<team>.env` contents by team.
     #[serde(default)]
     pub env_files: BTreeMap<String, String>,
+    /// Minors `N` whose `/dev/nvidia-caps/nvidia-capN` node exists.
+    #[serde(default)]
+    pub cap_nodes: BTreeSet<u32>,
 }
 
 /// Host RAM and CPUs, for percentage limits and CPU sets.

@@ -2,9 +2,16 @@
 //!
 //! Each effector is one narrow trait so that a real backend (NVML, systemd over D-Bus, files
 //! under a root) and a simulated one are interchangeable, and tests can verify the exact calls.
+//! [`Host`] bundles them for the executor; a real host is a struct that delegates each trait to
+//! its backend, the simulated host ([`crate::sim::SimHost`]) implements them all itself.
 
+use crate::observe::{MpsSpec, Observed, SliceSpec};
 use crate::profiles::Placement;
+use std::time::Duration;
 use thiserror::Error;
+
+mod execute;
+pub use execute::{execute, Report};
 
 /// A failed effector call, carrying what it concerned.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -56,4 +63,67 @@ pub trait GpuEffector {
     ) -> Result<u32, EffectError>;
     /// Destroy a compute instance.
     fn destroy_ci(&mut self, gpu: &str, gi: u32, ci: u32) -> Result<(), EffectError>;
+}
+
+/// Takes a fresh snapshot of the host.
+pub trait Observer {
+    /// Observe everything the planner reads.
+    fn observe(&mut self) -> Result<Observed, EffectError>;
+}
+
+/// gpuctl's own record of which team owns which GPU instance (the driver has no such notion).
+pub trait OwnerLabels {
+    /// Record `owner` for GI `gi` of `gpu`.
+    fn set_owner(&mut self, gpu: &str, gi: u32, owner: &str) -> Result<(), EffectError>;
+}
+
+/// systemd units of teams (drain and resume).
+pub trait UnitEffector {
+    /// Stop units and wait until they are gone, at most `timeout`.
+    fn stop_units(&mut self, units: &[String], timeout: Duration) -> Result<(), EffectError>;
+    /// Start units again.
+    fn start_units(&mut self, units: &[String]) -> Result<(), EffectError>;
+}
+
+/// Team slices (`gpu-<team>.slice`), set through systemd unit properties.
+pub trait SliceEffector {
+    /// Create or update a slice.
+    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError>;
+    /// Remove a slice.
+    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError>;
+}
+
+/// MPS control daemons.
+pub trait MpsEffector {
+    /// Start, or restart with new settings, a daemon instance.
+    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError>;
+    /// Stop a daemon instance.
+    fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError>;
+}
+
+/// Files gpuctl owns: team env files and MIG capability device nodes.
+pub trait FileEffector {
+    /// Write `/run/gpuctl/teams/<team>.env` atomically.
+    fn write_env(&mut self, team: &str, content: &str) -> Result<(), EffectError>;
+    /// Remove a team's env file.
+    fn remove_env(&mut self, team: &str) -> Result<(), EffectError>;
+    /// Create `/dev/nvidia-caps/nvidia-capN` for each minor.
+    fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError>;
+}
+
+/// Everything the executor drives.
+pub trait Host:
+    Observer + GpuEffector + OwnerLabels + UnitEffector + SliceEffector + MpsEffector + FileEffector
+{
+}
+
+impl<T> Host for T where
+    T: Observer
+        + GpuEffector
+        + OwnerLabels
+        + UnitEffector
+        + SliceEffector
+        + MpsEffector
+        + FileEffector
+{
 }

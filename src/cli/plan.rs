@@ -1,15 +1,30 @@
 //! `gpuctl plan`, `gpuctl apply` and `gpuctl check`.
-use super::Cli;
+//!
+//! Without `--simulate`/`--state` these would observe the real host through NVML, which the
+//! next issue brings; until then they say so and exit 2.
+use super::{exit, Cli};
+use crate::apply::execute;
+use crate::observe::Observed;
+use crate::paths::Root;
+use crate::plan::{self, desired, Action, Desired, Plan};
+use crate::policy::{self, GpuUse, Policy};
+use crate::sim::SimHost;
+use anyhow::Context;
 use clap::Args;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::PathBuf;
 
 /// Where the host state comes from.
 #[derive(Debug, Args)]
 pub struct HostArgs {
-    /// Plan against a simulated host, e.g. `h100-80gb*8` or `a100-40gb*4,h200*2`.
+    /// Plan against a simulated host, e.g. `h100-80gb*8` or `a100-40gb*4,h200*2`. Models:
+    /// a100-40gb, a100-80gb, h100-80gb, h100-pcie, h100-nvl, h200, a30, l40s (no MIG).
     #[arg(long, value_name = "SPEC")]
     pub simulate: Option<String>,
-    /// State file of the simulated host; created from SPEC when missing, updated by apply.
+    /// State file of the simulated host (JSON); created from SPEC when missing, updated by
+    /// apply. Given alone, the host it describes is reused.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
 }
@@ -20,7 +35,7 @@ pub struct PlanArgs {
     /// Host.
     #[command(flatten)]
     pub host: HostArgs,
-    /// Machine-readable output.
+    /// Machine-readable output: the plan and what each team gets.
     #[arg(long)]
     pub json: bool,
 }
@@ -41,17 +56,319 @@ pub struct CheckArgs {
     pub host: HostArgs,
 }
 
+const NEEDS_NVML: &str = "observing the real host needs NVML, which is not wired in yet; \
+use --simulate SPEC (and --state FILE) to work on a simulated host";
+
+/// The simulated host the arguments name; `Ok(None)` when they name the real host.
+pub fn sim_host(a: &HostArgs) -> anyhow::Result<Option<SimHost>> {
+    match (&a.simulate, &a.state) {
+        (None, None) => Ok(None),
+        (spec, Some(path)) if path.exists() => {
+            let h = SimHost::load(path)?;
+            if let Some(spec) = spec {
+                let want = crate::sim::build(spec)?;
+                let names =
+                    |o: &Observed| o.gpus.iter().map(|g| g.name.clone()).collect::<Vec<_>>();
+                anyhow::ensure!(
+                    names(&want) == names(&h.state),
+                    "state file {} describes other GPUs than --simulate {spec:?}; remove it or drop --simulate",
+                    path.display()
+                );
+            }
+            Ok(Some(h))
+        }
+        (Some(spec), _) => Ok(Some(SimHost::from_spec(spec)?)),
+        (None, Some(path)) => anyhow::bail!(
+            "state file {} does not exist; give --simulate SPEC to create it",
+            path.display()
+        ),
+    }
+}
+
+/// Load the policy under `--root`, printing diagnostics; `Err(code)` when it is unusable.
+fn load_policy(cli: &Cli) -> Result<Policy, i32> {
+    let out = policy::load(&Root::new(&cli.root));
+    for d in &out.diagnostics {
+        eprintln!("{d}");
+    }
+    out.policy.ok_or(exit::INVALID)
+}
+
+fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, SimHost), i32>> {
+    let Some(h) = sim_host(host)? else {
+        eprintln!("gpuctl: {NEEDS_NVML}");
+        return Ok(Err(exit::UNREADABLE));
+    };
+    Ok(load_policy(cli).map(|p| (p, h)))
+}
+
+#[derive(Serialize)]
+struct JsonPlan<'a> {
+    #[serde(flatten)]
+    plan: &'a Plan,
+    teams: &'a BTreeMap<String, plan::TeamView>,
+}
+
 /// Run `gpuctl plan`.
-pub fn run_plan(_cli: &Cli, _a: &PlanArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
+    let (p, h) = match prepare(cli, &a.host)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let d = desired(&p, &h.state);
+    let pl = plan::diff(&d, &h.state);
+    if a.json {
+        let j = JsonPlan {
+            plan: &pl,
+            teams: &d.teams,
+        };
+        println!("{}", serde_json::to_string_pretty(&j)?);
+    } else {
+        print!("{}", render(&h.state, &d, &pl));
+    }
+    Ok(exit::OK)
 }
 
-/// Run `gpuctl apply`.
-pub fn run_apply(_cli: &Cli, _a: &ApplyArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+/// Run `gpuctl apply`: exit 0 when the host converged, 1 when changes remain blocked, 2 when
+/// steps failed.
+pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
+    let (p, mut h) = match prepare(cli, &a.host)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let pl = plan::plan(&p, &h.state);
+    let report = execute(&p, &pl, &mut h).context("simulated host")?;
+    for act in &report.done {
+        println!("done    [{}] {}", act.phase, act.kind);
+    }
+    for act in &report.skipped {
+        println!("skipped [{}] {}", act.phase, act.kind);
+    }
+    for (act, e) in &report.failed {
+        println!("FAILED  [{}] {}: {e}", act.phase, act.kind);
+    }
+    match &a.host.state {
+        Some(path) => h.save(path)?,
+        None => eprintln!("gpuctl: no --state FILE given: the simulated result is not kept"),
+    }
+    print_pending(&report.remaining);
+    Ok(if !report.failed.is_empty() {
+        exit::UNREADABLE
+    } else if report.remaining.is_converged() {
+        exit::OK
+    } else {
+        exit::INVALID
+    })
 }
 
-/// Run `gpuctl check`.
-pub fn run_check(_cli: &Cli, _a: &CheckArgs) -> anyhow::Result<i32> {
-    anyhow::bail!("not implemented yet")
+fn print_pending(p: &Plan) {
+    if p.is_converged() {
+        println!("converged: the host matches the policy");
+        return;
+    }
+    for act in &p.actions {
+        println!("pending [{}] {} — {}", act.phase, act.kind, act.reason);
+    }
+    for b in &p.blocked {
+        println!("blocked {}", blocked_line(b));
+    }
+}
+
+/// Run `gpuctl check`: exit 0 when converged, 1 when changes are pending or blocked.
+pub fn run_check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<i32> {
+    let (p, h) = match prepare(cli, &a.host)? {
+        Ok(x) => x,
+        Err(code) => return Ok(code),
+    };
+    let pl = plan::plan(&p, &h.state);
+    print_pending(&pl);
+    Ok(if pl.is_converged() {
+        exit::OK
+    } else {
+        exit::INVALID
+    })
+}
+
+fn blocked_line(b: &plan::Blocked) -> String {
+    let mut s = format!("gpu {}: {}", b.index, b.reason);
+    if !b.holders.is_empty() {
+        let _ = write!(s, " [held by {}]", b.holders.join(", "));
+    }
+    s
+}
+
+/// Bytes as GiB/MiB for people.
+pub fn human_bytes(b: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    if b >= 1 << 30 {
+        let g = b as f64 / GIB;
+        if g.fract() == 0.0 {
+            format!("{g:.0} GiB")
+        } else {
+            format!("{g:.1} GiB")
+        }
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
+fn action_line(out: &mut String, a: &Action) {
+    let _ = writeln!(out, "    [{}] {} — {}", a.phase, a.kind, a.reason);
+}
+
+fn usage_line(u: &GpuUse) -> String {
+    match u {
+        GpuUse::Owned(t) => format!("whole GPU, owned by {t}"),
+        GpuUse::Shared(ts) => format!("whole GPU, shared by {}", ts.join(", ")),
+        GpuUse::Mig(specs) => {
+            let parts: Vec<String> = specs
+                .iter()
+                .map(|s| {
+                    let mut x = format!("{}x{} → {}", s.count, s.profile, s.owner);
+                    if !s.compute.is_empty() {
+                        let _ = write!(x, " (split {})", s.compute.join("+"));
+                    }
+                    x
+                })
+                .collect();
+            format!("MIG {}", parts.join(", "))
+        }
+    }
+}
+
+/// The human-readable plan: per GPU what the policy wants and the MIG steps, per team what it
+/// gets and its steps, then host-wide steps and what is blocked.
+pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "Host: {} GPUs, {} RAM, {} CPUs",
+        obs.gpus.len(),
+        human_bytes(obs.host.memory_bytes),
+        obs.host.cpus
+    );
+    let _ = writeln!(
+        out,
+        "Plan: {} actions, {} blocked{}",
+        pl.actions.len(),
+        pl.blocked.len(),
+        if pl.is_converged() {
+            " (converged)"
+        } else {
+            ""
+        }
+    );
+    if pl.replan_after_mig {
+        let _ = writeln!(
+            out,
+            "Note: MIG changes run first; device, slice and MPS steps are then planned again from \
+             the new state (<new MIG …> values are filled in then)."
+        );
+    }
+    let mut shown = vec![false; pl.actions.len()];
+
+    let _ = writeln!(out, "\nGPUs");
+    for g in &obs.gpus {
+        let sim = desired::model_of(g).map(|m| m.sim_name()).unwrap_or("?");
+        let _ = writeln!(out, "  gpu {} · {} ({sim}) · {}", g.index, g.name, g.uuid);
+        let Some(gd) = d.gpus.iter().find(|x| x.index == g.index) else {
+            let _ = writeln!(out, "    not named by the policy: left alone");
+            continue;
+        };
+        let _ = writeln!(out, "    wants: {}", usage_line(&gd.usage));
+        for l in &gd.mig.layout {
+            let state = if l.existing.is_some() { "kept" } else { "new" };
+            let cis: Vec<String> = l.cis.iter().map(|c| c.profile.clone()).collect();
+            let _ = writeln!(
+                out,
+                "    gi@{}+{} {} → {} [{state}] CIs: {}",
+                l.placement.start,
+                l.placement.size,
+                l.profile,
+                l.owner.as_deref().unwrap_or("(no owner)"),
+                cis.join(", ")
+            );
+        }
+        for (i, a) in pl.actions.iter().enumerate() {
+            if a.kind.gpu_index() == Some(g.index) {
+                action_line(&mut out, a);
+                shown[i] = true;
+            }
+        }
+    }
+
+    let _ = writeln!(out, "\nTeams");
+    for t in d.teams.values() {
+        let _ = writeln!(out, "  {} → gpu-{}.slice", t.name, t.name);
+        let mut gets: Vec<String> = t
+            .whole_gpus
+            .iter()
+            .map(|i| format!("gpu {i} (whole)"))
+            .collect();
+        gets.extend(t.mig_devices.iter().map(|m| {
+            format!(
+                "gpu {} {} gi@{}+{} ci {}",
+                m.gpu_index, m.gi_profile, m.gi_placement.start, m.gi_placement.size, m.ci_profile
+            )
+        }));
+        let _ = writeln!(
+            out,
+            "    gets: {}",
+            if gets.is_empty() {
+                "no GPUs".to_string()
+            } else {
+                gets.join("; ")
+            }
+        );
+        let s = &t.slice;
+        let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".into());
+        let num = |v: Option<u64>| v.map(|b| b.to_string()).unwrap_or_else(|| "-".into());
+        let _ = writeln!(
+            out,
+            "    memory: max {} high {} · cpu: weight {} cpus {} · tasks {} · io {}",
+            opt(s.memory_max),
+            opt(s.memory_high),
+            num(s.cpu_weight),
+            s.allowed_cpus.as_deref().unwrap_or("all"),
+            num(s.tasks_max),
+            num(s.io_weight)
+        );
+        if !s.device_allow.is_empty() {
+            let devs: Vec<&str> = s.device_allow.iter().map(String::as_str).collect();
+            let _ = writeln!(out, "    devices: {}", devs.join(" "));
+        }
+        for line in t.env.lines().filter(|l| !l.starts_with('#')) {
+            let _ = writeln!(out, "    env: {line}");
+        }
+        for (inst, spec) in &t.mps {
+            let _ = writeln!(out, "    mps: {inst} on {}", spec.devices.join(","));
+        }
+        for (i, a) in pl.actions.iter().enumerate() {
+            let team = a.kind.team().map(str::to_string).or_else(|| match &a.kind {
+                plan::ActionKind::StopMps { instance } => {
+                    obs.mps.get(instance).map(|m| m.team.clone())
+                }
+                _ => None,
+            });
+            if !shown[i] && team.as_deref() == Some(t.name.as_str()) {
+                action_line(&mut out, a);
+                shown[i] = true;
+            }
+        }
+    }
+    if shown.iter().any(|s| !s) {
+        let _ = writeln!(out, "\nHost-wide and removed teams");
+        for (i, a) in pl.actions.iter().enumerate() {
+            if !shown[i] {
+                action_line(&mut out, a);
+            }
+        }
+    }
+    if !pl.blocked.is_empty() {
+        let _ = writeln!(out, "\nBlocked");
+        for b in &pl.blocked {
+            let _ = writeln!(out, "  {}", blocked_line(b));
+        }
+    }
+    out
 }

@@ -6,10 +6,17 @@
 //! MIG instances are named by their placement, not their driver-chosen id: a placement is unique
 //! on a GPU and known before the instance exists, so a plan can name what it will create.
 
-use crate::observe::{MpsSpec, SliceSpec};
+use crate::observe::{MpsSpec, Observed, SliceSpec};
+use crate::policy::Policy;
 use crate::profiles::Placement;
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+
+pub mod desired;
+pub mod mig;
+
+pub use desired::{desired, Desired, TeamView};
 
 /// Phases in the order they run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -128,7 +135,10 @@ pub enum ActionKind {
         to: String,
     },
     /// Create missing `/dev/nvidia-caps/nvidia-capN` nodes for MIG devices.
-    CreateCapNodes,
+    CreateCapNodes {
+        /// Capability minors (`N`) whose nodes are missing.
+        minors: Vec<u32>,
+    },
     /// Write `/run/gpuctl/teams/<team>.env`.
     WriteEnv {
         /// Team.
@@ -203,6 +213,10 @@ pub struct Plan {
     pub actions: Vec<Action>,
     /// Changes held back.
     pub blocked: Vec<Blocked>,
+    /// The MIG phases change which devices exist: the later phases shown here hold placeholders
+    /// and the executor recomputes them from a fresh observation after the MIG phases.
+    #[serde(default)]
+    pub replan_after_mig: bool,
 }
 
 impl Plan {
@@ -224,5 +238,302 @@ impl fmt::Display for Phase {
             Phase::Resume => "resume",
         };
         f.write_str(s)
+    }
+}
+
+/// Plan the changes that make `observed` match `policy`.
+///
+/// Two steps: [`desired()`] decides the target (including the MIG layout of each GPU, which
+/// depends on what exists), then [`diff`] lists the actions in phase order.
+pub fn plan(policy: &Policy, observed: &Observed) -> Plan {
+    diff(&desired(policy, observed), observed)
+}
+
+fn push(actions: &mut Vec<Action>, phase: Phase, kind: ActionKind, reason: impl Into<String>) {
+    actions.push(Action {
+        phase,
+        kind,
+        reason: reason.into(),
+    });
+}
+
+/// Turn a desired state into the ordered actions that reach it from `observed`.
+pub fn diff(d: &Desired, observed: &Observed) -> Plan {
+    let mut actions = Vec::new();
+
+    // Drain: units holding instances that change, and MPS daemons whose devices change or go.
+    let mut drain: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut removed_devices = BTreeSet::new();
+    for g in &d.gpus {
+        for (team, unit) in &g.mig.drain {
+            drain.entry(team.clone()).or_default().insert(unit.clone());
+        }
+        removed_devices.extend(g.mig.removed_devices.iter().cloned());
+        if g.mig.mode_changes {
+            removed_devices.insert(g.uuid.clone());
+        }
+    }
+    for (team, units) in &drain {
+        push(
+            &mut actions,
+            Phase::Drain,
+            ActionKind::StopUnits {
+                team: team.clone(),
+                units: units.iter().cloned().collect(),
+            },
+            format!("reconfigure = drain: team {team}'s units hold MIG instances that change"),
+        );
+    }
+    let wanted_mps: BTreeMap<&String, &MpsSpec> =
+        d.teams.values().flat_map(|t| t.mps.iter()).collect();
+    let mut stopped = BTreeSet::new();
+    for (inst, spec) in &observed.mps {
+        let reason = if !wanted_mps.contains_key(inst) {
+            "no longer in the policy"
+        } else if spec.devices.iter().any(|u| removed_devices.contains(u)) {
+            "its device changes"
+        } else {
+            continue;
+        };
+        stopped.insert(inst.clone());
+        push(
+            &mut actions,
+            Phase::Drain,
+            ActionKind::StopMps {
+                instance: inst.clone(),
+            },
+            format!("MPS daemon {inst}: {reason}"),
+        );
+    }
+
+    // MIG mode, then instances, GPU by GPU.
+    for g in &d.gpus {
+        for (k, r) in &g.mig.mode {
+            push(&mut actions, Phase::MigMode, k.clone(), r.clone());
+        }
+    }
+    for g in &d.gpus {
+        for (k, r) in &g.mig.instances {
+            push(&mut actions, Phase::MigInstances, k.clone(), r.clone());
+        }
+    }
+    let replan_after_mig = !actions.is_empty()
+        && actions
+            .iter()
+            .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
+
+    // Devices: capability nodes, env files.
+    let need: BTreeSet<u32> = d
+        .teams
+        .values()
+        .flat_map(|t| t.cap_minors.iter().copied())
+        .collect();
+    let missing: Vec<u32> = need.difference(&observed.cap_nodes).copied().collect();
+    if !missing.is_empty() {
+        push(
+            &mut actions,
+            Phase::Devices,
+            ActionKind::CreateCapNodes { minors: missing },
+            "MIG devices of teams need their /dev/nvidia-caps nodes",
+        );
+    }
+    for t in d.teams.values() {
+        if observed.env_files.get(&t.name) != Some(&t.env) {
+            push(
+                &mut actions,
+                Phase::Devices,
+                ActionKind::WriteEnv {
+                    team: t.name.clone(),
+                    content: t.env.clone(),
+                },
+                if observed.env_files.contains_key(&t.name) {
+                    format!("team {}'s device view changed", t.name)
+                } else {
+                    format!("team {} has no env file yet", t.name)
+                },
+            );
+        }
+    }
+    for team in observed.env_files.keys() {
+        if !d.teams.contains_key(team) {
+            push(
+                &mut actions,
+                Phase::Devices,
+                ActionKind::RemoveEnv { team: team.clone() },
+                format!("team {team} is no longer in the policy"),
+            );
+        }
+    }
+
+    // Slices.
+    for t in d.teams.values() {
+        match observed.slices.get(&t.name) {
+            Some(s) if *s == t.slice => {}
+            have => push(
+                &mut actions,
+                Phase::Slices,
+                ActionKind::SetSlice {
+                    team: t.name.clone(),
+                    spec: t.slice.clone(),
+                },
+                if have.is_some() {
+                    format!("gpu-{}.slice differs from the policy", t.name)
+                } else {
+                    format!("team {} has no slice yet", t.name)
+                },
+            ),
+        }
+    }
+    for team in observed.slices.keys() {
+        if !d.teams.contains_key(team) {
+            push(
+                &mut actions,
+                Phase::Slices,
+                ActionKind::RemoveSlice { team: team.clone() },
+                format!("team {team} is no longer in the policy"),
+            );
+        }
+    }
+
+    // MPS daemons: (re)start what is missing, different, or stopped above for a device change.
+    for (inst, spec) in &wanted_mps {
+        let have = observed.mps.get(*inst);
+        if have == Some(*spec) && !stopped.contains(*inst) {
+            continue;
+        }
+        push(
+            &mut actions,
+            Phase::Mps,
+            ActionKind::StartMps {
+                instance: (*inst).clone(),
+                spec: (*spec).clone(),
+            },
+            match have {
+                None => format!("team {} uses MPS", spec.team),
+                Some(_) if stopped.contains(*inst) => "restart after its device changed".into(),
+                Some(_) => "settings differ from the policy".into(),
+            },
+        );
+    }
+
+    for (team, units) in drain {
+        push(
+            &mut actions,
+            Phase::Resume,
+            ActionKind::StartUnits {
+                team: team.clone(),
+                units: units.into_iter().collect(),
+            },
+            format!("start team {team}'s units again after the MIG change"),
+        );
+    }
+
+    Plan {
+        actions,
+        blocked: d.blocked.clone(),
+        replan_after_mig,
+    }
+}
+
+fn pl(p: &Placement) -> String {
+    format!("@{}+{}", p.start, p.size)
+}
+
+impl fmt::Display for GiRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "gpu {} gi{}", self.index, pl(&self.placement))
+    }
+}
+
+impl fmt::Display for CiRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ci{}", self.gi, pl(&self.placement))
+    }
+}
+
+impl ActionKind {
+    /// The GPU index the action concerns, if any.
+    pub fn gpu_index(&self) -> Option<u32> {
+        match self {
+            ActionKind::SetMigMode { index, .. } | ActionKind::ResetGpu { index, .. } => {
+                Some(*index)
+            }
+            ActionKind::DestroyCi { ci, .. } | ActionKind::CreateCi { ci, .. } => Some(ci.gi.index),
+            ActionKind::DestroyGi { gi, .. }
+            | ActionKind::CreateGi { gi, .. }
+            | ActionKind::SetOwner { gi, .. } => Some(gi.index),
+            _ => None,
+        }
+    }
+
+    /// The team the action concerns, if any.
+    pub fn team(&self) -> Option<&str> {
+        match self {
+            ActionKind::StopUnits { team, .. }
+            | ActionKind::StartUnits { team, .. }
+            | ActionKind::WriteEnv { team, .. }
+            | ActionKind::RemoveEnv { team }
+            | ActionKind::SetSlice { team, .. }
+            | ActionKind::RemoveSlice { team } => Some(team),
+            ActionKind::StartMps { spec, .. } => Some(&spec.team),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for ActionKind {
+    /// One line saying what the action does (the reason is printed separately).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ActionKind::StopUnits { team, units } => {
+                write!(f, "stop {} of team {team}", units.join(" "))
+            }
+            ActionKind::StartUnits { team, units } => {
+                write!(f, "start {} of team {team}", units.join(" "))
+            }
+            ActionKind::StopMps { instance } => write!(f, "stop MPS daemon {instance}"),
+            ActionKind::StartMps { instance, spec } => {
+                write!(
+                    f,
+                    "start MPS daemon {instance} on {}",
+                    spec.devices.join(",")
+                )?;
+                if let Some(p) = spec.active_thread_percentage {
+                    write!(f, " threads={p}%")?;
+                }
+                if let Some(m) = spec.pinned_memory_limit {
+                    write!(f, " pinned-mem={m}")?;
+                }
+                if let Some(u) = &spec.user {
+                    write!(f, " user={u}")?;
+                }
+                Ok(())
+            }
+            ActionKind::SetMigMode { index, enable, .. } => write!(
+                f,
+                "{} MIG mode on gpu {index}",
+                if *enable { "enable" } else { "disable" }
+            ),
+            ActionKind::ResetGpu { index, .. } => write!(f, "reset gpu {index}"),
+            ActionKind::DestroyCi { ci, profile } => write!(f, "destroy CI {profile} {ci}"),
+            ActionKind::DestroyGi { gi, profile } => write!(f, "destroy GI {profile} {gi}"),
+            ActionKind::CreateGi {
+                gi, profile, owner, ..
+            } => write!(f, "create GI {profile} {gi} for {owner}"),
+            ActionKind::CreateCi { ci, profile, .. } => write!(f, "create CI {profile} {ci}"),
+            ActionKind::SetOwner { gi, from, to } => write!(
+                f,
+                "relabel {gi} from {} to {to}",
+                from.as_deref().unwrap_or("(none)")
+            ),
+            ActionKind::CreateCapNodes { minors } => {
+                let m: Vec<String> = minors.iter().map(|m| format!("nvidia-cap{m}")).collect();
+                write!(f, "create /dev/nvidia-caps/{{{}}}", m.join(","))
+            }
+            ActionKind::WriteEnv { team, .. } => write!(f, "write /run/gpuctl/teams/{team}.env"),
+            ActionKind::RemoveEnv { team } => write!(f, "remove /run/gpuctl/teams/{team}.env"),
+            ActionKind::SetSlice { team, .. } => write!(f, "set gpu-{team}.slice"),
+            ActionKind::RemoveSlice { team } => write!(f, "remove gpu-{team}.slice"),
+        }
     }
 }

@@ -1,0 +1,377 @@
+//! The desired host: which GPUs the policy names and for what, the MIG layout decided for each,
+//! and what every team gets (devices, MIG devices, environment, slice, MPS daemons).
+//!
+//! Instances that do not exist yet have no UUID and no capability minor. Their place in env files,
+//! `DeviceAllow=` lists and MPS specs is a visible placeholder (`<new MIG …>`); the executor
+//! re-observes after the MIG phases and re-plans, so placeholders never reach the host.
+
+use super::mig::{self, LayoutGi, MigOutcome};
+use super::Blocked;
+use crate::observe::{GpuState, MpsSpec, Observed, SliceSpec};
+use crate::policy::{GpuUse, Limits, Policy, Selector, Team};
+use crate::profiles::{Catalog, GpuModel, Placement};
+use serde::Serialize;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Where MPS pipe directories live (one per daemon instance).
+pub const MPS_PIPE_DIR: &str = "/run/gpuctl/mps";
+/// Where MPS log directories live.
+pub const MPS_LOG_DIR: &str = "/var/log/gpuctl/mps";
+/// Device nodes every GPU user needs besides the GPU's own node.
+pub const COMMON_DEVICES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
+/// The desired state, as far as it can be known before the MIG changes run.
+#[derive(Debug)]
+pub struct Desired {
+    /// GPUs named by the policy, in index order.
+    pub gpus: Vec<GpuDesired>,
+    /// What every team of the policy gets.
+    pub teams: BTreeMap<String, TeamView>,
+    /// Changes held back.
+    pub blocked: Vec<Blocked>,
+}
+
+/// One GPU the policy names.
+#[derive(Debug)]
+pub struct GpuDesired {
+    /// NVML index.
+    pub index: u32,
+    /// GPU UUID.
+    pub uuid: String,
+    /// What the policy wants of it.
+    pub usage: GpuUse,
+    /// The MIG decision (empty for whole GPUs that are already MIG-off).
+    pub mig: MigOutcome,
+}
+
+/// A MIG device (compute instance) a team gets.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigDevice {
+    /// GPU index.
+    pub gpu_index: u32,
+    /// GI profile name.
+    pub gi_profile: String,
+    /// GI placement.
+    pub gi_placement: Placement,
+    /// CI profile name.
+    pub ci_profile: String,
+    /// CI placement inside the GI.
+    pub ci_placement: Placement,
+    /// `MIG-…` UUID, or a placeholder for an instance still to be created.
+    pub uuid: String,
+    /// Whether the instance exists already.
+    pub exists: bool,
+}
+
+/// Everything one team gets.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct TeamView {
+    /// Team name.
+    pub name: String,
+    /// Indices of whole GPUs the team owns or shares.
+    pub whole_gpus: Vec<u32>,
+    /// MIG devices the team owns.
+    pub mig_devices: Vec<MigDevice>,
+    /// `CUDA_VISIBLE_DEVICES` entries.
+    pub visible: Vec<String>,
+    /// Env file content.
+    pub env: String,
+    /// Slice properties, `DeviceAllow=` included.
+    pub slice: SliceSpec,
+    /// Capability minors the team's MIG devices need (known ones).
+    pub cap_minors: BTreeSet<u32>,
+    /// MPS daemons by instance name.
+    pub mps: BTreeMap<String, MpsSpec>,
+    /// Whether some values are placeholders for instances still to be created.
+    pub provisional: bool,
+}
+
+/// `*` and `?` glob, ASCII case-insensitive (admins write `*h100*` as often as `*H100*`).
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.to_ascii_lowercase().chars().collect();
+    let t: Vec<char> = text.to_ascii_lowercase().chars().collect();
+    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
+}
+
+/// The reference model of an observed GPU: by reference key, else by NVML name.
+pub fn model_of(gpu: &GpuState) -> Option<&'static GpuModel> {
+    let c = Catalog::get();
+    gpu.model
+        .as_deref()
+        .and_then(|k| c.by_key(k))
+        .or_else(|| c.by_nvml_name(&gpu.name))
+}
+
+/// Whether a selector names a GPU. Model globs match the NVML name or the `--simulate` name.
+pub fn selects(sel: &Selector, gpu: &GpuState) -> bool {
+    match sel {
+        Selector::All => true,
+        Selector::Index(ix) => ix.contains(&gpu.index),
+        Selector::Uuid(us) => us.iter().any(|u| u.eq_ignore_ascii_case(&gpu.uuid)),
+        Selector::Model(g) => {
+            glob_match(g, &gpu.name) || model_of(gpu).is_some_and(|m| glob_match(g, m.sim_name()))
+        }
+    }
+}
+
+/// Usage of each observed GPU by index. Later assignments win (validation rejects overlaps, so
+/// this only matters for policies that skipped it).
+pub fn resolve(policy: &Policy, observed: &Observed) -> BTreeMap<u32, GpuUse> {
+    let mut out = BTreeMap::new();
+    for a in &policy.gpus {
+        for g in observed.gpus.iter().filter(|g| selects(&a.selector, g)) {
+            out.insert(g.index, a.usage.clone());
+        }
+    }
+    out
+}
+
+/// Placeholder for the UUID of a MIG device still to be created.
+fn placeholder_uuid(gpu: u32, gi: Placement, ci: Placement) -> String {
+    format!(
+        "<new MIG gpu{gpu} gi@{}+{} ci@{}+{}>",
+        gi.start, gi.size, ci.start, ci.size
+    )
+}
+
+/// Compute the desired state.
+pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
+    let usage = resolve(policy, observed);
+    let mut gpus = Vec::new();
+    let mut blocked = Vec::new();
+    for g in &observed.gpus {
+        let Some(u) = usage.get(&g.index) else {
+            continue;
+        };
+        let want = match u {
+            GpuUse::Mig(specs) => Some(specs.as_slice()),
+            _ => None,
+        };
+        let out = match model_of(g) {
+            Some(m) => mig::plan_gpu(g, m, want, policy.host.reconfigure),
+            None => {
+                let mut o = MigOutcome::default();
+                if want.is_some() || g.mig.as_ref().is_some_and(|m| m.current || m.pending) {
+                    o.blocked.push(Blocked {
+                        index: g.index,
+                        gpu: g.uuid.clone(),
+                        gi: None,
+                        holders: vec![],
+                        reason: format!("unknown GPU model {:?}: MIG left as it is", g.name),
+                    });
+                }
+                if let Some(m) = &g.mig {
+                    o.layout = m.instances.iter().map(LayoutGi::from_existing).collect();
+                }
+                o
+            }
+        };
+        blocked.extend(out.blocked.iter().cloned());
+        gpus.push(GpuDesired {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            usage: u.clone(),
+            mig: out,
+        });
+    }
+    let teams = policy
+        .teams
+        .values()
+        .map(|t| (t.name.clone(), team_view(t, &gpus, observed)))
+        .collect();
+    Desired {
+        gpus,
+        teams,
+        blocked,
+    }
+}
+
+fn slice_of(l: &Limits, host_ram: u64) -> SliceSpec {
+    SliceSpec {
+        memory_max: l.memory_max.map(|s| s.resolve(host_ram)),
+        memory_high: l.memory_high.map(|s| s.resolve(host_ram)),
+        cpu_weight: l.cpu_weight,
+        allowed_cpus: l.allowed_cpus.clone(),
+        tasks_max: l.tasks_max,
+        io_weight: l.io_weight,
+        device_allow: BTreeSet::new(),
+    }
+}
+
+fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView {
+    let name = &team.name;
+    let mut slice = slice_of(&team.limits, observed.host.memory_bytes);
+    let mut whole = Vec::new();
+    let mut migs = Vec::new();
+    let mut cap_minors = BTreeSet::new();
+    let mut provisional = false;
+    for gd in gpus {
+        let Some(g) = observed.gpu(gd.index) else {
+            continue;
+        };
+        let mine = match &gd.usage {
+            GpuUse::Owned(t) => t == name,
+            GpuUse::Shared(ts) => ts.contains(name),
+            GpuUse::Mig(_) => false,
+        };
+        if mine {
+            whole.push(g.index);
+            slice.device_allow.insert(format!("/dev/nvidia{}", g.minor));
+        }
+        for gi in gd
+            .mig
+            .layout
+            .iter()
+            .filter(|l| l.owner.as_deref() == Some(name))
+        {
+            slice.device_allow.insert(format!("/dev/nvidia{}", g.minor));
+            for ci in &gi.cis {
+                let (uuid, exists) = match (&gi.existing, &ci.existing) {
+                    (Some(gid), Some((cid, uuid))) => {
+                        for key in [
+                            format!("gpu{}/gi{gid}/access", g.minor),
+                            format!("gpu{}/gi{gid}/ci{cid}/access", g.minor),
+                        ] {
+                            match observed.mig_minors.get(&key) {
+                                Some(m) => {
+                                    cap_minors.insert(*m);
+                                    slice
+                                        .device_allow
+                                        .insert(format!("/dev/nvidia-caps/nvidia-cap{m}"));
+                                }
+                                None => {
+                                    provisional = true;
+                                    slice
+                                        .device_allow
+                                        .insert(format!("<cap of {key}: not in mig-minors>"));
+                                }
+                            }
+                        }
+                        (uuid.clone(), true)
+                    }
+                    _ => {
+                        provisional = true;
+                        slice.device_allow.insert(format!(
+                            "<cap nodes of new MIG gpu{} gi@{}+{}>",
+                            g.index, gi.placement.start, gi.placement.size
+                        ));
+                        (placeholder_uuid(g.index, gi.placement, ci.placement), false)
+                    }
+                };
+                migs.push(MigDevice {
+                    gpu_index: g.index,
+                    gi_profile: gi.profile.clone(),
+                    gi_placement: gi.placement,
+                    ci_profile: ci.profile.clone(),
+                    ci_placement: ci.placement,
+                    uuid,
+                    exists,
+                });
+            }
+        }
+    }
+    if !slice.device_allow.is_empty() {
+        for d in COMMON_DEVICES {
+            slice.device_allow.insert(d.to_string());
+        }
+    }
+    let mut visible: Vec<String> = whole
+        .iter()
+        .filter_map(|i| observed.gpu(*i))
+        .map(|g| g.uuid.clone())
+        .collect();
+    visible.extend(migs.iter().map(|m| m.uuid.clone()));
+
+    let mut mps = BTreeMap::new();
+    if let Some(s) = &team.mps {
+        let spec = |devices: Vec<String>| MpsSpec {
+            team: name.clone(),
+            devices,
+            active_thread_percentage: s.active_thread_percentage,
+            pinned_memory_limit: s.pinned_memory_limit,
+            user: s.user.clone(),
+        };
+        if !whole.is_empty() {
+            // All of a team's whole GPUs share one daemon: one control pipe per share.
+            let devs = visible[..whole.len()].to_vec();
+            mps.insert(format!("{name}-gpus"), spec(devs));
+        }
+        for m in &migs {
+            // One daemon per MIG device: an MPS server cannot span MIG devices.
+            mps.insert(
+                format!(
+                    "{name}-mig{}-{}-{}",
+                    m.gpu_index, m.gi_placement.start, m.ci_placement.start
+                ),
+                spec(vec![m.uuid.clone()]),
+            );
+        }
+    }
+    let env = env_content(name, &visible, &mps);
+    TeamView {
+        name: name.clone(),
+        whole_gpus: whole,
+        mig_devices: migs,
+        visible,
+        env,
+        slice,
+        cap_minors,
+        mps,
+        provisional,
+    }
+}
+
+/// The team env file. With several MPS daemons the first (whole GPUs sort before MIG devices by
+/// name) is the default pipe; `GPUCTL_MPS_INSTANCES` lists all so a shell can pick another.
+fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) -> String {
+    let devs = visible.join(",");
+    let nv = if devs.is_empty() {
+        "void".to_string()
+    } else {
+        devs.clone()
+    };
+    let mut s = format!(
+        "# Written by gpuctl for team {team}; changes are overwritten.\n\
+         GPUCTL_TEAM={team}\nCUDA_VISIBLE_DEVICES={devs}\nNVIDIA_VISIBLE_DEVICES={nv}\n"
+    );
+    if let Some(first) = mps.keys().next() {
+        s.push_str(&format!(
+            "CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR}/{first}\nCUDA_MPS_LOG_DIRECTORY={MPS_LOG_DIR}/{first}\n"
+        ));
+        let all: Vec<&str> = mps.keys().map(String::as_str).collect();
+        s.push_str(&format!("GPUCTL_MPS_INSTANCES={}\n", all.join(",")));
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*H100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_match("h100-*", "h100-80gb"));
+        assert!(glob_match("a?00*", "A100-SXM4-40GB"));
+        assert!(!glob_match("*A100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("h100", "h100-80gb"));
+    }
+}

@@ -1,0 +1,901 @@
+//! MIG planning for one GPU: the exact placement search and the keep/destroy/create decision.
+//!
+//! The search is a backtracking over legal placements (largest profiles first, identical profiles
+//! in increasing placement order so that permutations are not retried), checked against the
+//! memory-slice mask, the compute-slice budget, each profile's `instance_count` and the GPU's
+//! `max_mig_device_count`. A greedy first-fit would fail on e.g. `3g` then `4g` (the `3g` takes
+//! slices 0–3, the only place a `4g` can go); the search finds `4g@0 + 3g@4`.
+//!
+//! The keep decision tries every subset of the reusable existing instances, biggest first, and
+//! keeps the first one around which the remaining instances fit. A GPU holds at most
+//! `max_mig_device_count` (7) instances, so there are at most 128 subsets.
+
+use super::{ActionKind, Blocked, CiRef, GiRef};
+use crate::observe::{GpuInstance, GpuProcess, GpuState};
+use crate::policy::{MigSpec, Reconfigure};
+use crate::profiles::{CiProfile, GiProfile, GpuModel, Placement};
+use std::collections::{BTreeMap, BTreeSet};
+
+/// An item to place: a profile id (for symmetry breaking) and its legal placements.
+struct Item<'a> {
+    id: u32,
+    placements: &'a [Placement],
+}
+
+/// Backtracking placement over a slice mask. Returns placements in the order of `items`.
+fn search(items: &[Item<'_>], occupied: u32) -> Option<Vec<Placement>> {
+    // Bigger items first: they have the fewest legal spots, so dead ends show up early.
+    let mut order: Vec<usize> = (0..items.len()).collect();
+    order.sort_by_key(|&i| {
+        let size = items[i].placements.first().map(|p| p.size).unwrap_or(0);
+        (
+            std::cmp::Reverse(size),
+            items[i].placements.len(),
+            items[i].id,
+        )
+    });
+    let mut chosen: Vec<usize> = vec![0; items.len()];
+    fn go(k: usize, order: &[usize], items: &[Item<'_>], mask: u32, chosen: &mut [usize]) -> bool {
+        let Some(&i) = order.get(k) else {
+            return true;
+        };
+        // Identical profiles are interchangeable: force increasing placement indices.
+        let min = match k.checked_sub(1).map(|p| order[p]) {
+            Some(prev) if items[prev].id == items[i].id => chosen[prev] + 1,
+            _ => 0,
+        };
+        for (pi, p) in items[i].placements.iter().enumerate().skip(min) {
+            if mask & p.mask() == 0 {
+                chosen[i] = pi;
+                if go(k + 1, order, items, mask | p.mask(), chosen) {
+                    return true;
+                }
+            }
+        }
+        false
+    }
+    if go(0, &order, items, occupied, &mut chosen) {
+        Some(
+            items
+                .iter()
+                .zip(&chosen)
+                .map(|(it, &pi)| it.placements[pi])
+                .collect(),
+        )
+    } else {
+        None
+    }
+}
+
+/// Find placements for `wanted` GPU-instance profiles around the `fixed` instances (profile id,
+/// placement) that stay. Returns one placement per wanted profile, in order, or `None` when no
+/// legal assignment exists.
+pub fn fit_gis(
+    model: &GpuModel,
+    fixed: &[(u32, Placement)],
+    wanted: &[&GiProfile],
+) -> Option<Vec<Placement>> {
+    if model.max_mig_device_count > 0
+        && fixed.len() + wanted.len() > model.max_mig_device_count as usize
+    {
+        return None;
+    }
+    let mut mask = 0u32;
+    let mut compute = 0u32;
+    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+    for (id, p) in fixed {
+        mask |= p.mask();
+        compute += model
+            .gi_profile_by_id(*id)
+            .map(|g| g.slice_count)
+            .unwrap_or(0);
+        *counts.entry(*id).or_default() += 1;
+    }
+    for w in wanted {
+        compute += w.slice_count;
+        *counts.entry(w.id).or_default() += 1;
+    }
+    if compute > model.compute_slices {
+        return None;
+    }
+    for (id, n) in &counts {
+        // A profile already over its limit among the kept instances is not ours to judge; only
+        // adding to it is refused.
+        let limit = model.gi_profile_by_id(*id).map(|p| p.instance_count);
+        if wanted.iter().any(|w| w.id == *id) && limit.is_none_or(|l| *n > l) {
+            return None;
+        }
+    }
+    let items: Vec<Item<'_>> = wanted
+        .iter()
+        .map(|p| Item {
+            id: p.id,
+            placements: &p.placements,
+        })
+        .collect();
+    search(&items, mask)
+}
+
+/// Find placements for compute instances inside one GI. Returns them in order, or `None`.
+pub fn fit_cis(gi: &GiProfile, wanted: &[&CiProfile]) -> Option<Vec<Placement>> {
+    let total: u32 = wanted.iter().map(|c| c.slice_count).sum();
+    if total > gi.slice_count {
+        return None;
+    }
+    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
+    for c in wanted {
+        *counts.entry(c.id).or_default() += 1;
+        if counts[&c.id] > c.instance_count {
+            return None;
+        }
+    }
+    let items: Vec<Item<'_>> = wanted
+        .iter()
+        .map(|c| Item {
+            id: c.id,
+            placements: &c.placements,
+        })
+        .collect();
+    search(&items, 0)
+}
+
+/// One GPU instance the policy asks for.
+#[derive(Debug, Clone)]
+pub struct Slot<'m> {
+    /// GI profile.
+    pub gi: &'m GiProfile,
+    /// Owning team.
+    pub owner: String,
+    /// Compute instances, with their placements inside the GI (found when the slot was built).
+    pub cis: Vec<(&'m CiProfile, Placement)>,
+}
+
+impl Slot<'_> {
+    fn key(&self) -> Key {
+        let mut cis: Vec<u32> = self.cis.iter().map(|(c, _)| c.id).collect();
+        cis.sort_unstable();
+        (self.gi.id, cis)
+    }
+}
+
+/// GI profile id and the sorted CI profile ids: what must match for an instance to be reused.
+type Key = (u32, Vec<u32>);
+
+fn gi_key(gi: &GpuInstance) -> Key {
+    let mut cis: Vec<u32> = gi.compute.iter().map(|c| c.profile_id).collect();
+    cis.sort_unstable();
+    (gi.profile_id, cis)
+}
+
+/// Expand a MIG geometry into slots, resolving the compute split of each. Problems (unknown
+/// profiles, splits that do not fit) become blocked entries and the slot is dropped.
+pub fn slots<'m>(
+    model: &'m GpuModel,
+    specs: &[MigSpec],
+    gpu: &GpuState,
+    blocked: &mut Vec<Blocked>,
+) -> Vec<Slot<'m>> {
+    let mut out = Vec::new();
+    for spec in specs {
+        let Some(gi) = model.gi_profile(&spec.profile) else {
+            blocked.push(gpu_blocked(
+                gpu,
+                None,
+                vec![],
+                format!(
+                    "MIG profile {} does not exist on {}",
+                    spec.profile, model.nvml_name
+                ),
+            ));
+            continue;
+        };
+        let mut cis = Vec::new();
+        let names: Vec<String> = if spec.compute.is_empty() {
+            vec![gi.name.clone()]
+        } else {
+            spec.compute.clone()
+        };
+        for n in &names {
+            match model.ci_profile(&gi.name, n) {
+                Some(c) => cis.push(c),
+                None => blocked.push(gpu_blocked(
+                    gpu,
+                    None,
+                    vec![],
+                    format!(
+                        "compute profile {n} does not exist in a {} instance",
+                        gi.name
+                    ),
+                )),
+            }
+        }
+        if cis.len() != names.len() {
+            continue;
+        }
+        let Some(places) = fit_cis(gi, &cis) else {
+            blocked.push(gpu_blocked(
+                gpu,
+                None,
+                vec![],
+                format!(
+                    "compute split {} does not fit in a {} instance",
+                    names.join(","),
+                    gi.name
+                ),
+            ));
+            continue;
+        };
+        let cis: Vec<_> = cis.into_iter().zip(places).collect();
+        for _ in 0..spec.count {
+            out.push(Slot {
+                gi,
+                owner: spec.owner.clone(),
+                cis: cis.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// A GPU instance as it will be after the plan: kept, created, or left alone.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayoutGi {
+    /// GI profile name.
+    pub profile: String,
+    /// GI profile id.
+    pub profile_id: u32,
+    /// Placement in memory slices.
+    pub placement: Placement,
+    /// Owner after the plan.
+    pub owner: Option<String>,
+    /// Driver id when the instance exists now and stays.
+    pub existing: Option<u32>,
+    /// Compute instances.
+    pub cis: Vec<LayoutCi>,
+}
+
+/// A compute instance as it will be after the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayoutCi {
+    /// CI profile name.
+    pub profile: String,
+    /// CI profile id.
+    pub profile_id: u32,
+    /// Placement in the GI's compute slices.
+    pub placement: Placement,
+    /// Driver id and MIG UUID when the instance exists now and stays.
+    pub existing: Option<(u32, String)>,
+}
+
+impl LayoutGi {
+    /// The layout entry of an instance that stays as it is.
+    pub fn from_existing(gi: &GpuInstance) -> Self {
+        LayoutGi {
+            profile: gi.profile.clone(),
+            profile_id: gi.profile_id,
+            placement: gi.placement,
+            owner: gi.owner.clone(),
+            existing: Some(gi.id),
+            cis: gi
+                .compute
+                .iter()
+                .map(|c| LayoutCi {
+                    profile: c.profile.clone(),
+                    profile_id: c.profile_id,
+                    placement: c.placement,
+                    existing: Some((c.id, c.uuid.clone())),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What the planner decided for the MIG side of one GPU.
+#[derive(Debug, Default)]
+pub struct MigOutcome {
+    /// Actions of the MIG-mode phase, with reasons.
+    pub mode: Vec<(ActionKind, String)>,
+    /// Actions of the MIG-instances phase, with reasons.
+    pub instances: Vec<(ActionKind, String)>,
+    /// Instances present after the plan (empty when MIG ends up off or not yet on).
+    pub layout: Vec<LayoutGi>,
+    /// Changes held back.
+    pub blocked: Vec<Blocked>,
+    /// Units to stop before, and start after, the change: (team, unit).
+    pub drain: BTreeSet<(String, String)>,
+    /// MIG device UUIDs that go away (their MPS daemons must stop first).
+    pub removed_devices: BTreeSet<String>,
+    /// Whether the GPU's MIG mode changes (whole-GPU MPS daemons must stop first).
+    pub mode_changes: bool,
+}
+
+/// `pid 4242 (train.service)`.
+pub fn holder(p: &GpuProcess) -> String {
+    match &p.unit {
+        Some(u) => format!("pid {} ({u})", p.pid),
+        None => format!("pid {}", p.pid),
+    }
+}
+
+/// The team a process belongs to: the instance owner, else the `gpu-<team>.slice` in its cgroup.
+fn process_team(p: &GpuProcess, owner: Option<&str>) -> String {
+    if let Some(o) = owner {
+        return o.to_string();
+    }
+    p.cgroup
+        .as_deref()
+        .and_then(|cg| {
+            cg.split('/')
+                .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
+        })
+        .unwrap_or("unmanaged")
+        .to_string()
+}
+
+fn gpu_blocked(gpu: &GpuState, gi: Option<GiRef>, holders: Vec<String>, reason: String) -> Blocked {
+    Blocked {
+        index: gpu.index,
+        gpu: gpu.uuid.clone(),
+        gi,
+        holders,
+        reason,
+    }
+}
+
+fn gi_ref(gpu: &GpuState, placement: Placement) -> GiRef {
+    GiRef {
+        gpu: gpu.uuid.clone(),
+        index: gpu.index,
+        placement,
+    }
+}
+
+fn gi_procs(gi: &GpuInstance) -> Vec<&GpuProcess> {
+    gi.compute.iter().flat_map(|c| c.processes.iter()).collect()
+}
+
+/// Whether processes can be moved out of the way: only by draining, and only when each has a
+/// unit to stop (a bare PID in someone's shell is never killed).
+fn drainable(procs: &[&GpuProcess], reconf: Reconfigure) -> bool {
+    procs.is_empty() || (reconf == Reconfigure::Drain && procs.iter().all(|p| p.unit.is_some()))
+}
+
+fn add_drain(out: &mut MigOutcome, procs: &[&GpuProcess], owner: Option<&str>) {
+    for p in procs {
+        if let Some(u) = &p.unit {
+            out.drain.insert((process_team(p, owner), u.clone()));
+        }
+    }
+}
+
+fn busy_reason(reconf: Reconfigure) -> &'static str {
+    match reconf {
+        Reconfigure::WhenIdle => "waits until idle (reconfigure = when-idle)",
+        Reconfigure::Never => "not done (reconfigure = never)",
+        Reconfigure::Drain => "cannot drain: some processes have no systemd unit",
+    }
+}
+
+fn destroy_gi_actions(
+    gpu: &GpuState,
+    gi: &GpuInstance,
+    why: &str,
+    out: &mut Vec<(ActionKind, String)>,
+) {
+    let r = gi_ref(gpu, gi.placement);
+    for c in &gi.compute {
+        out.push((
+            ActionKind::DestroyCi {
+                ci: CiRef {
+                    gi: r.clone(),
+                    placement: c.placement,
+                },
+                profile: c.profile.clone(),
+            },
+            format!("{why} (compute instances go first)"),
+        ));
+    }
+    out.push((
+        ActionKind::DestroyGi {
+            gi: r,
+            profile: gi.profile.clone(),
+        },
+        why.to_string(),
+    ));
+}
+
+/// Plan the MIG side of one GPU. `want` is `None` when the policy wants the whole GPU (MIG off),
+/// or the geometry when it wants MIG.
+pub fn plan_gpu(
+    gpu: &GpuState,
+    model: &GpuModel,
+    want: Option<&[MigSpec]>,
+    reconf: Reconfigure,
+) -> MigOutcome {
+    let mut out = MigOutcome::default();
+    let Some(mig) = &gpu.mig else {
+        if want.is_some() {
+            out.blocked.push(gpu_blocked(
+                gpu,
+                None,
+                vec![],
+                format!("{} cannot do MIG", gpu.name),
+            ));
+        }
+        return out;
+    };
+    let needs_reset = model.enable_requires_gpu_reset;
+    let all_procs: Vec<&GpuProcess> = gpu
+        .processes
+        .iter()
+        .chain(mig.instances.iter().flat_map(gi_procs))
+        .collect();
+    let holders = |ps: &[&GpuProcess]| ps.iter().map(|p| holder(p)).collect::<Vec<_>>();
+
+    match want {
+        None => {
+            if !mig.current && !mig.pending {
+                return out;
+            }
+            if !mig.current {
+                // Enable pending, never took effect: cancelling needs no reset.
+                out.mode.push((
+                    ActionKind::SetMigMode {
+                        gpu: gpu.uuid.clone(),
+                        index: gpu.index,
+                        enable: false,
+                    },
+                    format!(
+                        "gpu {} is used whole: cancel the pending MIG enable",
+                        gpu.index
+                    ),
+                ));
+                out.mode_changes = true;
+                return out;
+            }
+            // MIG is on: everything goes, then the mode. A busy GPU is left exactly as it is.
+            if !drainable(&all_procs, reconf) {
+                out.layout = mig.instances.iter().map(LayoutGi::from_existing).collect();
+                out.blocked.push(gpu_blocked(
+                    gpu,
+                    None,
+                    holders(&all_procs),
+                    format!(
+                        "turning MIG off on gpu {} {}",
+                        gpu.index,
+                        busy_reason(reconf)
+                    ),
+                ));
+                return out;
+            }
+            for gi in &mig.instances {
+                add_drain(&mut out, &gi_procs(gi), gi.owner.as_deref());
+                for c in &gi.compute {
+                    out.removed_devices.insert(c.uuid.clone());
+                }
+                // Destroys run in the MIG-mode phase: the mode cannot change while they exist.
+                destroy_gi_actions(
+                    gpu,
+                    gi,
+                    &format!("gpu {} is used whole: MIG instances must go", gpu.index),
+                    &mut out.mode,
+                );
+            }
+            add_drain(&mut out, &gpu.processes.iter().collect::<Vec<_>>(), None);
+            out.mode_changes = true;
+            if mig.pending {
+                out.mode.push((
+                    ActionKind::SetMigMode {
+                        gpu: gpu.uuid.clone(),
+                        index: gpu.index,
+                        enable: false,
+                    },
+                    format!("gpu {} is used whole: turn MIG off", gpu.index),
+                ));
+            }
+            if needs_reset {
+                out.mode.push((
+                    ActionKind::ResetGpu {
+                        gpu: gpu.uuid.clone(),
+                        index: gpu.index,
+                    },
+                    format!(
+                        "{} applies a MIG mode change only after a GPU reset",
+                        model.nvml_name
+                    ),
+                ));
+            }
+            out
+        }
+        Some(specs) => {
+            let all_slots = slots(model, specs, gpu, &mut out.blocked);
+            if mig.current {
+                if !mig.pending {
+                    out.mode.push((
+                        ActionKind::SetMigMode {
+                            gpu: gpu.uuid.clone(),
+                            index: gpu.index,
+                            enable: true,
+                        },
+                        format!("gpu {} wants MIG: cancel the pending disable", gpu.index),
+                    ));
+                    out.mode_changes = true;
+                }
+                plan_instances(gpu, model, &mig.instances, all_slots, reconf, &mut out);
+                return out;
+            }
+            // MIG off now. Turning it on needs the whole GPU idle, except that on models where
+            // the change waits for a reset, only the reset needs it.
+            let gpu_procs: Vec<&GpuProcess> = gpu.processes.iter().collect();
+            let idle_ok = drainable(&gpu_procs, reconf);
+            if !mig.pending && (idle_ok || needs_reset) {
+                out.mode.push((
+                    ActionKind::SetMigMode {
+                        gpu: gpu.uuid.clone(),
+                        index: gpu.index,
+                        enable: true,
+                    },
+                    format!("gpu {} wants MIG", gpu.index),
+                ));
+                out.mode_changes = true;
+            }
+            if !idle_ok {
+                let what = if needs_reset {
+                    "needs GPU reset: processes hold it"
+                } else {
+                    "enabling MIG needs the GPU idle: processes hold it"
+                };
+                out.blocked.push(gpu_blocked(
+                    gpu,
+                    None,
+                    holders(&gpu_procs),
+                    format!("gpu {} {what}; {}", gpu.index, busy_reason(reconf)),
+                ));
+                return out;
+            }
+            add_drain(&mut out, &gpu_procs, None);
+            out.mode_changes = true;
+            if needs_reset {
+                out.mode.push((
+                    ActionKind::ResetGpu {
+                        gpu: gpu.uuid.clone(),
+                        index: gpu.index,
+                    },
+                    format!(
+                        "{} enables MIG only after a reset of this GPU",
+                        model.nvml_name
+                    ),
+                ));
+            }
+            plan_instances(gpu, model, &[], all_slots, reconf, &mut out);
+            out
+        }
+    }
+}
+
+/// Result of assigning kept instances to slots.
+struct Assignment {
+    /// (existing index, slot index) pairs.
+    pairs: Vec<(usize, usize)>,
+    /// Same-owner pairs.
+    score: usize,
+}
+
+/// Assign the instances in `pool` (immovable ones first) to slots with the same key, same
+/// owner first. Returns `None` when a movable instance finds no slot.
+fn assign(
+    existing: &[GpuInstance],
+    keys: &[Key],
+    pool: &[usize],
+    immovable: &[bool],
+    slots: &[Slot<'_>],
+    slot_keys: &[Key],
+) -> Option<Assignment> {
+    let mut taken = vec![false; slots.len()];
+    let mut pairs = Vec::new();
+    let mut placed = vec![false; existing.len()];
+    let mut score = 0;
+    for &i in pool {
+        let hit = (0..slots.len()).find(|&s| {
+            !taken[s]
+                && slot_keys[s] == keys[i]
+                && existing[i].owner.as_deref() == Some(&slots[s].owner)
+        });
+        if let Some(s) = hit {
+            taken[s] = true;
+            placed[i] = true;
+            pairs.push((i, s));
+            score += 1;
+        }
+    }
+    for &i in pool {
+        if placed[i] {
+            continue;
+        }
+        match (0..slots.len()).find(|&s| !taken[s] && slot_keys[s] == keys[i]) {
+            Some(s) => {
+                taken[s] = true;
+                pairs.push((i, s));
+            }
+            None if immovable[i] => {}
+            None => return None,
+        }
+    }
+    Some(Assignment { pairs, score })
+}
+
+fn plan_instances(
+    gpu: &GpuState,
+    model: &GpuModel,
+    existing: &[GpuInstance],
+    slots: Vec<Slot<'_>>,
+    reconf: Reconfigure,
+    out: &mut MigOutcome,
+) {
+    let keys: Vec<Key> = existing.iter().map(gi_key).collect();
+    let slot_keys: Vec<Key> = slots.iter().map(Slot::key).collect();
+    let procs: Vec<Vec<&GpuProcess>> = existing.iter().map(gi_procs).collect();
+    let immovable: Vec<bool> = procs.iter().map(|p| !drainable(p, reconf)).collect();
+    let immov: Vec<usize> = (0..existing.len()).filter(|&i| immovable[i]).collect();
+    let candidates: Vec<usize> = (0..existing.len())
+        .filter(|&i| !immovable[i] && slot_keys.contains(&keys[i]))
+        .collect();
+
+    // Every subset of reusable instances, ranked: keep more, then more same-owner matches, then
+    // more busy ones (fewer drains), then a fixed order so the plan is deterministic.
+    let mut ranked = Vec::new();
+    for m in 0u32..(1 << candidates.len()) {
+        let mut pool = immov.clone();
+        pool.extend(
+            candidates
+                .iter()
+                .enumerate()
+                .filter(|(b, _)| m & (1 << b) != 0)
+                .map(|(_, &i)| i),
+        );
+        let Some(a) = assign(existing, &keys, &pool, &immovable, &slots, &slot_keys) else {
+            continue;
+        };
+        let busy = pool.iter().filter(|&&i| !procs[i].is_empty()).count();
+        ranked.push((m.count_ones(), a.score, busy, std::cmp::Reverse(m), pool, a));
+    }
+    ranked.sort_by_key(|r| std::cmp::Reverse((r.0, r.1, r.2, r.3)));
+
+    for (_, _, _, _, pool, a) in ranked {
+        let fixed: Vec<(u32, Placement)> = pool
+            .iter()
+            .map(|&i| (existing[i].profile_id, existing[i].placement))
+            .collect();
+        let used: BTreeSet<usize> = a.pairs.iter().map(|&(_, s)| s).collect();
+        let rest: Vec<usize> = (0..slots.len()).filter(|s| !used.contains(s)).collect();
+        let wanted: Vec<&GiProfile> = rest.iter().map(|&s| slots[s].gi).collect();
+        let Some(places) = fit_gis(model, &fixed, &wanted) else {
+            continue;
+        };
+        emit(
+            gpu, existing, &slots, &pool, &a, &rest, &places, &procs, &immovable, reconf, out,
+        );
+        return;
+    }
+
+    // Nothing fits: keep what is there rather than tear down instances for a layout that cannot
+    // be completed.
+    out.layout = existing.iter().map(LayoutGi::from_existing).collect();
+    let busy: Vec<String> = immov
+        .iter()
+        .flat_map(|&i| procs[i].iter().map(|p| holder(p)))
+        .collect();
+    let reason = if busy.is_empty() {
+        format!(
+            "the MIG geometry does not fit gpu {} ({}); instances left as they are",
+            gpu.index, model.nvml_name
+        )
+    } else {
+        format!(
+            "the MIG layout of gpu {} cannot change around busy instances; {}",
+            gpu.index,
+            busy_reason(reconf)
+        )
+    };
+    out.blocked.push(gpu_blocked(gpu, None, busy, reason));
+}
+
+#[allow(clippy::too_many_arguments)]
+fn emit(
+    gpu: &GpuState,
+    existing: &[GpuInstance],
+    slots: &[Slot<'_>],
+    pool: &[usize],
+    a: &Assignment,
+    rest: &[usize],
+    places: &[Placement],
+    procs: &[Vec<&GpuProcess>],
+    immovable: &[bool],
+    reconf: Reconfigure,
+    out: &mut MigOutcome,
+) {
+    let slot_of: BTreeMap<usize, usize> = a.pairs.iter().copied().collect();
+    // Destroys first: they free the slices the creates need.
+    for (i, gi) in existing.iter().enumerate() {
+        if pool.contains(&i) {
+            continue;
+        }
+        add_drain(out, &procs[i], gi.owner.as_deref());
+        for c in &gi.compute {
+            out.removed_devices.insert(c.uuid.clone());
+        }
+        let mut acts = Vec::new();
+        destroy_gi_actions(
+            gpu,
+            gi,
+            &format!(
+                "{}@{}+{} on gpu {} is not in the policy's layout",
+                gi.profile, gi.placement.start, gi.placement.size, gpu.index
+            ),
+            &mut acts,
+        );
+        out.instances.extend(acts);
+    }
+    for &i in pool {
+        let gi = &existing[i];
+        let mut l = LayoutGi::from_existing(gi);
+        match slot_of.get(&i) {
+            Some(&s) => {
+                let to = &slots[s].owner;
+                if gi.owner.as_deref() != Some(to.as_str()) {
+                    out.instances.push((
+                        ActionKind::SetOwner {
+                            gi: gi_ref(gpu, gi.placement),
+                            from: gi.owner.clone(),
+                            to: to.clone(),
+                        },
+                        format!(
+                            "{}@{}+{} already has the right shape; only its owner changes",
+                            gi.profile, gi.placement.start, gi.placement.size
+                        ),
+                    ));
+                    l.owner = Some(to.clone());
+                }
+            }
+            None => {
+                debug_assert!(immovable[i]);
+                out.blocked.push(gpu_blocked(
+                    gpu,
+                    Some(gi_ref(gpu, gi.placement)),
+                    procs[i].iter().map(|p| holder(p)).collect(),
+                    format!(
+                        "{}@{}+{} is not in the policy but processes hold it; {}",
+                        gi.profile,
+                        gi.placement.start,
+                        gi.placement.size,
+                        busy_reason(reconf)
+                    ),
+                ));
+            }
+        }
+        out.layout.push(l);
+    }
+    for (&s, &p) in rest.iter().zip(places) {
+        let slot = &slots[s];
+        let r = gi_ref(gpu, p);
+        out.instances.push((
+            ActionKind::CreateGi {
+                gi: r.clone(),
+                profile: slot.gi.name.clone(),
+                profile_id: slot.gi.id,
+                owner: slot.owner.clone(),
+            },
+            format!(
+                "policy gives team {} a {} on gpu {}",
+                slot.owner, slot.gi.name, gpu.index
+            ),
+        ));
+        let mut cis = Vec::new();
+        for (c, cp) in &slot.cis {
+            out.instances.push((
+                ActionKind::CreateCi {
+                    ci: CiRef {
+                        gi: r.clone(),
+                        placement: *cp,
+                    },
+                    profile: c.name.clone(),
+                    profile_id: c.id,
+                },
+                if slot.cis.len() == 1 {
+                    "one compute instance spanning the GPU instance".to_string()
+                } else {
+                    "compute split from the policy".to_string()
+                },
+            ));
+            cis.push(LayoutCi {
+                profile: c.name.clone(),
+                profile_id: c.id,
+                placement: *cp,
+                existing: None,
+            });
+        }
+        out.layout.push(LayoutGi {
+            profile: slot.gi.name.clone(),
+            profile_id: slot.gi.id,
+            placement: p,
+            owner: Some(slot.owner.clone()),
+            existing: None,
+            cis,
+        });
+    }
+    out.layout.sort_by_key(|g| g.placement);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::profiles::Catalog;
+
+    fn h100() -> &'static GpuModel {
+        Catalog::get().by_key("H100-SXM5-80GB").unwrap()
+    }
+
+    #[test]
+    fn search_backtracks_where_first_fit_fails() {
+        let m = h100();
+        let three = m.gi_profile("3g.40gb").unwrap();
+        let four = m.gi_profile("4g.40gb").unwrap();
+        // First fit in the given order would put the 3g at 0 and leave no room for the 4g.
+        assert_eq!(three.placements[0].start, 0);
+        let p = fit_gis(m, &[], &[three, four]).expect("a fit exists");
+        assert_eq!(
+            p,
+            vec![
+                Placement { start: 4, size: 4 },
+                Placement { start: 0, size: 4 }
+            ]
+        );
+        // Around a fixed 1g at slice 5, 2g+2g fit only at 0 and 2.
+        let one = m.gi_profile("1g.10gb").unwrap();
+        let two = m.gi_profile("2g.20gb").unwrap();
+        let p = fit_gis(
+            m,
+            &[(one.id, Placement { start: 4, size: 1 })],
+            &[two, two, one],
+        )
+        .unwrap();
+        assert!(!p[0].overlaps(&p[1]) && !p[1].overlaps(&p[2]) && !p[0].overlaps(&p[2]));
+    }
+
+    #[test]
+    fn search_rejects_overfull_and_limits() {
+        let m = h100();
+        let three = m.gi_profile("3g.40gb").unwrap();
+        assert!(fit_gis(m, &[], &[three, three, three]).is_none());
+        let me = m.gi_profile("1g.10gb+me").unwrap();
+        assert!(
+            fit_gis(m, &[], &[me, me]).is_none(),
+            "instance_count of +me is 1"
+        );
+        let one = m.gi_profile("1g.10gb").unwrap();
+        assert!(fit_gis(m, &[], &[one; 7]).is_some());
+        assert!(fit_gis(m, &[], &[one; 8]).is_none());
+        // 4g + 3g + nothing else: compute budget 7 is spent.
+        let four = m.gi_profile("4g.40gb").unwrap();
+        assert!(fit_gis(m, &[], &[four, three]).is_some());
+    }
+
+    #[test]
+    fn ci_split_search() {
+        let m = h100();
+        let gi = m.gi_profile("3g.40gb").unwrap();
+        let one = m.ci_profile("3g.40gb", "1c").unwrap();
+        let two = m.ci_profile("3g.40gb", "2c").unwrap();
+        // 2c has a single placement (0..2); the 1c must go to slice 2 even though it is listed
+        // first.
+        let p = fit_cis(gi, &[one, two]).unwrap();
+        assert_eq!(
+            p,
+            vec![
+                Placement { start: 2, size: 1 },
+                Placement { start: 0, size: 2 }
+            ]
+        );
+        assert!(fit_cis(gi, &[two, two]).is_none());
+    }
+}

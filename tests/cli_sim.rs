@@ -1,0 +1,64 @@
+//! End to end: `plan`, then `apply --simulate --state`, then `check` exits 0.
+//! Needs the policy loader; remove the `#[ignore]` once `gpuctl::policy::load` is merged.
+
+use std::path::Path;
+use std::process::Command;
+
+fn gpuctl(args: &[&str]) -> (i32, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuctl"))
+        .args(args)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.code().unwrap_or(-1), text)
+}
+
+#[test]
+fn without_simulate_the_real_host_needs_nvml() {
+    let (code, text) = gpuctl(&["plan"]);
+    assert_eq!(code, 2);
+    assert!(text.contains("NVML"), "{text}");
+    let (code, text) = gpuctl(&["check", "--simulate", "h100"]);
+    assert_eq!(code, 2);
+    assert!(text.contains("h100-80gb"), "valid names listed: {text}");
+}
+
+#[test]
+#[ignore = "needs the policy loader (gpuctl::policy::load)"]
+fn plan_apply_check_converges() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mig-inference-h100");
+    let root = root.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("host.json");
+    let state = state.to_str().unwrap();
+    let spec = "h100-80gb*2,l40s";
+    let (code, text) = gpuctl(&["--root", root, "plan", "--simulate", spec]);
+    assert_eq!(code, 0, "{text}");
+    let (code, _) = gpuctl(&[
+        "--root",
+        root,
+        "check",
+        "--simulate",
+        spec,
+        "--state",
+        state,
+    ]);
+    assert_eq!(code, 1, "nothing applied yet");
+    let (code, text) = gpuctl(&[
+        "--root",
+        root,
+        "apply",
+        "--simulate",
+        spec,
+        "--state",
+        state,
+    ]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = gpuctl(&["--root", root, "check", "--state", state]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = gpuctl(&["--root", root, "plan", "--state", state, "--json"]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["actions"].as_array().unwrap().len(), 0);
+}

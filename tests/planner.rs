@@ -1,0 +1,363 @@
+//! Planner behaviour on simulated hosts: minimal MIG changes, busy instances, owner relabels,
+//! pending modes, drains, and convergence.
+
+mod common;
+use common::*;
+use gpuctl::plan::{plan, ActionKind, Phase};
+use gpuctl::policy::{GpuUse, Reconfigure, Selector};
+use gpuctl::sim::SimHost;
+
+fn is_destroy_gi(k: &ActionKind) -> bool {
+    matches!(k, ActionKind::DestroyGi { .. })
+}
+fn is_create_gi(k: &ActionKind) -> bool {
+    matches!(k, ActionKind::CreateGi { .. })
+}
+
+#[test]
+fn fresh_host_converges_and_replans_empty() {
+    let p = policy(
+        vec![team("a"), mps_team("b"), team("c")],
+        vec![
+            mig(0, &[("1g.10gb", "a", 4, &[]), ("1g.10gb", "b", 3, &[])]),
+            mig(
+                1,
+                &[("3g.40gb", "b", 1, &["1c", "2c"]), ("4g.40gb", "a", 1, &[])],
+            ),
+            assign(
+                Selector::Index(vec![2, 3]),
+                GpuUse::Shared(vec!["b".into(), "c".into()]),
+            ),
+            assign(Selector::Model("l40s".into()), GpuUse::Owned("c".into())),
+        ],
+        Reconfigure::WhenIdle,
+    );
+    let mut h = SimHost::from_spec("h100-80gb*4,l40s").unwrap();
+    let (first, remaining) = apply(&p, &mut h);
+    assert!(first.replan_after_mig);
+    assert_eq!(count(&first, is_create_gi), 9);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(plan(&p, &h.state).is_converged());
+    // b: 3 MIG 1g devices, 2 CIs of a 3g split, 2 shared GPUs; MPS: one whole-GPU daemon + 5.
+    let env = &h.state.env_files["b"];
+    let cvd = env
+        .lines()
+        .find(|l| l.starts_with("CUDA_VISIBLE_DEVICES="))
+        .unwrap();
+    assert_eq!(cvd.matches("MIG-").count(), 5, "{env}");
+    assert_eq!(cvd.matches("GPU-").count(), 2, "{env}");
+    assert_eq!(
+        h.state.mps.keys().filter(|k| k.starts_with("b-")).count(),
+        6
+    );
+    assert!(env.contains("CUDA_MPS_PIPE_DIRECTORY=/run/gpuctl/mps/b-gpus"));
+    // The slice allows exactly the caps of b's instances: 5 CIs + 4 GIs, plus parent nodes.
+    let caps = h.state.slices["b"]
+        .device_allow
+        .iter()
+        .filter(|d| d.starts_with("/dev/nvidia-caps/"))
+        .count();
+    assert_eq!(caps, 5 + 4);
+    assert!(h.state.slices["c"].device_allow.contains("/dev/nvidia4"));
+    assert!(!h.state.slices["c"].device_allow.contains("/dev/nvidia0"));
+}
+
+#[test]
+fn changing_one_instance_of_seven_is_one_destroy_and_one_create() {
+    let seven = policy(
+        vec![team("a"), team("b")],
+        vec![mig(0, &[("1g.10gb", "a", 7, &[])])],
+        Reconfigure::WhenIdle,
+    );
+    let mut h = SimHost::from_spec("h100-80gb").unwrap();
+    apply(&seven, &mut h);
+    let changed = policy(
+        vec![team("a"), team("b")],
+        vec![mig(
+            0,
+            &[("1g.10gb", "a", 6, &[]), ("1g.10gb+me", "b", 1, &[])],
+        )],
+        Reconfigure::WhenIdle,
+    );
+    let p = plan(&changed, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 1, "{p:#?}");
+    assert_eq!(count(&p, is_create_gi), 1, "{p:#?}");
+    let (_, remaining) = apply(&changed, &mut h);
+    assert!(remaining.is_converged());
+}
+
+#[test]
+fn owner_change_is_a_relabel_without_hardware_change() {
+    let mut h = SimHost::from_spec("h100-80gb").unwrap();
+    let before = policy(
+        vec![team("a"), team("b")],
+        vec![mig(0, &[("3g.40gb", "a", 2, &[])])],
+        Reconfigure::WhenIdle,
+    );
+    apply(&before, &mut h);
+    let after = policy(
+        vec![team("a"), team("b")],
+        vec![mig(
+            0,
+            &[("3g.40gb", "a", 1, &[]), ("3g.40gb", "b", 1, &[])],
+        )],
+        Reconfigure::WhenIdle,
+    );
+    let p = plan(&after, &h.state);
+    let mig_actions: Vec<_> = p
+        .actions
+        .iter()
+        .filter(|a| a.phase == Phase::MigInstances)
+        .collect();
+    assert_eq!(mig_actions.len(), 1, "{p:#?}");
+    assert!(matches!(&mig_actions[0].kind, ActionKind::SetOwner { to, .. } if to == "b"));
+    apply(&after, &mut h);
+    let owners: Vec<_> = h.state.gpus[0]
+        .mig
+        .as_ref()
+        .unwrap()
+        .instances
+        .iter()
+        .map(|i| i.owner.clone().unwrap())
+        .collect();
+    assert_eq!(owners.iter().filter(|o| *o == "a").count(), 1);
+    assert_eq!(owners.iter().filter(|o| *o == "b").count(), 1);
+}
+
+fn busy_host(at: u32, unit: Option<&str>) -> (SimHost, u32) {
+    let mut h = SimHost::from_spec("h100-80gb").unwrap();
+    let before = policy(
+        vec![team("a")],
+        vec![mig(0, &[("3g.40gb", "a", 2, &[])])],
+        Reconfigure::WhenIdle,
+    );
+    apply(&before, &mut h);
+    let gi = h.state.gpus[0]
+        .mig
+        .as_mut()
+        .unwrap()
+        .instances
+        .iter_mut()
+        .find(|i| i.placement.start == at)
+        .unwrap();
+    gi.compute[0].processes.push(proc(4242, unit));
+    let id = gi.id;
+    (h, id)
+}
+
+#[test]
+fn busy_instance_is_untouched_and_named() {
+    // The 4g can only go at 0, where the busy 3g sits: nothing may change.
+    let (mut h, _) = busy_host(0, Some("train.service"));
+    let want = policy(
+        vec![team("a")],
+        vec![mig(
+            0,
+            &[("4g.40gb", "a", 1, &[]), ("3g.40gb", "a", 1, &[])],
+        )],
+        Reconfigure::WhenIdle,
+    );
+    let p = plan(&want, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 0, "{p:#?}");
+    assert_eq!(count(&p, is_create_gi), 0);
+    assert!(
+        p.blocked
+            .iter()
+            .any(|b| b.holders.iter().any(|x| x == "pid 4242 (train.service)")),
+        "{p:#?}"
+    );
+    let (_, remaining) = apply(&want, &mut h);
+    assert!(remaining.actions.is_empty(), "{remaining:#?}");
+    assert!(!remaining.blocked.is_empty());
+
+    // With the busy one at 4, the idle one at 0 makes room for the 4g.
+    let (h, busy_id) = busy_host(4, None);
+    let p = plan(&want, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 1);
+    assert!(p
+        .actions
+        .iter()
+        .all(|a| !matches!(&a.kind, ActionKind::DestroyGi { gi, .. } if gi.placement.start == 4)));
+    assert!(p.blocked.is_empty(), "the busy 3g matches a slot: {p:#?}");
+    let _ = busy_id;
+}
+
+#[test]
+fn never_mode_leaves_busy_instances_and_drain_mode_stops_units() {
+    let want = policy(
+        vec![team("a")],
+        vec![mig(0, &[("7g.80gb", "a", 1, &[])])],
+        Reconfigure::Never,
+    );
+    let (h, _) = busy_host(0, Some("train.service"));
+    let p = plan(&want, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 0);
+    assert!(!p.blocked.is_empty());
+
+    let drain = policy(
+        vec![team("a")],
+        vec![mig(0, &[("7g.80gb", "a", 1, &[])])],
+        Reconfigure::Drain,
+    );
+    let (mut h, _) = busy_host(0, Some("train.service"));
+    let p = plan(&drain, &h.state);
+    let phases: Vec<_> = p
+        .actions
+        .iter()
+        .map(|a| (a.phase, a.kind.clone()))
+        .collect();
+    assert!(
+        matches!(&phases[0], (Phase::Drain, ActionKind::StopUnits { team, units }) if team == "a" && units == &["train.service".to_string()]),
+        "{phases:#?}"
+    );
+    assert!(matches!(
+        &phases.last().unwrap(),
+        (Phase::Resume, ActionKind::StartUnits { .. })
+    ));
+    assert_eq!(count(&p, is_destroy_gi), 2);
+    let (_, remaining) = apply(&drain, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+
+    // A process without a unit cannot be drained. The 7g cannot be made around it, so the idle
+    // 3g stays too rather than leaving the GPU emptier for nothing.
+    let (h, _) = busy_host(0, None);
+    let p = plan(&drain, &h.state);
+    assert!(p.actions.is_empty(), "{p:#?}");
+    assert_eq!(p.blocked[0].holders, vec!["pid 4242".to_string()]);
+}
+
+#[test]
+fn a100_enable_resets_only_that_gpu_and_waits_for_processes() {
+    let want = policy(
+        vec![team("a")],
+        vec![
+            mig(0, &[("3g.20gb", "a", 2, &[])]),
+            assign(Selector::Index(vec![1]), GpuUse::Owned("a".into())),
+        ],
+        Reconfigure::WhenIdle,
+    );
+    let mut h = SimHost::from_spec("a100-40gb*2").unwrap();
+    let p = plan(&want, &h.state);
+    let resets: Vec<u32> = p
+        .actions
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActionKind::ResetGpu { index, .. } => Some(*index),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(resets, vec![0]);
+    let modes = count(&p, |k| {
+        matches!(
+            k,
+            ActionKind::SetMigMode {
+                index: 0,
+                enable: true,
+                ..
+            }
+        )
+    });
+    assert_eq!(modes, 1);
+
+    h.state.gpus[0]
+        .processes
+        .push(proc(99, Some("job.service")));
+    let p = plan(&want, &h.state);
+    assert_eq!(count(&p, |k| matches!(k, ActionKind::ResetGpu { .. })), 0);
+    assert_eq!(
+        count(&p, |k| matches!(k, ActionKind::SetMigMode { .. })),
+        1,
+        "setting the pending mode is harmless"
+    );
+    assert!(p
+        .blocked
+        .iter()
+        .any(|b| b.index == 0 && b.reason.contains("needs GPU reset: processes hold it")));
+    let (_, remaining) = apply(&want, &mut h);
+    assert!(remaining.actions.is_empty(), "{remaining:#?}");
+    let m = h.state.gpus[0].mig.as_ref().unwrap();
+    assert!(m.is_pending());
+    // The job ends: the reset and the instances follow.
+    h.state.gpus[0].processes.clear();
+    let (_, remaining) = apply(&want, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert_eq!(h.state.gpus[0].mig.as_ref().unwrap().instances.len(), 2);
+}
+
+#[test]
+fn whole_gpu_turns_mig_off_and_removed_team_is_cleaned_up() {
+    let mut h = SimHost::from_spec("h100-80gb").unwrap();
+    let m = policy(
+        vec![mps_team("a"), team("b")],
+        vec![mig(0, &[("2g.20gb", "a", 3, &["1c", "1c"])])],
+        Reconfigure::WhenIdle,
+    );
+    apply(&m, &mut h);
+    assert_eq!(h.state.mps.len(), 6);
+    let whole = policy(
+        vec![mps_team("a")],
+        vec![assign(Selector::All, GpuUse::Owned("a".into()))],
+        Reconfigure::WhenIdle,
+    );
+    let p = plan(&whole, &h.state);
+    assert_eq!(count(&p, |k| matches!(k, ActionKind::StopMps { .. })), 6);
+    assert_eq!(
+        count(
+            &p,
+            |k| matches!(k, ActionKind::RemoveSlice { team } if team == "b")
+        ),
+        1
+    );
+    let (_, remaining) = apply(&whole, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(!h.state.gpus[0].mig.as_ref().unwrap().current);
+    assert_eq!(h.state.mps.keys().collect::<Vec<_>>(), vec!["a-gpus"]);
+}
+
+/// The policy of `tests/golden/mig-inference-h100`, built by hand: it pins that case's expected
+/// plan before the loader exists, and the golden test then checks the loader reproduces it.
+#[test]
+fn golden_case_rendered_from_hand_built_policy() {
+    use gpuctl::policy::{MpsSettings, Size};
+    let mut prod = team("prod");
+    prod.limits.memory_max = Some(Size::Bytes(128 << 30));
+    prod.limits.cpu_weight = Some(1000);
+    let mut interns = team("interns");
+    interns.limits.memory_max = Some(Size::PercentOfRam(10.0));
+    interns.limits.cpu_weight = Some(50);
+    interns.mps = Some(MpsSettings {
+        active_thread_percentage: Some(50),
+        ..Default::default()
+    });
+    let p = policy(
+        vec![prod, interns],
+        vec![
+            mig(
+                0,
+                &[
+                    ("3g.40gb", "prod", 1, &[]),
+                    ("3g.40gb", "interns", 1, &["1c", "2c"]),
+                ],
+            ),
+            assign(
+                Selector::Model("l40s".into()),
+                GpuUse::Owned("interns".into()),
+            ),
+        ],
+        Reconfigure::WhenIdle,
+    );
+    let dir =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mig-inference-h100");
+    let spec = std::fs::read_to_string(dir.join("host")).unwrap();
+    let obs = gpuctl::sim::build(spec.trim()).unwrap();
+    let d = gpuctl::plan::desired(&p, &obs);
+    let got = gpuctl::cli::plan::render(&obs, &d, &gpuctl::plan::diff(&d, &obs));
+    let file = dir.join("expected-plan.txt");
+    if std::env::var_os("GOLDEN_UPDATE").is_some() {
+        std::fs::write(&file, &got).unwrap();
+    }
+    assert_eq!(got, std::fs::read_to_string(&file).unwrap());
+    // Whatever the layout, both 3g halves exist and gpu 1 is left alone.
+    assert!(got.contains("gpu 1 ·") && got.contains("not named by the policy"));
+    assert_eq!(got.matches("create GI 3g.40gb").count(), 2);
+}
