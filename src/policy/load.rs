@@ -193,6 +193,14 @@ pub fn load_sources(sources: &[Source]) -> LoadOutcome {
         }
     }
     let policy = build(&fragments, &mut diagnostics);
+    // Read file by file, top to bottom: order by merge position, then line and column. The sort
+    // is stable, so diagnostics without a place keep their relative order, first.
+    diagnostics.sort_by_key(|d| {
+        d.loc.as_ref().map(|l| {
+            let file = sources.iter().position(|s| s.host == l.file);
+            (file, l.line, l.col)
+        })
+    });
     let files = sources.iter().map(|s| s.host.clone()).collect();
     let ok = unreadable.is_empty() && !diagnostics.iter().any(|d| d.severity == Severity::Error);
     LoadOutcome {

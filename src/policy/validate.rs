@@ -402,16 +402,27 @@ fn profiles_help(models: &[&GpuModel]) -> String {
 }
 
 /// The MIG part of one entry checked against one model: profiles exist, compute splits are valid
-/// and fit their GI, and the geometry fits the GPU. `Err` holds (key, message, help) triples; the
-/// first element of each triple is the index of the mig element, or `None` for the whole entry.
-type MigProblem = (Option<usize>, String, Option<String>);
+/// and fit their GI, and the geometry fits the GPU. Returns (field, message, help) triples;
+/// messages do not name the model, callers prefix it.
+type MigProblem = (Field, String, Option<String>);
+
+/// Which part of a MIG entry a problem concerns, to point at the right line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// The whole geometry.
+    Entry,
+    /// `mig[i].profile`.
+    Profile(usize),
+    /// `mig[i].compute`.
+    Compute(usize),
+}
 
 fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
     let mut out = Vec::new();
     if !model.mig_capable() {
         out.push((
-            None,
-            format!("{} has no MIG", short_name(&model.nvml_name)),
+            Field::Entry,
+            "no MIG".to_string(),
             Some("use owner = \"team\" or shared = [...] for GPUs without MIG".into()),
         ));
         return out;
@@ -419,7 +430,7 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
     let mut wanted: Vec<&GiProfile> = Vec::new();
     for (i, s) in specs.iter().enumerate() {
         let Some(gi) = model.gi_profile(&s.profile) else {
-            let mut help = format!("profiles of {}: {}", model.key, profiles_help(&[model]));
+            let mut help = format!("valid profiles: {}", profiles_help(&[model]));
             if let Some(sug) = suggest(
                 &s.profile,
                 model.gi_profiles.iter().map(|p| p.name.as_str()),
@@ -427,12 +438,8 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
                 help = format!("did you mean '{sug}'? {help}");
             }
             out.push((
-                Some(i),
-                format!(
-                    "{} has no MIG profile '{}'",
-                    short_name(&model.nvml_name),
-                    s.profile
-                ),
+                Field::Profile(i),
+                format!("no MIG profile '{}'", s.profile),
                 Some(help),
             ));
             continue;
@@ -449,7 +456,7 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
                 match model.ci_profile(&gi.name, c) {
                     Some(ci) => cis.push(ci),
                     None => out.push((
-                        Some(i),
+                        Field::Compute(i),
                         format!("'{c}' is not a compute-instance profile of {}", gi.name),
                         Some(format!("valid in {}: {}", gi.name, valid.join(", "))),
                     )),
@@ -458,7 +465,7 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
             if cis.len() == s.compute.len() {
                 if let Err(m) = fit_compute(model, gi, &cis) {
                     out.push((
-                        Some(i),
+                        Field::Compute(i),
                         format!("compute split of {}: {m}", gi.name),
                         Some(format!(
                             "the CIs of one {} may use {} compute slices in total",
@@ -471,7 +478,7 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
     }
     if out.is_empty() {
         if let Err(m) = fit(model, &wanted, &[]) {
-            out.push((None, m.to_string(), Some(misfit_help(model))));
+            out.push((Field::Entry, m.to_string(), Some(misfit_help(model))));
         }
     }
     out
@@ -509,10 +516,14 @@ fn mig_specs(ms: &[super::parse::MigPart]) -> Vec<MigSpec> {
 fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<Diagnostic>) {
     let catalog = Catalog::get();
     let specs = mig_specs(ms);
-    let push = |diags: &mut Vec<Diagnostic>, idx: Option<usize>, msg: String, help| {
-        let (loc, key) = match idx {
-            Some(i) => (&ms[i].profile.loc, format!("{}.profile", ms[i].key)),
-            None => (&g.loc, format!("{}.mig", g.key)),
+    let push = |diags: &mut Vec<Diagnostic>, field: Field, msg: String, help| {
+        let (loc, key) = match field {
+            Field::Profile(i) => (&ms[i].profile.loc, format!("{}.profile", ms[i].key)),
+            Field::Compute(i) => match &ms[i].compute {
+                Some(c) => (&c.loc, format!("{}.compute", ms[i].key)),
+                None => (&ms[i].loc, ms[i].key.clone()),
+            },
+            Field::Entry => (&g.loc, format!("{}.mig", g.key)),
         };
         diags.push(error(loc, &key, msg, help));
     };
@@ -542,27 +553,25 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
         }
         // Every matched model gets this geometry: report each model's problems, merging the
         // identical ones (A100-80GB and H100 share profile names and slice counts).
-        let mut seen: BTreeMap<(Option<usize>, String), Vec<&str>> = BTreeMap::new();
-        let mut helps: BTreeMap<(Option<usize>, String), Option<String>> = BTreeMap::new();
+        let mut merged: Vec<(Field, String, Option<String>, Vec<&str>)> = Vec::new();
         for m in &matched {
             for (i, msg, help) in check_mig_on_model(m, &specs) {
-                let generic = msg.replace(short_name(&m.nvml_name), "{model}");
-                seen.entry((i, generic.clone())).or_default().push(&m.key);
-                helps.entry((i, generic)).or_insert(help);
+                match merged
+                    .iter_mut()
+                    .find(|(j, mm, _, _)| *j == i && *mm == msg)
+                {
+                    Some((_, _, _, ms)) => ms.push(&m.key),
+                    None => merged.push((i, msg, help, vec![&m.key])),
+                }
             }
         }
-        for ((i, generic), models) in seen {
-            let help = helps.remove(&(i, generic.clone())).flatten();
-            let msg = if generic.contains("{model}") {
-                generic.replace("{model}", &models.join(", "))
-            } else {
-                format!(
-                    "{} ({}): {generic}",
-                    g.selector.value.describe(),
-                    models.join(", ")
-                )
-            };
-            push(diags, i, format!("{msg}; '{pat}' matches it"), help);
+        for (i, msg, help, models) in merged {
+            push(
+                diags,
+                i,
+                format!("{} (matched by '{pat}'): {msg}", models.join(", ")),
+                help,
+            );
         }
         return;
     }
@@ -591,7 +600,7 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
             }
             push(
                 diags,
-                Some(i),
+                Field::Profile(i),
                 format!("no GPU model has a MIG profile '{}'", s.profile),
                 Some(help),
             );
@@ -620,7 +629,7 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
             .join(", ");
         push(
             diags,
-            None,
+            Field::Entry,
             "no single GPU model has all of these MIG profiles".into(),
             Some(format!("profiles exist on: {which}")),
         );
@@ -634,7 +643,7 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
         return;
     }
     // Fails on every model it could be: report the problems of each, merged by text.
-    let mut merged: Vec<(Option<usize>, String, Option<String>, Vec<&str>)> = Vec::new();
+    let mut merged: Vec<(Field, String, Option<String>, Vec<&str>)> = Vec::new();
     for (m, problems) in &results {
         for (i, msg, help) in problems {
             match merged.iter_mut().find(|(j, mm, _, _)| j == i && mm == msg) {
@@ -836,9 +845,9 @@ pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnosti
                 )],
                 Some(m) => check_mig_on_model(m, specs)
                     .into_iter()
-                    .map(|(i, msg, help)| match i {
-                        Some(i) => (format!("mig[{i}]: {msg}"), help),
-                        None => (msg, help),
+                    .map(|(f, msg, help)| match f {
+                        Field::Profile(i) | Field::Compute(i) => (format!("mig[{i}]: {msg}"), help),
+                        Field::Entry => (msg, help),
                     })
                     .collect(),
             };
