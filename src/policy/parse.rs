@@ -240,7 +240,10 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
 }
 
 /// The elements of `[[x]]` or `x = [{...}, ...]`, each with its span.
-fn tables_of(item: &Item) -> Option<Vec<(&dyn TableLike, Option<Range<usize>>)>> {
+/// A table of an array and its span.
+type Elem<'a> = (&'a dyn TableLike, Option<Range<usize>>);
+
+fn tables_of(item: &Item) -> Option<Vec<Elem<'_>>> {
     match item {
         Item::ArrayOfTables(a) => Some(a.iter().map(|t| (t as &dyn TableLike, t.span())).collect()),
         Item::Value(Value::Array(a)) => a

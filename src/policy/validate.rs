@@ -935,4 +935,232 @@ mod tests {
         }
         assert!(!model_matches("*A100*", h100));
     }
+
+    use crate::observe::{GpuInstance, MigState};
+    use crate::policy::load::{load_sources, Source};
+    use std::path::PathBuf;
+
+    /// Validate `text` as one file; returns the outcome's diagnostics as display strings, and the
+    /// policy when valid.
+    fn check(text: &str) -> (Option<Policy>, Vec<String>) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("p.toml");
+        std::fs::write(&p, text).unwrap();
+        let o = load_sources(&[Source {
+            read: p,
+            host: PathBuf::from("/etc/gpuctl/policy.toml"),
+        }]);
+        (
+            o.policy,
+            o.diagnostics.iter().map(|d| d.to_string()).collect(),
+        )
+    }
+
+    const TEAMS: &str = "version = 1\n[teams.a]\nmembers = [\"x\"]\n[teams.b]\nmembers = [\"y\"]\n";
+
+    fn gpu(index: u32, key: &str) -> GpuState {
+        let m = Catalog::get().by_key(key).unwrap();
+        GpuState {
+            index,
+            uuid: format!("GPU-0000000{index}-test"),
+            name: m.nvml_name.clone(),
+            model: Some(m.key.clone()),
+            minor: index,
+            memory_mib: m.memory_total_mib,
+            mig: m.mig_capable().then(MigState::default),
+            processes: vec![],
+        }
+    }
+
+    fn host(gpus: Vec<GpuState>) -> Observed {
+        Observed {
+            gpus,
+            ..Observed::default()
+        }
+    }
+
+    #[test]
+    fn all_overlaps_everything_but_shared_entries_may_overlap() {
+        let (p, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nall = true\nowner = \"a\"\n[[gpu]]\nindex = [2]\nowner = \"b\"\n"
+        ));
+        assert!(p.is_none());
+        assert!(
+            d.iter().any(|e| e.contains(":10:9: error: gpu[1]: every GPU assigned twice: here and at /etc/gpuctl/policy.toml:7:7 (gpu[0])")),
+            "{d:#?}"
+        );
+        let (p, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nall = true\nshared = [\"a\"]\n[[gpu]]\nindex = [2]\nshared = [\"b\", \"a\"]\n"
+        ));
+        let p = p.unwrap_or_else(|| panic!("{d:#?}"));
+        let g = gpu(2, "H100-SXM5-80GB");
+        assert_eq!(
+            p.usage_for(&g),
+            Some(GpuUse::Shared(vec!["a".into(), "b".into()]))
+        );
+        assert!(check_against_host(&p, &host(vec![g])).is_empty());
+    }
+
+    #[test]
+    fn overlapping_model_globs_conflict_when_a_model_matches_both() {
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nmodel = \"*H100*\"\nowner = \"a\"\n[[gpu]]\nmodel = \"h100-80gb\"\nowner = \"b\"\n"
+        ));
+        assert!(
+            d.iter()
+                .any(|e| e.contains("H100-SXM5-80GB GPUs assigned twice")),
+            "{d:#?}"
+        );
+        let (p, _) = check(&format!(
+            "{TEAMS}[[gpu]]\nmodel = \"*H100*\"\nowner = \"a\"\n[[gpu]]\nmodel = \"*A100*\"\nowner = \"b\"\n"
+        ));
+        assert!(p.is_some());
+    }
+
+    #[test]
+    fn mps_for_many_users_without_a_dedicated_user_warns() {
+        let text = "version = 1\n[teams.a]\nmembers = [\"x\", \"y\"]\n[teams.a.mps]\nactive-thread-percentage = 50\n[[gpu]]\nindex = [0]\nowner = \"a\"\n";
+        let (p, d) = check(text);
+        assert!(p.is_some(), "a warning does not reject");
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert!(d[0].contains(":4:1: warning: teams.a.mps: "), "{}", d[0]);
+        let (_, d) = check(&text.replace("active-thread", "user = \"mps-a\"\nactive-thread"));
+        assert!(d.is_empty(), "{d:#?}");
+    }
+
+    #[test]
+    fn compute_splits_are_checked_against_the_gi() {
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\", compute = [\"2c\", \"2c\"] }}]\n"
+        ));
+        assert!(
+            d.iter().any(|e| e.contains("gpu[0].mig[0].compute")
+                && e.contains("needs 4 of 3 compute slices")),
+            "{d:#?}"
+        );
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"2g.20gb\", owner = \"a\", compute = [\"3c\"] }}]\n"
+        ));
+        assert!(
+            d.iter()
+                .any(|e| e.contains("'3c' is not a compute-instance profile of 2g.20gb")),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn profiles_from_different_models_cannot_mix() {
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.20gb\", owner = \"a\" }}, {{ profile = \"3g.40gb\", owner = \"b\" }}]\n"
+        ));
+        assert!(
+            d.iter()
+                .any(|e| e.contains("no single GPU model has all of these MIG profiles")),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn host_check_resolves_selectors_and_real_models() {
+        let text = format!(
+            "{TEAMS}[[gpu]]\nindex = [0, 9]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\", count = 2 }}]\n\
+             [[gpu]]\nmodel = \"*L40S*\"\nowner = \"b\"\n[[gpu]]\nuuid = [\"GPU-00000001-test\"]\nshared = [\"a\"]\n"
+        );
+        let (p, d) = check(&text);
+        let p = p.unwrap_or_else(|| panic!("{d:#?}"));
+        // GPU 0 is an A100-40GB, which has no 3g.40gb; GPU 9 does not exist; GPU 1 is an
+        // L40S claimed by both the model glob and the UUID entry.
+        let obs = host(vec![gpu(0, "A100-SXM4-40GB"), gpu(1, "L40S-48GB")]);
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(d.len(), 3, "{d:#?}");
+        assert!(
+            d[0].contains("gpu[0].index: gpu 9 does not exist"),
+            "{d:#?}"
+        );
+        assert!(
+            d[1].contains("gpu 0 (A100-SXM4-40GB): mig[0]: no MIG profile '3g.40gb'"),
+            "{d:#?}"
+        );
+        assert!(d[2].contains("gpu 1 (L40S) assigned twice"), "{d:#?}");
+    }
+
+    #[test]
+    fn host_check_explains_misfits_and_missing_mig() {
+        let text = format!(
+            "{TEAMS}[[gpu]]\nall = true\nmig = [{{ profile = \"4g.40gb\", owner = \"a\" }}, {{ profile = \"4g.40gb\", owner = \"b\" }}]\n"
+        );
+        let (p, d) = check(&text);
+        // Statically this cannot fit on any model (one 4g.40gb per GPU): rejected already.
+        assert!(p.is_none());
+        assert!(
+            d.iter().any(|e| e.contains("every GPU (")
+                && e.contains("4g.40gb x2 needs 8 of 7 compute slices")),
+            "{d:#?}"
+        );
+
+        let text = format!(
+            "{TEAMS}[[gpu]]\nall = true\nmig = [{{ profile = \"7g.80gb\", owner = \"a\" }}]\n"
+        );
+        let p = check(&text).0.unwrap();
+        let mut busy = gpu(1, "H100-SXM5-80GB");
+        busy.mig.as_mut().unwrap().instances.push(GpuInstance {
+            id: 1,
+            profile_id: 0,
+            profile: "7g.80gb".into(),
+            placement: crate::profiles::Placement { start: 0, size: 8 },
+            owner: None,
+            compute: vec![],
+        });
+        let obs = host(vec![
+            gpu(0, "H100-SXM5-80GB"),
+            busy,
+            gpu(2, "L40S-48GB"),
+            gpu(3, "L40S-48GB"),
+        ]);
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        // Existing instances are the planner's business, not a policy error; the L40S pair is.
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert!(
+            d[0].contains("gpus 2,3 (L40S): this GPU has no MIG"),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn host_check_misfit_names_gpu_and_model() {
+        // Policies built in code (the planner's property tests do) skip the static checks, so
+        // the host check must catch a misfit on its own.
+        let p = Policy {
+            host: HostSettings::default(),
+            teams: BTreeMap::new(),
+            gpus: vec![GpuAssignment {
+                selector: Selector::Index(vec![0, 1]),
+                usage: GpuUse::Mig(vec![MigSpec {
+                    profile: "3g.40gb".into(),
+                    owner: "a".into(),
+                    count: 3,
+                    compute: vec![],
+                }]),
+                loc: None,
+                key: "gpu[0]".into(),
+            }],
+            sources: vec![],
+        };
+        let obs = host(vec![gpu(0, "H100-SXM5-80GB"), gpu(1, "H100-SXM5-80GB")]);
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert!(
+            d[0].contains("gpus 0,1 (H100 80GB HBM3): 3g.40gb x3 needs 12 of 8 memory slices"),
+            "{d:#?}"
+        );
+    }
 }
