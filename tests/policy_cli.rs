@@ -217,3 +217,18 @@ fn every_example_policy_validates() {
     }
     assert!(n >= 4, "expected the four example policies, found {n}");
 }
+
+#[test]
+fn man_page_example_validates() {
+    let man = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/man/gpuctl.policy.5"),
+    )
+    .unwrap();
+    let start =
+        man.find(".SH EXAMPLE\n.nf\n").expect("EXAMPLE section") + ".SH EXAMPLE\n.nf\n".len();
+    let len = man[start..].find("\n.fi").expect("end of example");
+    let d = tempfile::tempdir().unwrap();
+    let p = file(d.path(), "example.toml", &man[start..start + len]);
+    let r = gpuctl(&["validate", p.to_str().unwrap()]);
+    assert_eq!(r.code, 0, "{}", r.stderr);
+}
