@@ -6,11 +6,13 @@
 //! - [`plan`]: the pure planner, `plan(&Policy, &Observed) -> Plan`, with no I/O;
 //! - [`apply`]: the executor and the effector traits it drives;
 //! - [`sim`]: simulated hosts built from the reference data, for offline plans and tests;
+//! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
 pub mod apply;
 pub mod cli;
+pub mod geometry;
 pub mod observe;
 pub mod paths;
 pub mod plan;

@@ -1,1 +1,1217 @@
-//! See issue 2.
+//! One policy file → a [`Fragment`]: every key checked, every value typed, every value's place in
+//! the file kept.
+//!
+//! The file is walked with `toml_edit` rather than deserialised with serde because serde stops at
+//! the first problem, while an admin wants every problem of a file in one run, each with its line,
+//! column and key path. Checks that need one value only (a size parses, a weight is in range, a
+//! team name is legal) happen here; checks that need the merged policy (a team exists, a device is
+//! not owned twice, a MIG geometry fits) happen in [`super::validate`].
+
+use super::{valid_team_name, Diagnostic, Loc, Member, Reconfigure, Selector, Severity, Size};
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+use toml_edit::{ImDocument, Item, Key, TableLike, Value};
+
+/// A value and where it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct At<T> {
+    /// The value.
+    pub value: T,
+    /// Where its value starts.
+    pub loc: Loc,
+}
+
+/// One parsed file. `None` fields were not set in this file (so a lower file's value stays).
+#[derive(Debug, Clone, Default)]
+pub struct Fragment {
+    /// Host path of the file.
+    pub file: PathBuf,
+    /// `[host]`.
+    pub host: HostPart,
+    /// `[teams.*]`, in file order.
+    pub teams: Vec<TeamPart>,
+    /// `[[gpu]]` entries that parsed, in file order.
+    pub gpus: Vec<GpuPart>,
+}
+
+/// `[host]` keys set in one file.
+#[derive(Debug, Clone, Default)]
+pub struct HostPart {
+    /// `reconfigure`.
+    pub reconfigure: Option<At<Reconfigure>>,
+    /// `drain-timeout`.
+    pub drain_timeout: Option<At<Duration>>,
+    /// `mps-control`.
+    pub mps_control: Option<At<PathBuf>>,
+    /// `nvml-library`.
+    pub nvml_library: Option<At<PathBuf>>,
+}
+
+/// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
+/// limit a lower file set.
+#[derive(Debug, Clone)]
+pub struct TeamPart {
+    /// Team name (may be invalid; the error is already reported, and keeping the team avoids a
+    /// cascade of "unknown team" errors).
+    pub name: String,
+    /// Where the team's table key is.
+    pub loc: Loc,
+    /// `members`.
+    pub members: Option<At<Vec<Member>>>,
+    /// `memory-max`.
+    pub memory_max: Option<At<Option<Size>>>,
+    /// `memory-high`.
+    pub memory_high: Option<At<Option<Size>>>,
+    /// `cpu-weight`.
+    pub cpu_weight: Option<At<u64>>,
+    /// `allowed-cpus`, normalised.
+    pub allowed_cpus: Option<At<String>>,
+    /// `tasks-max`.
+    pub tasks_max: Option<At<Option<u64>>>,
+    /// `io-weight`.
+    pub io_weight: Option<At<u64>>,
+    /// `[teams.NAME.mps]`, when present in this file.
+    pub mps: Option<MpsPart>,
+}
+
+/// `[teams.NAME.mps]` keys set in one file.
+#[derive(Debug, Clone)]
+pub struct MpsPart {
+    /// Where the table is.
+    pub loc: Loc,
+    /// `active-thread-percentage`.
+    pub active_thread_percentage: Option<At<u32>>,
+    /// `pinned-memory-limit`, bytes.
+    pub pinned_memory_limit: Option<At<u64>>,
+    /// `user`.
+    pub user: Option<At<String>>,
+}
+
+/// One `[[gpu]]` entry whose selector and use parsed.
+#[derive(Debug, Clone)]
+pub struct GpuPart {
+    /// `gpu[N]`, N counting entries in this file.
+    pub key: String,
+    /// Where the entry starts.
+    pub loc: Loc,
+    /// The selector and where it was written.
+    pub selector: At<Selector>,
+    /// What the GPUs are for.
+    pub usage: UsagePart,
+}
+
+/// The use of a `[[gpu]]` entry, with locations of team references.
+#[derive(Debug, Clone)]
+pub enum UsagePart {
+    /// `owner = "team"`.
+    Owned(At<String>),
+    /// `shared = ["a", "b"]`.
+    Shared(Vec<At<String>>),
+    /// `mig = [...]`.
+    Mig(Vec<MigPart>),
+}
+
+/// One element of `mig = [...]`.
+#[derive(Debug, Clone)]
+pub struct MigPart {
+    /// `gpu[N].mig[M]`.
+    pub key: String,
+    /// Where the element starts.
+    pub loc: Loc,
+    /// `profile`.
+    pub profile: At<String>,
+    /// `owner`.
+    pub owner: At<String>,
+    /// `count` (default 1).
+    pub count: u32,
+    /// `compute`, empty when absent.
+    pub compute: Option<At<Vec<String>>>,
+}
+
+const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu"];
+const HOST_KEYS: &[&str] = &[
+    "reconfigure",
+    "drain-timeout",
+    "mps-control",
+    "nvml-library",
+];
+const TEAM_KEYS: &[&str] = &[
+    "members",
+    "memory-max",
+    "memory-high",
+    "cpu-weight",
+    "allowed-cpus",
+    "tasks-max",
+    "io-weight",
+    "mps",
+];
+const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
+const SELECTOR_KEYS: &[&str] = &["index", "uuid", "model", "all"];
+const USE_KEYS: &[&str] = &["owner", "shared", "mig"];
+const MIG_KEYS: &[&str] = &["profile", "owner", "count", "compute"];
+
+/// Parse one file. `file` is the host path used in diagnostics. Returns `None` when the file is
+/// not TOML at all (the syntax error is in `diags`); otherwise a fragment of whatever parsed, with
+/// every problem found appended to `diags`.
+pub fn parse_fragment(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<Fragment> {
+    let first = diags.len();
+    let frag = parse_inner(file, text, diags);
+    // Checks run in key order, not file order; an admin reads top to bottom.
+    diags[first..].sort_by_key(|d| d.loc.as_ref().map(|l| (l.line, l.col)));
+    frag
+}
+
+fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<Fragment> {
+    let mut cx = Cx::new(file, text, diags);
+    let doc = match ImDocument::parse(text) {
+        Ok(doc) => doc,
+        Err(e) => {
+            let msg = e.message().trim().replace('\n', "; ");
+            cx.error(e.span(), "", format!("TOML syntax error: {msg}"), None);
+            return None;
+        }
+    };
+    let root = doc.as_table();
+    let mut frag = Fragment {
+        file: file.to_path_buf(),
+        ..Fragment::default()
+    };
+
+    match root.get_key_value("version") {
+        None => cx.error(
+            Some(0..0),
+            "version",
+            "missing `version`".into(),
+            Some("every policy file starts with `version = 1`".into()),
+        ),
+        Some((k, item)) => match item.as_integer() {
+            Some(1) => {}
+            Some(v) => {
+                // A file written for another format version would produce a storm of misleading
+                // key errors; report the version alone.
+                cx.error(
+                    span(k, item),
+                    "version",
+                    format!("unsupported policy version {v}"),
+                    Some("this gpuctl reads `version = 1`".into()),
+                );
+                return Some(frag);
+            }
+            None => cx.type_error(k, item, "version", "the integer 1"),
+        },
+    }
+    cx.check_keys(root, "", ROOT_KEYS);
+
+    if let Some((k, item)) = root.get_key_value("host") {
+        match item.as_table_like() {
+            Some(t) => frag.host = cx.host(t),
+            None => cx.type_error(k, item, "host", "a table `[host]`"),
+        }
+    }
+    if let Some((k, item)) = root.get_key_value("teams") {
+        match item.as_table_like() {
+            Some(t) => {
+                for (name, titem) in t.iter() {
+                    let key = t.key(name).expect("key of iterated entry");
+                    if let Some(team) = cx.team(name, key, titem) {
+                        frag.teams.push(team);
+                    }
+                }
+            }
+            None => cx.type_error(k, item, "teams", "tables `[teams.NAME]`"),
+        }
+    }
+    if let Some((k, item)) = root.get_key_value("gpu") {
+        match tables_of(item) {
+            Some(entries) => {
+                for (i, (t, sp)) in entries.into_iter().enumerate() {
+                    let key = format!("gpu[{i}]");
+                    let sp = sp.or_else(|| k.span());
+                    if let Some(g) = cx.gpu(&key, t, sp) {
+                        frag.gpus.push(g);
+                    }
+                }
+            }
+            None => cx.type_error(k, item, "gpu", "`[[gpu]]` entries"),
+        }
+    }
+    Some(frag)
+}
+
+/// The elements of `[[x]]` or `x = [{...}, ...]`, each with its span.
+/// A table of an array and its span.
+type Elem<'a> = (&'a dyn TableLike, Option<Range<usize>>);
+
+fn tables_of(item: &Item) -> Option<Vec<Elem<'_>>> {
+    match item {
+        Item::ArrayOfTables(a) => Some(a.iter().map(|t| (t as &dyn TableLike, t.span())).collect()),
+        Item::Value(Value::Array(a)) => a
+            .iter()
+            .map(|v| v.as_inline_table().map(|t| (t as &dyn TableLike, v.span())))
+            .collect(),
+        _ => None,
+    }
+}
+
+/// Where a value is, falling back to its key (implicit tables have no span of their own).
+fn span(k: &Key, item: &Item) -> Option<Range<usize>> {
+    item.span().or_else(|| k.span())
+}
+
+fn type_name(item: &Item) -> &'static str {
+    match item {
+        Item::None => "nothing",
+        Item::Table(_) => "a table",
+        Item::ArrayOfTables(_) => "an array of tables",
+        Item::Value(v) => match v {
+            Value::String(_) => "a string",
+            Value::Integer(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Boolean(_) => "a boolean",
+            Value::Datetime(_) => "a date-time",
+            Value::Array(_) => "an array",
+            Value::InlineTable(_) => "an inline table",
+        },
+    }
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
+}
+
+/// Levenshtein distance, for "did you mean" hints on misspelt keys and team names.
+pub(crate) fn distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur.push(sub.min(prev[j + 1] + 1).min(cur[j] + 1));
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+/// The closest candidate within a small edit distance.
+pub(crate) fn suggest<'a>(
+    word: &str,
+    candidates: impl IntoIterator<Item = &'a str>,
+) -> Option<&'a str> {
+    candidates
+        .into_iter()
+        .map(|c| (distance(word, c), c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 4) && *d > 0)
+        .min()
+        .map(|(_, c)| c)
+}
+
+/// Parsing context: the file, its line starts, and the diagnostics sink.
+struct Cx<'a> {
+    file: &'a Path,
+    text: &'a str,
+    line_starts: Vec<usize>,
+    diags: &'a mut Vec<Diagnostic>,
+}
+
+impl<'a> Cx<'a> {
+    fn new(file: &'a Path, text: &'a str, diags: &'a mut Vec<Diagnostic>) -> Self {
+        let mut line_starts = vec![0];
+        line_starts.extend(text.match_indices('\n').map(|(i, _)| i + 1));
+        Cx {
+            file,
+            text,
+            line_starts,
+            diags,
+        }
+    }
+
+    fn loc(&self, sp: Option<Range<usize>>) -> Loc {
+        let off = sp.map(|r| r.start).unwrap_or(0).min(self.text.len());
+        let line = self.line_starts.partition_point(|&s| s <= off);
+        let start = self.line_starts[line - 1];
+        let col = self.text[start..off].chars().count() + 1;
+        Loc {
+            file: self.file.to_path_buf(),
+            line: line as u32,
+            col: col as u32,
+        }
+    }
+
+    fn error(
+        &mut self,
+        sp: Option<Range<usize>>,
+        key: &str,
+        message: String,
+        help: Option<String>,
+    ) {
+        let loc = self.loc(sp);
+        self.diags.push(Diagnostic {
+            severity: Severity::Error,
+            loc: Some(loc),
+            key: key.to_string(),
+            message,
+            help,
+        });
+    }
+
+    fn type_error(&mut self, k: &Key, item: &Item, key: &str, expected: &str) {
+        self.error(
+            span(k, item),
+            key,
+            format!("expected {expected}, found {}", type_name(item)),
+            None,
+        );
+    }
+
+    fn check_keys(&mut self, t: &dyn TableLike, path: &str, allowed: &[&str]) {
+        for (name, _) in t.iter() {
+            if allowed.contains(&name) {
+                continue;
+            }
+            let sp = t.key(name).and_then(Key::span);
+            let mut help = format!("expected one of: {}", allowed.join(", "));
+            if let Some(s) = suggest(name, allowed.iter().copied()) {
+                help = format!("did you mean '{s}'? {help}");
+            }
+            self.error(
+                sp,
+                &join(path, name),
+                format!("unknown key '{name}'"),
+                Some(help),
+            );
+        }
+    }
+
+    /// Run `f` on the value of `key` in `t` when present, reporting its `Err` at the value.
+    fn field<T>(
+        &mut self,
+        t: &dyn TableLike,
+        path: &str,
+        key: &str,
+        f: impl FnOnce(&Item) -> Result<T, (String, Option<String>)>,
+    ) -> Option<At<T>> {
+        let (k, item) = t.get_key_value(key)?;
+        let sp = span(k, item);
+        match f(item) {
+            Ok(value) => Some(At {
+                value,
+                loc: self.loc(sp),
+            }),
+            Err((msg, help)) => {
+                self.error(sp, &join(path, key), msg, help);
+                None
+            }
+        }
+    }
+
+    fn host(&mut self, t: &dyn TableLike) -> HostPart {
+        self.check_keys(t, "host", HOST_KEYS);
+        HostPart {
+            reconfigure: self.field(t, "host", "reconfigure", |i| {
+                let s = want_str(i)?;
+                match s {
+                    "when-idle" => Ok(Reconfigure::WhenIdle),
+                    "drain" => Ok(Reconfigure::Drain),
+                    "never" => Ok(Reconfigure::Never),
+                    _ => Err((
+                        format!("unknown reconfigure mode '{s}'"),
+                        Some("expected one of: when-idle, drain, never".into()),
+                    )),
+                }
+            }),
+            drain_timeout: self.field(t, "host", "drain-timeout", |i| match i.as_integer() {
+                Some(n) if n >= 0 => Ok(Duration::from_secs(n as u64)),
+                _ => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into()))),
+            }),
+            mps_control: self.field(t, "host", "mps-control", |i| abs_path(want_str(i)?)),
+            nvml_library: self.field(t, "host", "nvml-library", |i| abs_path(want_str(i)?)),
+        }
+    }
+
+    fn team(&mut self, name: &str, k: &Key, item: &Item) -> Option<TeamPart> {
+        let path = format!("teams.{name}");
+        let loc = self.loc(k.span());
+        if !valid_team_name(name) {
+            let why = if name.contains('-') {
+                format!(
+                    "a '-' would nest the slice: systemd reads gpu-{name}.slice as a child of \
+                     gpu-{}.slice; use '_' instead",
+                    name.split('-').next().unwrap_or_default()
+                )
+            } else {
+                "team names become unit names (gpu-NAME.slice)".into()
+            };
+            self.error(
+                k.span(),
+                &path,
+                format!("invalid team name '{name}': {why}"),
+                Some("a team name matches [a-z][a-z0-9_]{0,30}".into()),
+            );
+        }
+        let Some(t) = item.as_table_like() else {
+            self.type_error(k, item, &path, "a table `[teams.NAME]`");
+            return None;
+        };
+        self.check_keys(t, &path, TEAM_KEYS);
+        let p = path.as_str();
+        let team = TeamPart {
+            name: name.to_string(),
+            loc,
+            members: self.field(t, p, "members", members),
+            memory_max: self.field(t, p, "memory-max", |i| size_item(i, true)),
+            memory_high: self.field(t, p, "memory-high", |i| size_item(i, true)),
+            cpu_weight: self.field(t, p, "cpu-weight", |i| int_in(i, 1, 10_000)),
+            allowed_cpus: self.field(t, p, "allowed-cpus", |i| {
+                parse_cpus(want_str(i)?).map_err(|m| {
+                    (
+                        m,
+                        Some("expected CPU numbers and ranges, e.g. \"0-15,32\"".into()),
+                    )
+                })
+            }),
+            tasks_max: self.field(t, p, "tasks-max", |i| {
+                if i.as_str() == Some("infinity") {
+                    return Ok(None);
+                }
+                int_in(i, 1, u32::MAX as u64).map(Some).map_err(|(m, _)| {
+                    (
+                        m,
+                        Some("expected a positive integer or \"infinity\"".into()),
+                    )
+                })
+            }),
+            io_weight: self.field(t, p, "io-weight", |i| int_in(i, 1, 10_000)),
+            mps: match t.get_key_value("mps") {
+                None => None,
+                Some((mk, mi)) => match mi.as_table_like() {
+                    Some(mt) => Some(self.mps(&join(p, "mps"), mt, span(mk, mi))),
+                    None => {
+                        self.type_error(mk, mi, &join(p, "mps"), "a table `[teams.NAME.mps]`");
+                        None
+                    }
+                },
+            },
+        };
+        Some(team)
+    }
+
+    fn mps(&mut self, path: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> MpsPart {
+        self.check_keys(t, path, MPS_KEYS);
+        MpsPart {
+            loc: self.loc(sp),
+            active_thread_percentage: self
+                .field(t, path, "active-thread-percentage", |i| int_in(i, 1, 100))
+                .map(|a| At {
+                    value: a.value as u32,
+                    loc: a.loc,
+                }),
+            pinned_memory_limit: self.field(t, path, "pinned-memory-limit", |i| {
+                match size_item(i, false)? {
+                    Some(Size::Bytes(b)) if b > 0 => Ok(b),
+                    _ => Err((
+                        "the pinned memory limit must be a positive size".into(),
+                        Some(SIZE_HELP_BYTES.into()),
+                    )),
+                }
+            }),
+            user: self.field(t, path, "user", |i| {
+                let s = want_str(i)?;
+                if valid_unix_name(s) {
+                    Ok(s.to_string())
+                } else {
+                    Err((
+                        format!("invalid user name '{s}'"),
+                        Some("expected a Unix user name such as \"mps-infer\"".into()),
+                    ))
+                }
+            }),
+        }
+    }
+
+    fn gpu(&mut self, key: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> Option<GpuPart> {
+        let allowed: Vec<&str> = SELECTOR_KEYS.iter().chain(USE_KEYS).copied().collect();
+        self.check_keys(t, key, &allowed);
+        let loc = self.loc(sp.clone());
+
+        let present: Vec<&str> = SELECTOR_KEYS
+            .iter()
+            .copied()
+            .filter(|k| t.contains_key(k))
+            .collect();
+        let selector = match present.as_slice() {
+            [one] => self.selector(t, key, one),
+            [] => {
+                self.error(
+                    sp.clone(),
+                    key,
+                    "no GPU selector".into(),
+                    Some(
+                        "set exactly one of: index = [0, 1], uuid = [\"GPU-…\"], model = \"*H100*\", \
+                         all = true"
+                            .into(),
+                    ),
+                );
+                None
+            }
+            many => {
+                let second = t.key(many[1]).and_then(Key::span);
+                self.error(
+                    second,
+                    &join(key, many[1]),
+                    format!("several GPU selectors: {}", many.join(", ")),
+                    Some("set exactly one of: index, uuid, model, all".into()),
+                );
+                None
+            }
+        };
+
+        let present: Vec<&str> = USE_KEYS
+            .iter()
+            .copied()
+            .filter(|k| t.contains_key(k))
+            .collect();
+        let usage = match present.as_slice() {
+            [one] => self.usage(t, key, one),
+            [] => {
+                self.error(
+                    sp,
+                    key,
+                    "the entry says nothing about what the GPUs are for".into(),
+                    Some(
+                        "set exactly one of: owner = \"team\", shared = [\"a\", \"b\"], mig = [...]"
+                            .into(),
+                    ),
+                );
+                None
+            }
+            many => {
+                let second = t.key(many[1]).and_then(Key::span);
+                self.error(
+                    second,
+                    &join(key, many[1]),
+                    format!("several uses: {}", many.join(", ")),
+                    Some("set exactly one of: owner, shared, mig".into()),
+                );
+                None
+            }
+        };
+        Some(GpuPart {
+            key: key.to_string(),
+            loc,
+            selector: selector?,
+            usage: usage?,
+        })
+    }
+
+    fn selector(&mut self, t: &dyn TableLike, path: &str, which: &str) -> Option<At<Selector>> {
+        self.field(t, path, which, |i| match which {
+            "index" => {
+                let v = list_of(i, |v| match v.as_integer() {
+                    Some(n) if (0..=u32::MAX as i64).contains(&n) => Some(n as u32),
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    (
+                        format!("expected a list of GPU indices, found {}", type_name(i)),
+                        Some("e.g. index = [0, 1]".into()),
+                    )
+                })?;
+                no_dups(&v)?;
+                Ok(Selector::Index(v))
+            }
+            "uuid" => {
+                let v = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
+                    (
+                        format!("expected a list of GPU UUIDs, found {}", type_name(i)),
+                        Some("e.g. uuid = [\"GPU-5a1b…\"]".into()),
+                    )
+                })?;
+                if let Some(bad) = v.iter().find(|u| !u.starts_with("GPU-") || u.len() < 8) {
+                    return Err((
+                        format!("'{bad}' is not a GPU UUID"),
+                        Some(
+                            "GPU UUIDs look like GPU-5a1b2c3d-…, as `nvidia-smi -L` prints".into(),
+                        ),
+                    ));
+                }
+                no_dups(&v)?;
+                Ok(Selector::Uuid(v))
+            }
+            "model" => {
+                let s = want_str(i)?;
+                if s.is_empty() {
+                    return Err(("empty model pattern".into(), Some(MODEL_HELP.into())));
+                }
+                Ok(Selector::Model(s.to_string()))
+            }
+            _ => match i.as_bool() {
+                Some(true) => Ok(Selector::All),
+                Some(false) => Err((
+                    "`all = false` selects nothing".into(),
+                    Some("write `all = true`, or use index/uuid/model".into()),
+                )),
+                None => Err((format!("expected true, found {}", type_name(i)), None)),
+            },
+        })
+    }
+
+    fn usage(&mut self, t: &dyn TableLike, path: &str, which: &str) -> Option<UsagePart> {
+        match which {
+            "owner" => self
+                .field(t, path, "owner", |i| want_str(i).map(str::to_string))
+                .map(UsagePart::Owned),
+            "shared" => {
+                let (k, item) = t.get_key_value("shared")?;
+                let key = join(path, "shared");
+                let Some(arr) = item.as_array() else {
+                    self.type_error(k, item, &key, "a list of team names");
+                    return None;
+                };
+                let mut out = Vec::new();
+                for v in arr.iter() {
+                    match v.as_str() {
+                        Some(s) => out.push(At {
+                            value: s.to_string(),
+                            loc: self.loc(v.span()),
+                        }),
+                        None => self.error(v.span(), &key, "expected a team name".into(), None),
+                    }
+                }
+                if out.is_empty() && !arr.is_empty() {
+                    return None;
+                }
+                if out.is_empty() {
+                    self.error(
+                        span(k, item),
+                        &key,
+                        "no teams to share with".into(),
+                        Some("list at least one team".into()),
+                    );
+                    return None;
+                }
+                Some(UsagePart::Shared(out))
+            }
+            _ => {
+                let (k, item) = t.get_key_value("mig")?;
+                let key = join(path, "mig");
+                let Some(elems) = tables_of(item) else {
+                    self.type_error(
+                        k,
+                        item,
+                        &key,
+                        "a list of { profile, owner, count, compute }",
+                    );
+                    return None;
+                };
+                if elems.is_empty() {
+                    self.error(
+                        span(k, item),
+                        &key,
+                        "empty MIG geometry".into(),
+                        Some(
+                            "list GPU instances, e.g. mig = [{ profile = \"3g.40gb\", owner = \"infer\" }]; \
+                             for a whole GPU use owner = \"team\""
+                                .into(),
+                        ),
+                    );
+                    return None;
+                }
+                let mut out = Vec::new();
+                let mut ok = true;
+                for (i, (et, sp)) in elems.into_iter().enumerate() {
+                    match self.mig(&format!("{key}[{i}]"), et, sp.or_else(|| k.span())) {
+                        Some(m) => out.push(m),
+                        None => ok = false,
+                    }
+                }
+                ok.then_some(UsagePart::Mig(out))
+            }
+        }
+    }
+
+    fn mig(&mut self, key: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> Option<MigPart> {
+        self.check_keys(t, key, MIG_KEYS);
+        let loc = self.loc(sp.clone());
+        let profile = self.field(t, key, "profile", |i| want_str(i).map(str::to_string));
+        let owner = self.field(t, key, "owner", |i| want_str(i).map(str::to_string));
+        let count = match t.get("count") {
+            None => Some(1),
+            Some(_) => self
+                .field(t, key, "count", |i| int_in(i, 1, 7))
+                .map(|a| a.value as u32),
+        };
+        let compute = self.field(t, key, "compute", |i| {
+            list_of(i, |v| v.as_str().map(str::to_string))
+                .filter(|v| !v.is_empty())
+                .ok_or_else(|| {
+                    (
+                        "expected a non-empty list of compute-instance profiles".into(),
+                        Some("e.g. compute = [\"1c\", \"2c\"]".into()),
+                    )
+                })
+        });
+        let mut missing = Vec::new();
+        if profile.is_none() && !t.contains_key("profile") {
+            missing.push("profile");
+        }
+        if owner.is_none() && !t.contains_key("owner") {
+            missing.push("owner");
+        }
+        if !missing.is_empty() {
+            self.error(
+                sp,
+                key,
+                format!("missing {}", missing.join(" and ")),
+                Some(
+                    "a MIG entry is { profile = \"3g.40gb\", owner = \"team\", count = 1 }".into(),
+                ),
+            );
+        }
+        Some(MigPart {
+            key: key.to_string(),
+            loc,
+            profile: profile?,
+            owner: owner?,
+            count: count?,
+            compute,
+        })
+    }
+}
+
+type Fail = (String, Option<String>);
+
+const SIZE_HELP: &str = "expected bytes with an optional K, M, G or T suffix (powers of 1024), \
+                         a percentage of host RAM such as \"25%\", or \"infinity\"";
+const SIZE_HELP_BYTES: &str =
+    "expected bytes with an optional K, M, G or T suffix (powers of 1024), e.g. \"20G\"";
+const DURATION_HELP: &str =
+    "expected seconds, or numbers with units ms, s, m/min, h, d, e.g. \"5m\" or \"1h30m\"";
+const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \"*H100*\"";
+
+fn want_str(i: &Item) -> Result<&str, Fail> {
+    i.as_str()
+        .ok_or_else(|| (format!("expected a string, found {}", type_name(i)), None))
+}
+
+fn abs_path(s: &str) -> Result<PathBuf, Fail> {
+    if s.starts_with('/') {
+        Ok(PathBuf::from(s))
+    } else {
+        Err((
+            format!("'{s}' is not an absolute path"),
+            Some("write the full path, starting with /".into()),
+        ))
+    }
+}
+
+fn int_in(i: &Item, lo: u64, hi: u64) -> Result<u64, Fail> {
+    match i.as_integer() {
+        Some(n) if n >= 0 && (lo..=hi).contains(&(n as u64)) => Ok(n as u64),
+        Some(n) => Err((
+            format!("{n} is out of range"),
+            Some(format!("expected an integer from {lo} to {hi}")),
+        )),
+        None => Err((
+            format!("expected an integer, found {}", type_name(i)),
+            Some(format!("expected an integer from {lo} to {hi}")),
+        )),
+    }
+}
+
+/// A single value or an array of values, each converted by `f`; `None` when any fails.
+fn list_of<T>(i: &Item, f: impl Fn(&Value) -> Option<T>) -> Option<Vec<T>> {
+    match i.as_value()? {
+        Value::Array(a) => a.iter().map(f).collect(),
+        v => f(v).map(|x| vec![x]),
+    }
+}
+
+fn no_dups<T: PartialEq + std::fmt::Debug>(v: &[T]) -> Result<(), Fail> {
+    for (i, a) in v.iter().enumerate() {
+        if v[..i].contains(a) {
+            return Err((format!("{a:?} is listed twice"), None));
+        }
+    }
+    Ok(())
+}
+
+fn members(i: &Item) -> Result<Vec<Member>, Fail> {
+    let help =
+        Some("expected a list of user names and @groups, e.g. [\"alice\", \"@ml-infer\"]".into());
+    let arr = i.as_array().ok_or_else(|| {
+        (
+            format!("expected a list, found {}", type_name(i)),
+            help.clone(),
+        )
+    })?;
+    let mut out = Vec::new();
+    for v in arr.iter() {
+        let Some(s) = v.as_str() else {
+            return Err(("every member must be a string".into(), help));
+        };
+        let m = match s.strip_prefix('@') {
+            Some(g) => Member::Group(g.to_string()),
+            None => Member::User(s.to_string()),
+        };
+        let name = match &m {
+            Member::Group(g) | Member::User(g) => g,
+        };
+        if !valid_unix_name(name) {
+            return Err((format!("invalid member '{s}'"), help));
+        }
+        if out.contains(&m) {
+            return Err((format!("member '{s}' is listed twice"), None));
+        }
+        out.push(m);
+    }
+    Ok(out)
+}
+
+/// User and group names as NSS commonly allows them (including LDAP-style capitals, dots and a
+/// trailing `$` for machine accounts); a numeric ID is refused because groups and users are
+/// resolved by name.
+pub(crate) fn valid_unix_name(s: &str) -> bool {
+    let body = s.strip_suffix('$').unwrap_or(s);
+    let b = body.as_bytes();
+    !b.is_empty()
+        && s.len() <= 32
+        && (b[0].is_ascii_alphabetic() || b[0] == b'_')
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
+}
+
+fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
+    let help = if allow_percent {
+        SIZE_HELP
+    } else {
+        SIZE_HELP_BYTES
+    };
+    if let Some(n) = i.as_integer() {
+        return if n >= 0 {
+            Ok(Some(Size::Bytes(n as u64)))
+        } else {
+            Err((format!("negative size {n}"), Some(help.into())))
+        };
+    }
+    let s = i.as_str().ok_or_else(|| {
+        (
+            format!("expected a size, found {}", type_name(i)),
+            Some(help.into()),
+        )
+    })?;
+    match parse_size(s) {
+        Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err((
+            format!("'{s}': a percentage of host RAM makes no sense here"),
+            Some(help.into()),
+        )),
+        Ok(None) if !allow_percent => Err((format!("'{s}' is not a size"), Some(help.into()))),
+        Ok(v) => Ok(v),
+        Err(m) => Err((m, Some(help.into()))),
+    }
+}
+
+/// Parse a size: `"64G"`, `"512M"`, `"1048576"`, `"25%"`, `"12.5%"`, or `"infinity"` (→ `None`,
+/// no limit). Suffixes K, M, G, T are powers of 1024, as in systemd; `KiB`-style spellings are
+/// accepted too.
+pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
+    let t = s.trim();
+    if t == "infinity" {
+        return Ok(None);
+    }
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a percentage"))?;
+        if !(v > 0.0 && v <= 100.0) {
+            return Err(format!(
+                "'{s}': a percentage must be more than 0 and at most 100"
+            ));
+        }
+        return Ok(Some(Size::PercentOfRam(v)));
+    }
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(format!("'{s}' is not a size"));
+    }
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        u => return Err(format!("'{s}': unknown size unit '{u}'")),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
+    n.checked_mul(1u64 << shift)
+        .map(|b| Some(Size::Bytes(b)))
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// Parse a duration: `"90"` (seconds), `"5m"`, `"1h30m"`, `"500ms"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let d = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if d == 0 {
+            return Err(format!("'{s}' is not a duration"));
+        }
+        let n: u64 = rest[..d]
+            .parse()
+            .map_err(|_| format!("'{s}' is too large"))?;
+        rest = &rest[d..];
+        let u = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = rest[..u].trim();
+        rest = rest[u..].trim_start();
+        let per = match unit {
+            "ms" => Duration::from_millis(1),
+            "s" | "sec" => Duration::from_secs(1),
+            "m" | "min" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            "d" => Duration::from_secs(86400),
+            _ => return Err(format!("'{s}': unknown time unit '{unit}'")),
+        };
+        total += per
+            .checked_mul(u32::try_from(n).map_err(|_| format!("'{s}' is too large"))?)
+            .ok_or_else(|| format!("'{s}' is too large"))?;
+    }
+    Ok(total)
+}
+
+/// Parse and normalise a CPU list (`"0-3, 8,4-5"` → `"0-5,8"`), as `AllowedCPUs=` takes it.
+pub fn parse_cpus(s: &str) -> Result<String, String> {
+    let mut cpus: Vec<u32> = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err(format!("'{s}': empty item in CPU list"));
+        }
+        let num = |x: &str| -> Result<u32, String> {
+            x.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| *n < 65536)
+                .ok_or_else(|| format!("'{s}': '{x}' is not a CPU number"))
+        };
+        let (a, b) = match part.split_once('-') {
+            Some((a, b)) => (num(a)?, num(b)?),
+            None => {
+                let n = num(part)?;
+                (n, n)
+            }
+        };
+        if a > b {
+            return Err(format!("'{s}': range {part} runs backwards"));
+        }
+        cpus.extend(a..=b);
+    }
+    cpus.sort_unstable();
+    cpus.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < cpus.len() {
+        let start = cpus[i];
+        while i + 1 < cpus.len() && cpus[i + 1] == cpus[i] + 1 {
+            i += 1;
+        }
+        out.push(if cpus[i] == start {
+            start.to_string()
+        } else {
+            format!("{start}-{}", cpus[i])
+        });
+        i += 1;
+    }
+    Ok(out.join(","))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> (Option<Fragment>, Vec<Diagnostic>) {
+        let mut d = Vec::new();
+        let f = parse_fragment(Path::new("/etc/gpuctl/policy.toml"), text, &mut d);
+        (f, d)
+    }
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64G"), Ok(Some(Size::Bytes(64 << 30))));
+        assert_eq!(parse_size("512M"), Ok(Some(Size::Bytes(512 << 20))));
+        assert_eq!(parse_size("2TiB"), Ok(Some(Size::Bytes(2 << 40))));
+        assert_eq!(parse_size("1000"), Ok(Some(Size::Bytes(1000))));
+        assert_eq!(parse_size("25%"), Ok(Some(Size::PercentOfRam(25.0))));
+        assert_eq!(parse_size("infinity"), Ok(None));
+        for bad in ["", "G", "64X", "0%", "101%", "-1G", "1.5G", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "m", "5 parsecs", "1h-3m"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpus("0-3, 8,4-5").unwrap(), "0-5,8");
+        assert_eq!(parse_cpus("7").unwrap(), "7");
+        for bad in ["", "3-1", "a", "0,,1", "1-"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unix_names() {
+        for ok in ["alice", "ml-infer", "Bob.Smith", "_svc", "host$"] {
+            assert!(valid_unix_name(ok), "{ok}");
+        }
+        for bad in ["", "1000", "-x", "a b", "a:b", &"a".repeat(33)] {
+            assert!(!valid_unix_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn unknown_key_has_line_col_and_suggestion() {
+        let (_, d) = parse("version = 1\n[teams.infer]\nmemroy-max = \"1G\"\n");
+        assert_eq!(d.len(), 1, "{d:?}");
+        let e = &d[0];
+        assert_eq!(
+            (e.loc.as_ref().unwrap().line, e.loc.as_ref().unwrap().col),
+            (3, 1)
+        );
+        assert_eq!(e.key, "teams.infer.memroy-max");
+        assert!(
+            e.help
+                .as_ref()
+                .unwrap()
+                .contains("did you mean 'memory-max'"),
+            "{e}"
+        );
+        assert!(
+            e.help.as_ref().unwrap().contains("members, memory-max"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn value_errors_point_at_the_value_and_all_are_reported() {
+        let text = "version = 1\n[teams.a]\ncpu-weight = 0\nmemory-max = \"12X\"\n[teams.a.mps]\nactive-thread-percentage = 101\n";
+        let (_, d) = parse(text);
+        let keys: Vec<_> = d
+            .iter()
+            .map(|e| {
+                (
+                    e.key.as_str(),
+                    e.loc.as_ref().unwrap().line,
+                    e.loc.as_ref().unwrap().col,
+                )
+            })
+            .collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("teams.a.cpu-weight", 3, 14),
+                ("teams.a.memory-max", 4, 14),
+                ("teams.a.mps.active-thread-percentage", 6, 28)
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_version_and_syntax_errors() {
+        let (f, d) = parse("[host]\nreconfigure = \"drain\"\n");
+        assert!(f.is_some());
+        assert_eq!(d[0].key, "version");
+        let (f, d) = parse("version = 1\n[teams.a\n");
+        assert!(f.is_none());
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].loc.as_ref().unwrap().line, 2);
+        assert!(d[0].message.contains("syntax"), "{}", d[0]);
+    }
+
+    #[test]
+    fn gpu_entries_in_both_spellings() {
+        let text = r#"version = 1
+[[gpu]]
+index = [0, 1]
+owner = "a"
+[[gpu]]
+model = "*H100*"
+mig = [ { profile = "3g.40gb", owner = "a" }, { profile = "1g.10gb", owner = "b", count = 4, compute = ["1c"] } ]
+[[gpu]]
+uuid = "GPU-12345678"
+[[gpu.mig]]
+profile = "7g.80gb"
+owner = "c"
+"#;
+        let (f, d) = parse(text);
+        assert!(d.is_empty(), "{d:?}");
+        let f = f.unwrap();
+        assert_eq!(f.gpus.len(), 3);
+        assert_eq!(f.gpus[0].selector.value, Selector::Index(vec![0, 1]));
+        assert_eq!(f.gpus[1].loc.line, 5);
+        let UsagePart::Mig(m) = &f.gpus[1].usage else {
+            panic!()
+        };
+        assert_eq!((m[1].count, m[1].owner.value.as_str()), (4, "b"));
+        assert_eq!(m[1].owner.loc.line, 7);
+        let UsagePart::Mig(m) = &f.gpus[2].usage else {
+            panic!()
+        };
+        assert_eq!(m[0].profile.value, "7g.80gb");
+    }
+
+    #[test]
+    fn selector_and_use_must_be_exactly_one() {
+        let text = "version = 1\n[[gpu]]\nindex = [0]\nall = true\nowner = \"a\"\nshared = [\"b\"]\n[[gpu]]\nowner = \"a\"\n";
+        let (f, d) = parse(text);
+        assert_eq!(f.unwrap().gpus.len(), 0);
+        let msgs: Vec<_> = d.iter().map(|e| e.to_string()).collect();
+        assert_eq!(d.len(), 3, "{msgs:#?}");
+        assert!(
+            msgs[0].contains(":4:1: error: gpu[0].all: several GPU selectors"),
+            "{msgs:#?}"
+        );
+        assert!(
+            msgs[1].contains(":6:1: error: gpu[0].shared: several uses"),
+            "{msgs:#?}"
+        );
+        assert!(msgs[2].contains("gpu[1]: no GPU selector"), "{msgs:#?}");
+    }
+
+    #[test]
+    fn team_name_with_dash_explains_nesting() {
+        let (f, d) = parse("version = 1\n[teams.ml-infer]\nmembers = [\"a\"]\n");
+        assert_eq!(f.unwrap().teams.len(), 1);
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].loc.as_ref().unwrap().line, 2);
+        assert!(d[0].message.contains("child of gpu-ml.slice"), "{}", d[0]);
+    }
+}

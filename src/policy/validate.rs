@@ -1,1 +1,1166 @@
-//! See issue 2.
+//! Merge parsed fragments into one [`Policy`] and check it as a whole; check a policy against a
+//! real (or simulated) host.
+//!
+//! Merge rules (documented for admins in `docs/policy.md`):
+//! - `[host]`: per key, the later file wins;
+//! - `[teams.X]`: per key, the later file wins, so a drop-in can change one limit of a team
+//!   defined elsewhere; `[teams.X.mps]` likewise per key;
+//! - `[[gpu]]`: entries concatenate in merge order.
+//!
+//! Every check runs even after an error, so one run reports every problem. Checks that need the
+//! host (does GPU 5 exist, which model is GPU 0) live in [`check_against_host`]; without a host,
+//! MIG profiles are checked against every catalog model a selector could match.
+
+use super::parse::{suggest, At, Fragment, GpuPart, MpsPart, TeamPart, UsagePart};
+use super::{
+    Diagnostic, GpuAssignment, GpuUse, HostSettings, Limits, Loc, Member, MigSpec, MpsSettings,
+    Policy, Selector, Severity, Size, Team,
+};
+use crate::geometry::{fit, fit_compute};
+use crate::observe::{GpuState, Observed};
+use crate::profiles::{Catalog, GiProfile, GpuModel};
+use std::collections::{BTreeMap, BTreeSet};
+
+fn error(loc: &Loc, key: &str, message: String, help: Option<String>) -> Diagnostic {
+    Diagnostic {
+        severity: Severity::Error,
+        loc: Some(loc.clone()),
+        key: key.to_string(),
+        message,
+        help,
+    }
+}
+
+fn warning(loc: &Loc, key: &str, message: String, help: Option<String>) -> Diagnostic {
+    Diagnostic {
+        severity: Severity::Warning,
+        ..error(loc, key, message, help)
+    }
+}
+
+/// Merge `fragments` (in merge order), check the result, and build the policy.
+///
+/// Problems are appended to `diags`. The returned policy is best effort: the caller must not use
+/// it when `diags` holds an error (see [`super::LoadOutcome`]).
+pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
+    let mut host = HostSettings::default();
+    let mut teams: BTreeMap<String, TeamPart> = BTreeMap::new();
+    let mut gpus: Vec<&GpuPart> = Vec::new();
+    for f in fragments {
+        let h = &f.host;
+        if let Some(v) = &h.reconfigure {
+            host.reconfigure = v.value;
+        }
+        if let Some(v) = &h.drain_timeout {
+            host.drain_timeout = v.value;
+        }
+        if let Some(v) = &h.mps_control {
+            host.mps_control = v.value.clone();
+        }
+        if let Some(v) = &h.nvml_library {
+            host.nvml_library = Some(v.value.clone());
+        }
+        for t in &f.teams {
+            match teams.get_mut(&t.name) {
+                Some(base) => overlay_team(base, t),
+                None => {
+                    teams.insert(t.name.clone(), t.clone());
+                }
+            }
+        }
+        gpus.extend(f.gpus.iter());
+    }
+
+    check_teams(&teams, &gpus, diags);
+    for g in &gpus {
+        check_refs(g, &teams, diags);
+        if let UsagePart::Mig(m) = &g.usage {
+            check_mig_static(g, m, diags);
+        }
+    }
+    check_overlaps_static(&gpus, diags);
+
+    Policy {
+        host,
+        teams: teams
+            .values()
+            .map(|t| (t.name.clone(), to_team(t)))
+            .collect(),
+        gpus: gpus.iter().map(|g| to_assignment(g)).collect(),
+        sources: fragments.iter().map(|f| f.file.clone()).collect(),
+    }
+}
+
+fn overlay<T: Clone>(base: &mut Option<At<T>>, top: &Option<At<T>>) {
+    if top.is_some() {
+        *base = top.clone();
+    }
+}
+
+fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
+    // The team's location follows its latest definition: that is where an admin looks first.
+    base.loc = top.loc.clone();
+    overlay(&mut base.members, &top.members);
+    overlay(&mut base.memory_max, &top.memory_max);
+    overlay(&mut base.memory_high, &top.memory_high);
+    overlay(&mut base.cpu_weight, &top.cpu_weight);
+    overlay(&mut base.allowed_cpus, &top.allowed_cpus);
+    overlay(&mut base.tasks_max, &top.tasks_max);
+    overlay(&mut base.io_weight, &top.io_weight);
+    match (&mut base.mps, &top.mps) {
+        (_, None) => {}
+        (None, Some(m)) => base.mps = Some(m.clone()),
+        (Some(b), Some(m)) => {
+            b.loc = m.loc.clone();
+            overlay(&mut b.active_thread_percentage, &m.active_thread_percentage);
+            overlay(&mut b.pinned_memory_limit, &m.pinned_memory_limit);
+            overlay(&mut b.user, &m.user);
+        }
+    }
+}
+
+fn to_team(t: &TeamPart) -> Team {
+    let v = |o: &Option<At<Option<Size>>>| o.as_ref().and_then(|a| a.value);
+    Team {
+        name: t.name.clone(),
+        members: t
+            .members
+            .as_ref()
+            .map(|m| m.value.clone())
+            .unwrap_or_default(),
+        limits: Limits {
+            memory_max: v(&t.memory_max),
+            memory_high: v(&t.memory_high),
+            cpu_weight: t.cpu_weight.as_ref().map(|a| a.value),
+            allowed_cpus: t.allowed_cpus.as_ref().map(|a| a.value.clone()),
+            tasks_max: t.tasks_max.as_ref().and_then(|a| a.value),
+            io_weight: t.io_weight.as_ref().map(|a| a.value),
+        },
+        mps: t.mps.as_ref().map(|m: &MpsPart| MpsSettings {
+            active_thread_percentage: m.active_thread_percentage.as_ref().map(|a| a.value),
+            pinned_memory_limit: m.pinned_memory_limit.as_ref().map(|a| a.value),
+            user: m.user.as_ref().map(|a| a.value.clone()),
+        }),
+        loc: Some(t.loc.clone()),
+    }
+}
+
+fn to_assignment(g: &GpuPart) -> GpuAssignment {
+    GpuAssignment {
+        selector: g.selector.value.clone(),
+        usage: match &g.usage {
+            UsagePart::Owned(t) => GpuUse::Owned(t.value.clone()),
+            UsagePart::Shared(ts) => GpuUse::Shared(ts.iter().map(|t| t.value.clone()).collect()),
+            UsagePart::Mig(ms) => GpuUse::Mig(
+                ms.iter()
+                    .map(|m| MigSpec {
+                        profile: m.profile.value.clone(),
+                        owner: m.owner.value.clone(),
+                        count: m.count,
+                        compute: m
+                            .compute
+                            .as_ref()
+                            .map(|c| c.value.clone())
+                            .unwrap_or_default(),
+                    })
+                    .collect(),
+            ),
+        },
+        loc: Some(g.loc.clone()),
+        key: g.key.clone(),
+    }
+}
+
+fn team_refs(g: &GpuPart) -> Vec<&At<String>> {
+    match &g.usage {
+        UsagePart::Owned(t) => vec![t],
+        UsagePart::Shared(ts) => ts.iter().collect(),
+        UsagePart::Mig(ms) => ms.iter().map(|m| &m.owner).collect(),
+    }
+}
+
+fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mut Vec<Diagnostic>) {
+    let used: BTreeSet<&str> = gpus
+        .iter()
+        .flat_map(|g| team_refs(g))
+        .map(|t| t.value.as_str())
+        .collect();
+    for t in teams.values() {
+        let key = format!("teams.{}", t.name);
+        if !used.contains(t.name.as_str()) {
+            diags.push(warning(
+                &t.loc,
+                &key,
+                format!("team '{}' has no GPUs: no [[gpu]] entry names it", t.name),
+                Some("its slice is still created, so members can join it".into()),
+            ));
+        }
+        if let (Some(max), Some(high)) = (&t.memory_max, &t.memory_high) {
+            let bigger = match (max.value, high.value) {
+                (Some(Size::Bytes(m)), Some(Size::Bytes(h))) => h > m,
+                (Some(Size::PercentOfRam(m)), Some(Size::PercentOfRam(h))) => h > m,
+                _ => false,
+            };
+            if bigger {
+                diags.push(warning(
+                    &high.loc,
+                    &format!("{key}.memory-high"),
+                    "memory-high is above memory-max, so it never throttles".into(),
+                    Some("set memory-high below memory-max".into()),
+                ));
+            }
+        }
+        if let Some(mps) = &t.mps {
+            if mps.user.is_none() {
+                let members: &[Member] = t.members.as_ref().map(|m| &m.value[..]).unwrap_or(&[]);
+                let users = members
+                    .iter()
+                    .filter(|m| matches!(m, Member::User(_)))
+                    .count();
+                let groups = members.len() - users;
+                if users > 1 || groups > 0 {
+                    diags.push(warning(
+                        &mps.loc,
+                        &format!("{key}.mps"),
+                        format!(
+                            "team '{}' runs MPS for several users without a dedicated `mps.user`: \
+                             a legacy MPS server serves one Unix user at a time, so the others' \
+                             jobs wait",
+                            t.name
+                        ),
+                        Some("set user = \"mps-<team>\" in the mps table".into()),
+                    ));
+                }
+            }
+        }
+    }
+}
+
+fn check_refs(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Vec<Diagnostic>) {
+    let what = match &g.usage {
+        UsagePart::Owned(_) => format!("{}.owner", g.key),
+        UsagePart::Shared(_) => format!("{}.shared", g.key),
+        UsagePart::Mig(_) => String::new(),
+    };
+    let mut seen: BTreeSet<&str> = BTreeSet::new();
+    for (i, r) in team_refs(g).into_iter().enumerate() {
+        let key = match &g.usage {
+            UsagePart::Mig(ms) => format!("{}.owner", ms[i].key),
+            _ => what.clone(),
+        };
+        if !teams.contains_key(&r.value) {
+            let mut help = if teams.is_empty() {
+                format!("no teams are defined; add [teams.{}]", r.value)
+            } else {
+                format!(
+                    "defined teams: {}",
+                    teams.keys().cloned().collect::<Vec<_>>().join(", ")
+                )
+            };
+            if let Some(s) = suggest(&r.value, teams.keys().map(String::as_str)) {
+                help = format!("did you mean '{s}'? {help}");
+            }
+            diags.push(error(
+                &r.loc,
+                &key,
+                format!("unknown team '{}'", r.value),
+                Some(help),
+            ));
+        }
+        if matches!(g.usage, UsagePart::Shared(_)) && !seen.insert(&r.value) {
+            diags.push(error(
+                &r.loc,
+                &key,
+                format!("team '{}' is listed twice", r.value),
+                None,
+            ));
+        }
+    }
+}
+
+/// Case-insensitive glob with `*` and `?`, as used by `model = "*H100*"`.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.to_lowercase().chars().collect();
+    let t: Vec<char> = text.to_lowercase().chars().collect();
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+/// Whether a `model` pattern matches a catalog model: by NVML name (`NVIDIA H100 80GB HBM3`),
+/// reference key (`H100-SXM5-80GB`) or simulate name (`h100-80gb`).
+pub fn model_matches(pattern: &str, model: &GpuModel) -> bool {
+    glob_match(pattern, &model.nvml_name)
+        || glob_match(pattern, &model.key)
+        || glob_match(pattern, model.sim_name())
+}
+
+/// The model of an observed GPU, by reference key or NVML name.
+pub fn model_of(gpu: &GpuState) -> Option<&'static GpuModel> {
+    let c = Catalog::get();
+    gpu.model
+        .as_deref()
+        .and_then(|k| c.by_key(k))
+        .or_else(|| c.by_nvml_name(&gpu.name))
+}
+
+impl Selector {
+    /// Whether the selector names an observed GPU. `model` globs match the NVML name, the
+    /// reference key and the simulate name, case-insensitively.
+    pub fn matches(&self, gpu: &GpuState) -> bool {
+        match self {
+            Selector::Index(v) => v.contains(&gpu.index),
+            Selector::Uuid(v) => v.iter().any(|u| u.eq_ignore_ascii_case(&gpu.uuid)),
+            Selector::Model(p) => {
+                glob_match(p, &gpu.name) || model_of(gpu).is_some_and(|m| model_matches(p, m))
+            }
+            Selector::All => true,
+        }
+    }
+
+    /// Short human description: `gpu 0`, `gpus 0,1`, `GPU-…`, `GPUs matching '*H100*'`.
+    pub fn describe(&self) -> String {
+        match self {
+            Selector::Index(v) if v.len() == 1 => format!("gpu {}", v[0]),
+            Selector::Index(v) => format!(
+                "gpus {}",
+                v.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+            ),
+            Selector::Uuid(v) => v.join(","),
+            Selector::Model(p) => format!("GPUs matching '{p}'"),
+            Selector::All => "every GPU".into(),
+        }
+    }
+}
+
+impl Policy {
+    /// What the policy wants for one observed GPU; `None` when no entry names it (the GPU is
+    /// left untouched). Entries that are all `shared` merge their team lists in order. When
+    /// several other entries claim the GPU (an error [`check_against_host`] reports), the first
+    /// entry wins.
+    pub fn usage_for(&self, gpu: &GpuState) -> Option<GpuUse> {
+        let mut matching = self.gpus.iter().filter(|a| a.selector.matches(gpu));
+        let first = matching.next()?.usage.clone();
+        match first {
+            GpuUse::Shared(mut teams) => {
+                for a in matching {
+                    if let GpuUse::Shared(more) = &a.usage {
+                        for t in more {
+                            if !teams.contains(t) {
+                                teams.push(t.clone());
+                            }
+                        }
+                    }
+                }
+                Some(GpuUse::Shared(teams))
+            }
+            other => Some(other),
+        }
+    }
+}
+
+/// The NVML name without the vendor prefix, for messages: `H100 80GB HBM3`.
+fn short_name(name: &str) -> &str {
+    name.strip_prefix("NVIDIA ").unwrap_or(name)
+}
+
+/// Profiles of the given models, grouped by identical lists, for "valid profiles are" hints.
+fn profiles_help(models: &[&GpuModel]) -> String {
+    let mut groups: Vec<(Vec<&str>, String)> = Vec::new();
+    for m in models {
+        let names = m
+            .gi_profiles
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ");
+        match groups.iter_mut().find(|(_, n)| *n == names) {
+            Some((ms, _)) => ms.push(&m.key),
+            None => groups.push((vec![&m.key], names)),
+        }
+    }
+    groups
+        .iter()
+        .map(|(ms, names)| format!("{}: {names}", ms.join(", ")))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The MIG part of one entry checked against one model: profiles exist, compute splits are valid
+/// and fit their GI, and the geometry fits the GPU. Returns (field, message, help) triples;
+/// messages do not name the model, callers prefix it.
+type MigProblem = (Field, String, Option<String>);
+
+/// Which part of a MIG entry a problem concerns, to point at the right line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Field {
+    /// The whole geometry.
+    Entry,
+    /// `mig[i].profile`.
+    Profile(usize),
+    /// `mig[i].compute`.
+    Compute(usize),
+}
+
+fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
+    let mut out = Vec::new();
+    if !model.mig_capable() {
+        out.push((
+            Field::Entry,
+            "no MIG".to_string(),
+            Some("use owner = \"team\" or shared = [...] for GPUs without MIG".into()),
+        ));
+        return out;
+    }
+    let mut wanted: Vec<&GiProfile> = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        let Some(gi) = model.gi_profile(&s.profile) else {
+            let mut help = format!("valid profiles: {}", profiles_help(&[model]));
+            if let Some(sug) = suggest(
+                &s.profile,
+                model.gi_profiles.iter().map(|p| p.name.as_str()),
+            ) {
+                help = format!("did you mean '{sug}'? {help}");
+            }
+            out.push((
+                Field::Profile(i),
+                format!("no MIG profile '{}'", s.profile),
+                Some(help),
+            ));
+            continue;
+        };
+        wanted.extend(std::iter::repeat_n(gi, s.count as usize));
+        if !s.compute.is_empty() {
+            let valid: Vec<&str> = model
+                .ci_profiles(&gi.name)
+                .iter()
+                .map(|c| c.short_name())
+                .collect();
+            let mut cis = Vec::new();
+            for c in &s.compute {
+                match model.ci_profile(&gi.name, c) {
+                    Some(ci) => cis.push(ci),
+                    None => out.push((
+                        Field::Compute(i),
+                        format!("'{c}' is not a compute-instance profile of {}", gi.name),
+                        Some(format!("valid in {}: {}", gi.name, valid.join(", "))),
+                    )),
+                }
+            }
+            if cis.len() == s.compute.len() {
+                if let Err(m) = fit_compute(model, gi, &cis) {
+                    out.push((
+                        Field::Compute(i),
+                        format!("compute split of {}: {m}", gi.name),
+                        Some(format!(
+                            "the CIs of one {} may use {} compute slices in total",
+                            gi.name, gi.slice_count
+                        )),
+                    ));
+                }
+            }
+        }
+    }
+    if out.is_empty() {
+        if let Err(m) = fit(model, &wanted, &[]) {
+            out.push((Field::Entry, m.to_string(), Some(misfit_help(model))));
+        }
+    }
+    out
+}
+
+fn misfit_help(model: &GpuModel) -> String {
+    format!(
+        "{} has {} memory and {} compute slices and holds at most {} instances; \
+         `nvidia-smi mig -lgipp` lists each profile's placements",
+        short_name(&model.nvml_name),
+        model.memory_slices,
+        model.compute_slices,
+        model.max_mig_device_count
+    )
+}
+
+fn mig_specs(ms: &[super::parse::MigPart]) -> Vec<MigSpec> {
+    ms.iter()
+        .map(|m| MigSpec {
+            profile: m.profile.value.clone(),
+            owner: m.owner.value.clone(),
+            count: m.count,
+            compute: m
+                .compute
+                .as_ref()
+                .map(|c| c.value.clone())
+                .unwrap_or_default(),
+        })
+        .collect()
+}
+
+/// MIG checks without a host. A `model` selector must work on every catalog model it matches
+/// (the geometry is applied to all of them); index, UUID and `all` selectors must work on at
+/// least one catalog model, and [`check_against_host`] checks the real one.
+fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<Diagnostic>) {
+    let catalog = Catalog::get();
+    let specs = mig_specs(ms);
+    let push = |diags: &mut Vec<Diagnostic>, field: Field, msg: String, help| {
+        let (loc, key) = match field {
+            Field::Profile(i) => (&ms[i].profile.loc, format!("{}.profile", ms[i].key)),
+            Field::Compute(i) => match &ms[i].compute {
+                Some(c) => (&c.loc, format!("{}.compute", ms[i].key)),
+                None => (&ms[i].loc, ms[i].key.clone()),
+            },
+            Field::Entry => (&g.loc, format!("{}.mig", g.key)),
+        };
+        diags.push(error(loc, &key, msg, help));
+    };
+
+    if let Selector::Model(pat) = &g.selector.value {
+        let matched: Vec<&GpuModel> = catalog
+            .models()
+            .iter()
+            .filter(|m| model_matches(pat, m))
+            .collect();
+        if matched.is_empty() {
+            diags.push(warning(
+                &g.selector.loc,
+                &format!("{}.model", g.key),
+                format!("'{pat}' matches no known GPU model, so the MIG geometry is not checked"),
+                Some(format!(
+                    "known models: {}",
+                    catalog
+                        .models()
+                        .iter()
+                        .map(|m| format!("{} ({})", m.nvml_name, m.sim_name()))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            ));
+            return;
+        }
+        // Every matched model gets this geometry: report each model's problems, merging the
+        // identical ones (A100-80GB and H100 share profile names and slice counts).
+        let mut merged: Vec<(Field, String, Option<String>, Vec<&str>)> = Vec::new();
+        for m in &matched {
+            for (i, msg, help) in check_mig_on_model(m, &specs) {
+                match merged
+                    .iter_mut()
+                    .find(|(j, mm, _, _)| *j == i && *mm == msg)
+                {
+                    Some((_, _, _, ms)) => ms.push(&m.key),
+                    None => merged.push((i, msg, help, vec![&m.key])),
+                }
+            }
+        }
+        for (i, msg, help, models) in merged {
+            push(
+                diags,
+                i,
+                format!("{} (matched by '{pat}'): {msg}", models.join(", ")),
+                help,
+            );
+        }
+        return;
+    }
+
+    // Index, UUID, all: the GPU could be any MIG-capable model. Profile names carry the memory
+    // size, so they usually pin the model family.
+    let mig_models: Vec<&GpuModel> = catalog
+        .models()
+        .iter()
+        .filter(|m| m.mig_capable())
+        .collect();
+    let mut all_known = true;
+    for (i, s) in specs.iter().enumerate() {
+        if !mig_models
+            .iter()
+            .any(|m| m.gi_profile(&s.profile).is_some())
+        {
+            all_known = false;
+            let mut help = format!("known profiles by model: {}", profiles_help(&mig_models));
+            let names: BTreeSet<&str> = mig_models
+                .iter()
+                .flat_map(|m| m.gi_profiles.iter().map(|p| p.name.as_str()))
+                .collect();
+            if let Some(sug) = suggest(&s.profile, names) {
+                help = format!("did you mean '{sug}'? {help}");
+            }
+            push(
+                diags,
+                Field::Profile(i),
+                format!("no GPU model has a MIG profile '{}'", s.profile),
+                Some(help),
+            );
+        }
+    }
+    if !all_known {
+        return;
+    }
+    let viable: Vec<&GpuModel> = mig_models
+        .iter()
+        .copied()
+        .filter(|m| specs.iter().all(|s| m.gi_profile(&s.profile).is_some()))
+        .collect();
+    if viable.is_empty() {
+        let which = specs
+            .iter()
+            .map(|s| {
+                let ms: Vec<&str> = mig_models
+                    .iter()
+                    .filter(|m| m.gi_profile(&s.profile).is_some())
+                    .map(|m| m.key.as_str())
+                    .collect();
+                format!("{} ({})", s.profile, ms.join(", "))
+            })
+            .collect::<Vec<_>>()
+            .join(", ");
+        push(
+            diags,
+            Field::Entry,
+            "no single GPU model has all of these MIG profiles".into(),
+            Some(format!("profiles exist on: {which}")),
+        );
+        return;
+    }
+    let results: Vec<(&GpuModel, Vec<MigProblem>)> = viable
+        .iter()
+        .map(|m| (*m, check_mig_on_model(m, &specs)))
+        .collect();
+    if results.iter().any(|(_, p)| p.is_empty()) {
+        return;
+    }
+    // Fails on every model it could be: report the problems of each, merged by text.
+    let mut merged: Vec<(Field, String, Option<String>, Vec<&str>)> = Vec::new();
+    for (m, problems) in &results {
+        for (i, msg, help) in problems {
+            match merged.iter_mut().find(|(j, mm, _, _)| j == i && mm == msg) {
+                Some((_, _, _, ms)) => ms.push(short_name(&m.nvml_name)),
+                None => merged.push((
+                    *i,
+                    msg.clone(),
+                    help.clone(),
+                    vec![short_name(&m.nvml_name)],
+                )),
+            }
+        }
+    }
+    for (i, msg, help, models) in merged {
+        push(
+            diags,
+            i,
+            format!(
+                "{} ({}): {msg}",
+                g.selector.value.describe(),
+                models.join(", ")
+            ),
+            help,
+        );
+    }
+}
+
+/// Whether two selectors can name the same GPU without knowing the host, and how to say so.
+/// Index/UUID, and model against index/UUID, cannot be decided here (see [`check_against_host`]).
+fn static_overlap(a: &Selector, b: &Selector) -> Option<String> {
+    match (a, b) {
+        (Selector::All, _) | (_, Selector::All) => Some("every GPU".into()),
+        (Selector::Index(x), Selector::Index(y)) => {
+            let both: Vec<String> = x
+                .iter()
+                .filter(|i| y.contains(i))
+                .map(u32::to_string)
+                .collect();
+            (!both.is_empty()).then(|| format!("gpu {}", both.join(",")))
+        }
+        (Selector::Uuid(x), Selector::Uuid(y)) => {
+            let both: Vec<&str> = x
+                .iter()
+                .filter(|u| y.iter().any(|v| v.eq_ignore_ascii_case(u)))
+                .map(String::as_str)
+                .collect();
+            (!both.is_empty()).then(|| both.join(","))
+        }
+        (Selector::Model(p), Selector::Model(q)) => {
+            if p.eq_ignore_ascii_case(q) {
+                return Some(format!("GPUs matching '{p}'"));
+            }
+            let both: Vec<&str> = Catalog::get()
+                .models()
+                .iter()
+                .filter(|m| model_matches(p, m) && model_matches(q, m))
+                .map(|m| m.key.as_str())
+                .collect();
+            (!both.is_empty()).then(|| format!("{} GPUs", both.join(", ")))
+        }
+        _ => None,
+    }
+}
+
+const OVERLAP_HELP: &str = "each GPU may be named by one [[gpu]] entry; only entries that are \
+                            both `shared` may overlap, and then their teams add up";
+
+fn check_overlaps_static(gpus: &[&GpuPart], diags: &mut Vec<Diagnostic>) {
+    for (j, b) in gpus.iter().enumerate() {
+        for a in &gpus[..j] {
+            let both_shared = matches!(
+                (&a.usage, &b.usage),
+                (UsagePart::Shared(_), UsagePart::Shared(_))
+            );
+            if both_shared {
+                continue;
+            }
+            if let Some(what) = static_overlap(&a.selector.value, &b.selector.value) {
+                diags.push(error(
+                    &b.selector.loc,
+                    &b.key,
+                    format!(
+                        "{what} assigned twice: here and at {} ({})",
+                        a.selector.loc, a.key
+                    ),
+                    Some(OVERLAP_HELP.into()),
+                ));
+                // One report per entry is enough to point the admin at the conflict.
+                break;
+            }
+        }
+    }
+}
+
+/// Check a validated policy against a host: selectors resolve to real GPUs, MIG geometries use
+/// profiles of each GPU's real model and fit it, and no GPU is claimed by two entries (unless
+/// both are `shared`). The planner calls this before planning; an error means "do not plan".
+///
+/// Messages name GPUs as `gpu 0 (H100 80GB HBM3)`; identical problems on several GPUs of one
+/// entry are reported once, listing the GPUs.
+pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let none = Loc {
+        file: policy.sources.first().cloned().unwrap_or_default(),
+        line: 1,
+        col: 1,
+    };
+    if let Some(why) = &observed.nvml_unavailable {
+        if !policy.gpus.is_empty() {
+            out.push(Diagnostic {
+                severity: Severity::Error,
+                loc: None,
+                key: String::new(),
+                message: format!("cannot see the GPUs: {why}"),
+                help: Some("check the NVIDIA driver, or host.nvml-library".into()),
+            });
+        }
+        return out;
+    }
+    let host_gpus = || {
+        if observed.gpus.is_empty() {
+            "this host has no GPUs".to_string()
+        } else {
+            format!(
+                "this host has: {}",
+                observed
+                    .gpus
+                    .iter()
+                    .map(|g| format!("gpu {} ({}, {})", g.index, short_name(&g.name), g.uuid))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        }
+    };
+    for a in &policy.gpus {
+        let loc = a.loc.as_ref().unwrap_or(&none);
+        let matched: Vec<&GpuState> = observed
+            .gpus
+            .iter()
+            .filter(|g| a.selector.matches(g))
+            .collect();
+        match &a.selector {
+            Selector::Index(v) => {
+                for i in v
+                    .iter()
+                    .filter(|i| !observed.gpus.iter().any(|g| g.index == **i))
+                {
+                    out.push(error(
+                        loc,
+                        &format!("{}.index", a.key),
+                        format!("gpu {i} does not exist"),
+                        Some(host_gpus()),
+                    ));
+                }
+            }
+            Selector::Uuid(v) => {
+                for u in v
+                    .iter()
+                    .filter(|u| !observed.gpus.iter().any(|g| g.uuid.eq_ignore_ascii_case(u)))
+                {
+                    out.push(error(
+                        loc,
+                        &format!("{}.uuid", a.key),
+                        format!("no GPU has UUID {u}"),
+                        Some(host_gpus()),
+                    ));
+                }
+            }
+            Selector::Model(p) if matched.is_empty() => out.push(warning(
+                loc,
+                &format!("{}.model", a.key),
+                format!("'{p}' matches no GPU on this host; the entry does nothing here"),
+                Some(host_gpus()),
+            )),
+            _ => {}
+        }
+        let GpuUse::Mig(specs) = &a.usage else {
+            continue;
+        };
+        // Group identical problems across GPUs of one entry.
+        let mut grouped: Vec<(String, Option<String>, Vec<&GpuState>)> = Vec::new();
+        for g in &matched {
+            let problems: Vec<(String, Option<String>)> = match model_of(g) {
+                None => vec![(
+                    format!("unknown GPU model '{}', so MIG cannot be planned", g.name),
+                    Some(format!(
+                        "known models: {}",
+                        Catalog::get()
+                            .models()
+                            .iter()
+                            .map(|m| m.nvml_name.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                )],
+                Some(_) if g.mig.is_none() => vec![(
+                    "this GPU has no MIG".into(),
+                    Some("use owner = \"team\" or shared = [...] for GPUs without MIG".into()),
+                )],
+                Some(m) => check_mig_on_model(m, specs)
+                    .into_iter()
+                    .map(|(f, msg, help)| match f {
+                        Field::Profile(i) | Field::Compute(i) => (format!("mig[{i}]: {msg}"), help),
+                        Field::Entry => (msg, help),
+                    })
+                    .collect(),
+            };
+            for (msg, help) in problems {
+                match grouped.iter_mut().find(|(m, _, _)| *m == msg) {
+                    Some((_, _, gs)) => gs.push(g),
+                    None => grouped.push((msg, help, vec![g])),
+                }
+            }
+        }
+        for (msg, help, gs) in grouped {
+            let names: BTreeSet<&str> = gs.iter().map(|g| short_name(&g.name)).collect();
+            let idx: Vec<String> = gs.iter().map(|g| g.index.to_string()).collect();
+            let what = format!(
+                "{} {} ({})",
+                if gs.len() == 1 { "gpu" } else { "gpus" },
+                idx.join(","),
+                names.into_iter().collect::<Vec<_>>().join(", ")
+            );
+            out.push(error(
+                loc,
+                &format!("{}.mig", a.key),
+                format!("{what}: {msg}"),
+                help,
+            ));
+        }
+    }
+
+    // Double claims on real GPUs: catches what the static check cannot (an index and a model
+    // glob that turn out to name the same GPU).
+    let mut reported: BTreeSet<(usize, usize)> = BTreeSet::new();
+    for g in &observed.gpus {
+        let claims: Vec<(usize, &GpuAssignment)> = policy
+            .gpus
+            .iter()
+            .enumerate()
+            .filter(|(_, a)| a.selector.matches(g))
+            .collect();
+        for (n, (j, b)) in claims.iter().enumerate() {
+            for (i, a) in &claims[..n] {
+                let both_shared =
+                    matches!((&a.usage, &b.usage), (GpuUse::Shared(_), GpuUse::Shared(_)));
+                if both_shared || !reported.insert((*i, *j)) {
+                    continue;
+                }
+                let aloc = a.loc.as_ref().map(Loc::to_string).unwrap_or_default();
+                out.push(error(
+                    b.loc.as_ref().unwrap_or(&none),
+                    &b.key,
+                    format!(
+                        "gpu {} ({}) assigned twice: here and at {aloc} ({})",
+                        g.index,
+                        short_name(&g.name),
+                        a.key
+                    ),
+                    Some(OVERLAP_HELP.into()),
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn globs() {
+        assert!(glob_match("*H100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_match("*h100*", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_match("a100-?0gb", "a100-40gb"));
+        assert!(!glob_match("*H100", "NVIDIA H100 80GB HBM3"));
+        assert!(glob_match("*", ""));
+        assert!(!glob_match("a", ""));
+        assert!(glob_match("*a*b", "xxaxxb"));
+    }
+
+    #[test]
+    fn model_patterns_match_names_keys_and_sim_names() {
+        let c = Catalog::get();
+        let h100 = c.by_key("H100-SXM5-80GB").unwrap();
+        for p in ["*H100 80GB*", "H100-SXM5-*", "h100-80gb"] {
+            assert!(model_matches(p, h100), "{p}");
+        }
+        assert!(!model_matches("*A100*", h100));
+    }
+
+    use crate::observe::{GpuInstance, MigState};
+    use crate::policy::load::{load_sources, Source};
+    use std::path::PathBuf;
+
+    /// Validate `text` as one file; returns the outcome's diagnostics as display strings, and the
+    /// policy when valid.
+    fn check(text: &str) -> (Option<Policy>, Vec<String>) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("p.toml");
+        std::fs::write(&p, text).unwrap();
+        let o = load_sources(&[Source {
+            read: p,
+            host: PathBuf::from("/etc/gpuctl/policy.toml"),
+        }]);
+        (
+            o.policy,
+            o.diagnostics.iter().map(|d| d.to_string()).collect(),
+        )
+    }
+
+    const TEAMS: &str = "version = 1\n[teams.a]\nmembers = [\"x\"]\n[teams.b]\nmembers = [\"y\"]\n";
+
+    fn gpu(index: u32, key: &str) -> GpuState {
+        let m = Catalog::get().by_key(key).unwrap();
+        GpuState {
+            index,
+            uuid: format!("GPU-0000000{index}-test"),
+            name: m.nvml_name.clone(),
+            model: Some(m.key.clone()),
+            minor: index,
+            memory_mib: m.memory_total_mib,
+            mig: m.mig_capable().then(MigState::default),
+            processes: vec![],
+        }
+    }
+
+    fn host(gpus: Vec<GpuState>) -> Observed {
+        Observed {
+            gpus,
+            ..Observed::default()
+        }
+    }
+
+    #[test]
+    fn all_overlaps_everything_but_shared_entries_may_overlap() {
+        let (p, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nall = true\nowner = \"a\"\n[[gpu]]\nindex = [2]\nowner = \"b\"\n"
+        ));
+        assert!(p.is_none());
+        assert!(
+            d.iter().any(|e| e.contains(":10:9: error: gpu[1]: every GPU assigned twice: here and at /etc/gpuctl/policy.toml:7:7 (gpu[0])")),
+            "{d:#?}"
+        );
+        let (p, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nall = true\nshared = [\"a\"]\n[[gpu]]\nindex = [2]\nshared = [\"b\", \"a\"]\n"
+        ));
+        let p = p.unwrap_or_else(|| panic!("{d:#?}"));
+        let g = gpu(2, "H100-SXM5-80GB");
+        assert_eq!(
+            p.usage_for(&g),
+            Some(GpuUse::Shared(vec!["a".into(), "b".into()]))
+        );
+        assert!(check_against_host(&p, &host(vec![g])).is_empty());
+    }
+
+    #[test]
+    fn overlapping_model_globs_conflict_when_a_model_matches_both() {
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nmodel = \"*H100*\"\nowner = \"a\"\n[[gpu]]\nmodel = \"h100-80gb\"\nowner = \"b\"\n"
+        ));
+        assert!(
+            d.iter()
+                .any(|e| e.contains("H100-SXM5-80GB GPUs assigned twice")),
+            "{d:#?}"
+        );
+        let (p, _) = check(&format!(
+            "{TEAMS}[[gpu]]\nmodel = \"*H100*\"\nowner = \"a\"\n[[gpu]]\nmodel = \"*A100*\"\nowner = \"b\"\n"
+        ));
+        assert!(p.is_some());
+    }
+
+    #[test]
+    fn mps_for_many_users_without_a_dedicated_user_warns() {
+        let text = "version = 1\n[teams.a]\nmembers = [\"x\", \"y\"]\n[teams.a.mps]\nactive-thread-percentage = 50\n[[gpu]]\nindex = [0]\nowner = \"a\"\n";
+        let (p, d) = check(text);
+        assert!(p.is_some(), "a warning does not reject");
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert!(d[0].contains(":4:1: warning: teams.a.mps: "), "{}", d[0]);
+        let (_, d) = check(&text.replace("active-thread", "user = \"mps-a\"\nactive-thread"));
+        assert!(d.is_empty(), "{d:#?}");
+    }
+
+    #[test]
+    fn compute_splits_are_checked_against_the_gi() {
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\", compute = [\"2c\", \"2c\"] }}]\n"
+        ));
+        assert!(
+            d.iter().any(|e| e.contains("gpu[0].mig[0].compute")
+                && e.contains("needs 4 of 3 compute slices")),
+            "{d:#?}"
+        );
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"2g.20gb\", owner = \"a\", compute = [\"3c\"] }}]\n"
+        ));
+        assert!(
+            d.iter()
+                .any(|e| e.contains("'3c' is not a compute-instance profile of 2g.20gb")),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn profiles_from_different_models_cannot_mix() {
+        let (_, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.20gb\", owner = \"a\" }}, {{ profile = \"3g.40gb\", owner = \"b\" }}]\n"
+        ));
+        assert!(
+            d.iter()
+                .any(|e| e.contains("no single GPU model has all of these MIG profiles")),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn host_check_resolves_selectors_and_real_models() {
+        let text = format!(
+            "{TEAMS}[[gpu]]\nindex = [0, 9]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\", count = 2 }}]\n\
+             [[gpu]]\nmodel = \"*L40S*\"\nowner = \"b\"\n[[gpu]]\nuuid = [\"GPU-00000001-test\"]\nshared = [\"a\"]\n"
+        );
+        let (p, d) = check(&text);
+        let p = p.unwrap_or_else(|| panic!("{d:#?}"));
+        // GPU 0 is an A100-40GB, which has no 3g.40gb; GPU 9 does not exist; GPU 1 is an
+        // L40S claimed by both the model glob and the UUID entry.
+        let obs = host(vec![gpu(0, "A100-SXM4-40GB"), gpu(1, "L40S-48GB")]);
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(d.len(), 3, "{d:#?}");
+        assert!(
+            d[0].contains("gpu[0].index: gpu 9 does not exist"),
+            "{d:#?}"
+        );
+        assert!(
+            d[1].contains("gpu 0 (A100-SXM4-40GB): mig[0]: no MIG profile '3g.40gb'"),
+            "{d:#?}"
+        );
+        assert!(d[2].contains("gpu 1 (L40S) assigned twice"), "{d:#?}");
+    }
+
+    #[test]
+    fn host_check_explains_misfits_and_missing_mig() {
+        let text = format!(
+            "{TEAMS}[[gpu]]\nall = true\nmig = [{{ profile = \"4g.40gb\", owner = \"a\" }}, {{ profile = \"4g.40gb\", owner = \"b\" }}]\n"
+        );
+        let (p, d) = check(&text);
+        // Statically this cannot fit on any model (one 4g.40gb per GPU): rejected already.
+        assert!(p.is_none());
+        assert!(
+            d.iter().any(|e| e.contains("every GPU (")
+                && e.contains("4g.40gb x2 needs 8 of 7 compute slices")),
+            "{d:#?}"
+        );
+
+        let text = format!(
+            "{TEAMS}[[gpu]]\nall = true\nmig = [{{ profile = \"7g.80gb\", owner = \"a\" }}]\n"
+        );
+        let p = check(&text).0.unwrap();
+        let mut busy = gpu(1, "H100-SXM5-80GB");
+        busy.mig.as_mut().unwrap().instances.push(GpuInstance {
+            id: 1,
+            profile_id: 0,
+            profile: "7g.80gb".into(),
+            placement: crate::profiles::Placement { start: 0, size: 8 },
+            owner: None,
+            compute: vec![],
+        });
+        let obs = host(vec![
+            gpu(0, "H100-SXM5-80GB"),
+            busy,
+            gpu(2, "L40S-48GB"),
+            gpu(3, "L40S-48GB"),
+        ]);
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        // Existing instances are the planner's business, not a policy error; the L40S pair is.
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert!(
+            d[0].contains("gpus 2,3 (L40S): this GPU has no MIG"),
+            "{d:#?}"
+        );
+    }
+
+    #[test]
+    fn host_check_misfit_names_gpu_and_model() {
+        // Policies built in code (the planner's property tests do) skip the static checks, so
+        // the host check must catch a misfit on its own.
+        let p = Policy {
+            host: HostSettings::default(),
+            teams: BTreeMap::new(),
+            gpus: vec![GpuAssignment {
+                selector: Selector::Index(vec![0, 1]),
+                usage: GpuUse::Mig(vec![MigSpec {
+                    profile: "3g.40gb".into(),
+                    owner: "a".into(),
+                    count: 3,
+                    compute: vec![],
+                }]),
+                loc: None,
+                key: "gpu[0]".into(),
+            }],
+            sources: vec![],
+        };
+        let obs = host(vec![gpu(0, "H100-SXM5-80GB"), gpu(1, "H100-SXM5-80GB")]);
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert!(
+            d[0].contains("gpus 0,1 (H100 80GB HBM3): 3g.40gb x3 needs 12 of 8 memory slices"),
+            "{d:#?}"
+        );
+    }
+}
