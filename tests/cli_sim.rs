@@ -1,14 +1,18 @@
 //! End to end: `plan`, then `apply --simulate --state`, then `check` exits 0.
-//! Needs the policy loader; remove the `#[ignore]` once `gpuctl::policy::load` is merged.
 
 use std::path::Path;
 use std::process::Command;
 
-fn gpuctl(args: &[&str]) -> (i32, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpuctl"))
+fn run(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_gpuctl"))
         .args(args)
         .output()
-        .unwrap();
+        .unwrap()
+}
+
+/// Exit code and stdout+stderr together, for messages.
+fn gpuctl(args: &[&str]) -> (i32, String) {
+    let out = run(args);
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     (out.status.code().unwrap_or(-1), text)
@@ -25,7 +29,6 @@ fn without_simulate_the_real_host_needs_nvml() {
 }
 
 #[test]
-#[ignore = "needs the policy loader (gpuctl::policy::load)"]
 fn plan_apply_check_converges() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden/mig-inference-h100");
     let root = root.to_str().unwrap();
@@ -57,8 +60,9 @@ fn plan_apply_check_converges() {
     assert_eq!(code, 0, "{text}");
     let (code, text) = gpuctl(&["--root", root, "check", "--state", state]);
     assert_eq!(code, 0, "{text}");
-    let (code, text) = gpuctl(&["--root", root, "plan", "--state", state, "--json"]);
-    assert_eq!(code, 0);
-    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    // Warnings go to stderr, so stdout stays parseable JSON.
+    let out = run(&["--root", root, "plan", "--state", state, "--json"]);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["actions"].as_array().unwrap().len(), 0);
 }

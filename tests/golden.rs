@@ -1,9 +1,6 @@
 //! Golden plans: each `tests/golden/<case>/` is a fake root (policy drop-ins under `usr/lib`,
 //! `run` and `etc`) plus `host` (a `--simulate` spec) and `expected-plan.txt`, the rendered plan.
-//! `GOLDEN_UPDATE=1 cargo test --test golden -- --include-ignored` rewrites the expectations.
-//!
-//! These need the policy loader (`gpuctl::policy::load`); remove the `#[ignore]` once it is
-//! merged.
+//! `GOLDEN_UPDATE=1 cargo test --test golden` rewrites the expectations.
 
 use gpuctl::paths::Root;
 use gpuctl::plan::{desired, diff};
@@ -25,7 +22,6 @@ fn render_case(dir: &Path) -> String {
 }
 
 #[test]
-#[ignore = "needs the policy loader (gpuctl::policy::load)"]
 fn golden_plans() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
     let update = std::env::var_os("GOLDEN_UPDATE").is_some();

@@ -27,6 +27,9 @@ pub struct HostArgs {
     /// apply. Given alone, the host it describes is reused.
     #[arg(long, value_name = "FILE")]
     pub state: Option<PathBuf>,
+    /// Policy files to use instead of the host's policy directories, merged in the order given.
+    #[arg(value_name = "POLICY")]
+    pub policy: Vec<PathBuf>,
 }
 
 /// Arguments of `gpuctl plan`.
@@ -86,12 +89,35 @@ pub fn sim_host(a: &HostArgs) -> anyhow::Result<Option<SimHost>> {
 }
 
 /// Load the policy under `--root`, printing diagnostics; `Err(code)` when it is unusable.
-fn load_policy(cli: &Cli) -> Result<Policy, i32> {
-    let out = policy::load(&Root::new(&cli.root));
+fn load_policy(cli: &Cli, host: &HostArgs) -> Result<Policy, i32> {
+    let out = if host.policy.is_empty() {
+        policy::load(&Root::new(&cli.root))
+    } else {
+        policy::load_files(&host.policy)
+    };
     for d in &out.diagnostics {
         eprintln!("{d}");
     }
+    for (path, why) in &out.unreadable {
+        eprintln!("{}: cannot read: {why}", path.display());
+    }
+    if !out.unreadable.is_empty() {
+        return Err(exit::UNREADABLE);
+    }
     out.policy.ok_or(exit::INVALID)
+}
+
+/// Checks that need the host: selectors that name absent GPUs, MIG on a model without it, a
+/// geometry that does not fit the GPU it lands on.
+fn check_host(p: &Policy, observed: &Observed) -> Result<(), i32> {
+    let diags = policy::validate::check_against_host(p, observed);
+    for d in &diags {
+        eprintln!("{d}");
+    }
+    if diags.iter().any(|d| d.severity == policy::Severity::Error) {
+        return Err(exit::INVALID);
+    }
+    Ok(())
 }
 
 fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, SimHost), i32>> {
@@ -99,7 +125,9 @@ fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, SimHost
         eprintln!("gpuctl: {NEEDS_NVML}");
         return Ok(Err(exit::UNREADABLE));
     };
-    Ok(load_policy(cli).map(|p| (p, h)))
+    Ok(load_policy(cli, host)
+        .and_then(|p| check_host(&p, &h.state).map(|()| p))
+        .map(|p| (p, h)))
 }
 
 #[derive(Serialize)]
