@@ -6,8 +6,10 @@
 //! slice 0, so placing a `1g.5gb` there first (greedy first-fit) wrongly reports a misfit.
 //!
 //! [`fit`] and [`fit_compute`] answer the question exactly and explain a misfit in words. They are
-//! pure functions over the reference data, shared by policy validation (no host known) and the
-//! planner (which passes the instances it keeps as `fixed` and places new ones around them).
+//! pure functions over the reference data and the only placement search in gpuctl: policy
+//! validation calls them with no host known, and the planner (`plan::mig`) passes the instances it
+//! keeps as `fixed` and places new ones around them, so a geometry the validator accepts is one
+//! the planner can lay out on an empty GPU.
 
 use crate::profiles::{CiProfile, GiProfile, GpuModel, Placement};
 use std::collections::HashSet;
@@ -225,15 +227,10 @@ pub fn fit(
     })
 }
 
-/// Place compute instances of the `wanted` CI profiles inside one GPU instance of profile `gi`
-/// on `model`. Same contract as [`fit`], with compute slices of the GI instead of memory slices
-/// of the GPU; CIs have no memory slices of their own.
-pub fn fit_compute(
-    model: &GpuModel,
-    gi: &GiProfile,
-    wanted: &[&CiProfile],
-) -> Result<Vec<Placement>, Misfit> {
-    let _ = model;
+/// Place compute instances of the `wanted` CI profiles inside one GPU instance of profile `gi`.
+/// Same contract as [`fit`], with compute slices of the GI instead of memory slices of the GPU;
+/// CIs have no memory slices of their own.
+pub fn fit_compute(gi: &GiProfile, wanted: &[&CiProfile]) -> Result<Vec<Placement>, Misfit> {
     let summary = summarize(wanted.iter().map(|c| c.name.as_str()));
     let needed: u32 = wanted.iter().map(|c| c.slice_count).sum();
     if needed > gi.slice_count {
@@ -498,9 +495,67 @@ mod tests {
         let gi = h100.gi_profile("3g.40gb").unwrap();
         let c1 = h100.ci_profile("3g.40gb", "1c").unwrap();
         let c2 = h100.ci_profile("3g.40gb", "2c").unwrap();
-        assert!(fit_compute(h100, gi, &[c1, c1, c1]).is_ok());
-        assert!(fit_compute(h100, gi, &[c1, c2]).is_ok());
-        let e = fit_compute(h100, gi, &[c2, c2]).unwrap_err();
+        assert!(fit_compute(gi, &[c1, c1, c1]).is_ok());
+        let e = fit_compute(gi, &[c2, c2]).unwrap_err();
         assert!(e.to_string().contains("needs 4 of 3 compute slices"), "{e}");
+        // 2c has a single placement (slices 0-1): the 1c listed first must take slice 2, and the
+        // result keeps the order of `wanted`.
+        assert_eq!(c2.placements, vec![Placement { start: 0, size: 2 }]);
+        assert_eq!(
+            fit_compute(gi, &[c1, c2]).unwrap(),
+            vec![
+                Placement { start: 2, size: 1 },
+                Placement { start: 0, size: 2 }
+            ]
+        );
+    }
+
+    #[test]
+    fn order_of_wanted_does_not_matter() {
+        // 3g.40gb may start at 0 or 4, 4g.40gb only at 0: first-fit in the given order would put
+        // the 3g at 0 and strand the 4g. Results come back in the order asked.
+        let h100 = model("H100-SXM5-80GB");
+        let w = profiles(h100, &["3g.40gb", "4g.40gb"]);
+        assert!(greedy(&w).is_none());
+        assert_eq!(
+            fit(h100, &w, &[]).unwrap(),
+            vec![
+                Placement { start: 4, size: 4 },
+                Placement { start: 0, size: 4 }
+            ]
+        );
+        // Seven 1g fill the 7 compute slices; an eighth has a free memory slice but no compute.
+        assert!(fit(h100, &profiles(h100, &["1g.10gb"; 7]), &[]).is_ok());
+        assert!(fit(h100, &profiles(h100, &["1g.10gb"; 8]), &[]).is_err());
+    }
+
+    #[test]
+    fn kept_instances_over_a_limit_only_block_adding_to_it() {
+        // A host may hold more of a profile than the policy would create (made by hand, or the
+        // limit counts differently on another driver): that alone must not make every new
+        // instance of another profile misfit.
+        let h100 = model("H100-SXM5-80GB");
+        let me = h100.gi_profile("1g.10gb+me").unwrap();
+        assert_eq!(me.instance_count, 1);
+        let fixed = [
+            (me.id, Placement { start: 5, size: 1 }),
+            (me.id, Placement { start: 6, size: 1 }),
+        ];
+        assert_eq!(
+            fit(h100, &profiles(h100, &["3g.40gb"]), &fixed).unwrap(),
+            vec![Placement { start: 0, size: 4 }]
+        );
+        let e = fit(h100, &[me], &fixed).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Misfit::ProfileCount {
+                    wanted: 3,
+                    max: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! Property: planning against the state an apply produced yields no actions. Blocked entries may
-//! remain, but only on hosts where processes still run.
+//! remain, but only on hosts where processes still run, or under `reconfigure = never` where
+//! instances existed before (which must all survive the apply).
 
 mod common;
 use common::*;
@@ -105,7 +106,7 @@ proptest! {
                         out.push(MigSpec { profile: gp.name.clone(), owner: TEAMS[*owner].into(), count: 1, compute });
                         // Keep geometries that fit an empty GPU (the validator rejects the rest).
                         let wanted: Vec<_> = out.iter().map(|s| model.gi_profile(&s.profile).unwrap()).collect();
-                        if gpuctl::plan::mig::fit_gis(model, &[], &wanted).is_none() { out.pop(); }
+                        if gpuctl::geometry::fit(model, &wanted, &[]).is_err() { out.pop(); }
                     }
                     GpuUse::Mig(out)
                 }
@@ -116,6 +117,10 @@ proptest! {
         let teams = TEAMS.iter().zip(mps).map(|(t, m)| if m { mps_team(t) } else { team(t) }).collect();
         let p = policy(teams, assignments, reconfigure);
 
+        // What exists before gpuctl runs: under `never` all of it must survive.
+        let before: Vec<(String, gpuctl::profiles::Placement, u32)> = h.state.gpus.iter()
+            .flat_map(|g| g.mig.iter().flat_map(|m| &m.instances).map(|gi| (g.uuid.clone(), gi.placement, gi.profile_id)))
+            .collect();
         let first = plan(&p, &h.state);
         let report = execute(&p, &first, &mut h).unwrap();
         prop_assert!(report.failed.is_empty(), "failures: {:#?}\nplan: {:#?}", report.failed, first);
@@ -123,6 +128,16 @@ proptest! {
         prop_assert!(again.actions.is_empty(), "re-plan not empty: {:#?}\nfirst: {:#?}", again.actions, first);
         let procs_left = h.state.gpus.iter().any(|g| !g.processes.is_empty()
             || g.mig.iter().flat_map(|m| &m.instances).any(|gi| gi.compute.iter().any(|c| !c.processes.is_empty())));
-        prop_assert!(again.blocked.is_empty() || procs_left, "blocked without processes: {:#?}", again.blocked);
+        let never = reconfigure == Reconfigure::Never;
+        prop_assert!(again.blocked.is_empty() || procs_left || (never && !before.is_empty()),
+            "blocked without processes: {:#?}", again.blocked);
+        if never {
+            for (uuid, place, profile) in &before {
+                let kept = h.state.gpus.iter().filter(|g| &g.uuid == uuid)
+                    .flat_map(|g| g.mig.iter().flat_map(|m| &m.instances))
+                    .any(|gi| gi.placement == *place && gi.profile_id == *profile);
+                prop_assert!(kept, "reconfigure = never destroyed {uuid} {place:?}\nfirst: {:#?}", first);
+            }
+        }
     }
 }

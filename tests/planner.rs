@@ -361,3 +361,176 @@ fn golden_case_rendered_from_hand_built_policy() {
     assert!(got.contains("gpu 1 ·") && got.contains("not named by the policy"));
     assert_eq!(got.matches("create GI 3g.40gb").count(), 2);
 }
+
+/// An H100 with MIG on and idle instances made outside the policy: (profile, start, owner).
+fn host_with(instances: &[(&str, u32, &str)]) -> SimHost {
+    use gpuctl::apply::{GpuEffector, OwnerLabels};
+    use gpuctl::profiles::Placement;
+    let mut h = SimHost::from_spec("h100-80gb").unwrap();
+    let model = gpuctl::profiles::Catalog::get()
+        .by_sim_name("h100-80gb")
+        .unwrap();
+    let uuid = h.state.gpus[0].uuid.clone();
+    h.set_mig_mode(&uuid, true).unwrap();
+    h.reset_gpu(&uuid).unwrap();
+    for (profile, start, owner) in instances {
+        let gp = model.gi_profile(profile).unwrap();
+        let size = gp.memory_slices();
+        let gi = h
+            .create_gi(
+                &uuid,
+                gp.id,
+                Placement {
+                    start: *start,
+                    size,
+                },
+            )
+            .unwrap();
+        h.set_owner(&uuid, gi, owner).unwrap();
+        let ci = model.full_ci_profile(profile).unwrap();
+        h.create_ci(&uuid, gi, ci.id, ci.placements[0]).unwrap();
+    }
+    h
+}
+
+fn gi_starts(h: &SimHost) -> Vec<(String, u32, Option<String>)> {
+    let mut v: Vec<_> = h.state.gpus[0]
+        .mig
+        .as_ref()
+        .unwrap()
+        .instances
+        .iter()
+        .map(|i| (i.profile.clone(), i.placement.start, i.owner.clone()))
+        .collect();
+    v.sort_by_key(|x| x.1);
+    v
+}
+
+#[test]
+fn never_keeps_idle_instances_and_only_fills_free_slices() {
+    // 2g@0 is in nobody's policy; 1g@2 has the shape the policy wants for b but belongs to c.
+    let existing = [("2g.20gb", 0, "c"), ("1g.10gb", 2, "c")];
+    let want = |r| {
+        policy(
+            vec![team("a"), team("b")],
+            vec![mig(
+                0,
+                &[("3g.40gb", "a", 1, &[]), ("1g.10gb", "b", 1, &[])],
+            )],
+            r,
+        )
+    };
+
+    // when-idle, for contrast: the idle 2g goes, the 1g is relabelled.
+    let p = plan(&want(Reconfigure::WhenIdle), &host_with(&existing).state);
+    assert_eq!(count(&p, is_destroy_gi), 1, "{p:#?}");
+    assert_eq!(
+        count(&p, |k| matches!(k, ActionKind::SetOwner { .. })),
+        1,
+        "{p:#?}"
+    );
+
+    // never: nothing that exists is destroyed or relabelled; the new instances go into the free
+    // slices around them, and the drift is reported per instance.
+    let never = want(Reconfigure::Never);
+    let mut h = host_with(&existing);
+    let p = plan(&never, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 0, "{p:#?}");
+    assert_eq!(
+        count(&p, |k| matches!(
+            k,
+            ActionKind::SetOwner { .. } | ActionKind::DestroyCi { .. }
+        )),
+        0
+    );
+    let created: Vec<(String, u32)> = p
+        .actions
+        .iter()
+        .filter_map(|a| match &a.kind {
+            ActionKind::CreateGi { gi, owner, .. } => Some((owner.clone(), gi.placement.start)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(created, vec![("a".into(), 4), ("b".into(), 3)], "{p:#?}");
+    let mut reasons: Vec<&str> = p.blocked.iter().map(|b| b.reason.as_str()).collect();
+    reasons.sort();
+    assert_eq!(reasons.len(), 2, "{reasons:#?}");
+    assert!(reasons[0].starts_with("1g.10gb@2+1 has a shape the policy wants, but belongs to c"));
+    assert!(reasons[1].starts_with("2g.20gb@0+2 is not in the policy's layout"));
+    assert!(reasons.iter().all(|r| r.ends_with("(reconfigure = never)")));
+
+    let (_, remaining) = apply(&never, &mut h);
+    assert!(remaining.actions.is_empty(), "{remaining:#?}");
+    assert_eq!(remaining.blocked.len(), 2, "drift stays reported");
+    assert_eq!(
+        gi_starts(&h),
+        vec![
+            ("2g.20gb".into(), 0, Some("c".into())),
+            ("1g.10gb".into(), 2, Some("c".into())),
+            ("1g.10gb".into(), 3, Some("b".into())),
+            ("3g.40gb".into(), 4, Some("a".into())),
+        ]
+    );
+}
+
+#[test]
+fn never_creates_nothing_when_the_layout_cannot_be_completed_around_existing_instances() {
+    // A 7g needs the whole GPU. Creating part of a layout would pin that part too (never keeps
+    // what exists), possibly blocking the full layout for good, so nothing is created.
+    let mut h = host_with(&[("1g.10gb", 6, "a")]);
+    let p = plan(
+        &policy(
+            vec![team("a")],
+            vec![mig(0, &[("7g.80gb", "a", 1, &[])])],
+            Reconfigure::Never,
+        ),
+        &h.state,
+    );
+    assert!(
+        p.actions.iter().all(|a| a.phase != Phase::MigInstances),
+        "{p:#?}"
+    );
+    assert_eq!(p.blocked.len(), 1);
+    assert!(
+        p.blocked[0]
+            .reason
+            .contains("does not fit around the existing instances"),
+        "{}",
+        p.blocked[0].reason
+    );
+
+    // Whole-GPU use would destroy the instance to turn MIG off: blocked too, the mode stays.
+    let whole = policy(
+        vec![team("a")],
+        vec![assign(Selector::Index(vec![0]), GpuUse::Owned("a".into()))],
+        Reconfigure::Never,
+    );
+    let p = plan(&whole, &h.state);
+    assert_eq!(
+        count(&p, |k| matches!(
+            k,
+            ActionKind::SetMigMode { .. } | ActionKind::DestroyGi { .. }
+        )),
+        0,
+        "{p:#?}"
+    );
+    assert!(p.blocked[0]
+        .reason
+        .contains("would destroy its 1 MIG instance(s)"));
+    let (_, remaining) = apply(&whole, &mut h);
+    assert!(remaining.actions.is_empty());
+    assert!(h.state.gpus[0].mig.as_ref().unwrap().current);
+
+    // With no instances left (an admin removed it by hand), MIG may be turned off.
+    let h = host_with(&[]);
+    let p = plan(&whole, &h.state);
+    assert_eq!(
+        count(&p, |k| matches!(
+            k,
+            ActionKind::SetMigMode { enable: false, .. }
+        )),
+        1,
+        "{p:#?}"
+    );
+    assert!(p.blocked.is_empty());
+}

@@ -1,143 +1,22 @@
-//! MIG planning for one GPU: the exact placement search and the keep/destroy/create decision.
+//! MIG planning for one GPU: the keep/destroy/create decision.
 //!
-//! The search is a backtracking over legal placements (largest profiles first, identical profiles
-//! in increasing placement order so that permutations are not retried), checked against the
-//! memory-slice mask, the compute-slice budget, each profile's `instance_count` and the GPU's
-//! `max_mig_device_count`. A greedy first-fit would fail on e.g. `3g` then `4g` (the `3g` takes
-//! slices 0–3, the only place a `4g` can go); the search finds `4g@0 + 3g@4`.
+//! Where instances go is decided by [`crate::geometry::fit`], the exact placement search that
+//! policy validation uses too; this module decides *which* existing instances stay. It tries every
+//! subset of the reusable existing instances, biggest first, and keeps the first one around which
+//! the remaining instances fit, so when no fit exists around everything it releases the smallest
+//! set of idle instances. A GPU holds at most `max_mig_device_count` (7) instances, so there are
+//! at most 128 subsets.
 //!
-//! The keep decision tries every subset of the reusable existing instances, biggest first, and
-//! keeps the first one around which the remaining instances fit. A GPU holds at most
-//! `max_mig_device_count` (7) instances, so there are at most 128 subsets.
+//! `reconfigure` decides what may go: `when-idle` releases idle instances only, `drain` also
+//! those whose processes all belong to units it can stop, and `never` releases and relabels
+//! nothing; it only creates instances in free slices and reports the rest as blocked.
 
 use super::{ActionKind, Blocked, CiRef, GiRef};
+use crate::geometry::{fit, fit_compute, Misfit};
 use crate::observe::{GpuInstance, GpuProcess, GpuState};
 use crate::policy::{MigSpec, Reconfigure};
 use crate::profiles::{CiProfile, GiProfile, GpuModel, Placement};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// An item to place: a profile id (for symmetry breaking) and its legal placements.
-struct Item<'a> {
-    id: u32,
-    placements: &'a [Placement],
-}
-
-/// Backtracking placement over a slice mask. Returns placements in the order of `items`.
-fn search(items: &[Item<'_>], occupied: u32) -> Option<Vec<Placement>> {
-    // Bigger items first: they have the fewest legal spots, so dead ends show up early.
-    let mut order: Vec<usize> = (0..items.len()).collect();
-    order.sort_by_key(|&i| {
-        let size = items[i].placements.first().map(|p| p.size).unwrap_or(0);
-        (
-            std::cmp::Reverse(size),
-            items[i].placements.len(),
-            items[i].id,
-        )
-    });
-    let mut chosen: Vec<usize> = vec![0; items.len()];
-    fn go(k: usize, order: &[usize], items: &[Item<'_>], mask: u32, chosen: &mut [usize]) -> bool {
-        let Some(&i) = order.get(k) else {
-            return true;
-        };
-        // Identical profiles are interchangeable: force increasing placement indices.
-        let min = match k.checked_sub(1).map(|p| order[p]) {
-            Some(prev) if items[prev].id == items[i].id => chosen[prev] + 1,
-            _ => 0,
-        };
-        for (pi, p) in items[i].placements.iter().enumerate().skip(min) {
-            if mask & p.mask() == 0 {
-                chosen[i] = pi;
-                if go(k + 1, order, items, mask | p.mask(), chosen) {
-                    return true;
-                }
-            }
-        }
-        false
-    }
-    if go(0, &order, items, occupied, &mut chosen) {
-        Some(
-            items
-                .iter()
-                .zip(&chosen)
-                .map(|(it, &pi)| it.placements[pi])
-                .collect(),
-        )
-    } else {
-        None
-    }
-}
-
-/// Find placements for `wanted` GPU-instance profiles around the `fixed` instances (profile id,
-/// placement) that stay. Returns one placement per wanted profile, in order, or `None` when no
-/// legal assignment exists.
-pub fn fit_gis(
-    model: &GpuModel,
-    fixed: &[(u32, Placement)],
-    wanted: &[&GiProfile],
-) -> Option<Vec<Placement>> {
-    if model.max_mig_device_count > 0
-        && fixed.len() + wanted.len() > model.max_mig_device_count as usize
-    {
-        return None;
-    }
-    let mut mask = 0u32;
-    let mut compute = 0u32;
-    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
-    for (id, p) in fixed {
-        mask |= p.mask();
-        compute += model
-            .gi_profile_by_id(*id)
-            .map(|g| g.slice_count)
-            .unwrap_or(0);
-        *counts.entry(*id).or_default() += 1;
-    }
-    for w in wanted {
-        compute += w.slice_count;
-        *counts.entry(w.id).or_default() += 1;
-    }
-    if compute > model.compute_slices {
-        return None;
-    }
-    for (id, n) in &counts {
-        // A profile already over its limit among the kept instances is not ours to judge; only
-        // adding to it is refused.
-        let limit = model.gi_profile_by_id(*id).map(|p| p.instance_count);
-        if wanted.iter().any(|w| w.id == *id) && limit.is_none_or(|l| *n > l) {
-            return None;
-        }
-    }
-    let items: Vec<Item<'_>> = wanted
-        .iter()
-        .map(|p| Item {
-            id: p.id,
-            placements: &p.placements,
-        })
-        .collect();
-    search(&items, mask)
-}
-
-/// Find placements for compute instances inside one GI. Returns them in order, or `None`.
-pub fn fit_cis(gi: &GiProfile, wanted: &[&CiProfile]) -> Option<Vec<Placement>> {
-    let total: u32 = wanted.iter().map(|c| c.slice_count).sum();
-    if total > gi.slice_count {
-        return None;
-    }
-    let mut counts: BTreeMap<u32, u32> = BTreeMap::new();
-    for c in wanted {
-        *counts.entry(c.id).or_default() += 1;
-        if counts[&c.id] > c.instance_count {
-            return None;
-        }
-    }
-    let items: Vec<Item<'_>> = wanted
-        .iter()
-        .map(|c| Item {
-            id: c.id,
-            placements: &c.placements,
-        })
-        .collect();
-    search(&items, 0)
-}
 
 /// One GPU instance the policy asks for.
 #[derive(Debug, Clone)]
@@ -212,18 +91,21 @@ pub fn slots<'m>(
         if cis.len() != names.len() {
             continue;
         }
-        let Some(places) = fit_cis(gi, &cis) else {
-            blocked.push(gpu_blocked(
-                gpu,
-                None,
-                vec![],
-                format!(
-                    "compute split {} does not fit in a {} instance",
-                    names.join(","),
-                    gi.name
-                ),
-            ));
-            continue;
+        let places = match fit_compute(gi, &cis) {
+            Ok(p) => p,
+            Err(m) => {
+                blocked.push(gpu_blocked(
+                    gpu,
+                    None,
+                    vec![],
+                    format!(
+                        "compute split {} does not fit in a {} instance: {m}",
+                        names.join(","),
+                        gi.name
+                    ),
+                ));
+                continue;
+            }
         };
         let cis: Vec<_> = cis.into_iter().zip(places).collect();
         for _ in 0..spec.count {
@@ -453,15 +335,25 @@ pub fn plan_gpu(
                 out.mode_changes = true;
                 return out;
             }
-            // MIG is on: everything goes, then the mode. A busy GPU is left exactly as it is.
-            if !drainable(&all_procs, reconf) {
+            // MIG is on: everything goes, then the mode. A busy GPU is left exactly as it is, and
+            // under `never` so is one that still has instances.
+            let never_blocks = reconf == Reconfigure::Never && !mig.instances.is_empty();
+            if never_blocks || !drainable(&all_procs, reconf) {
                 out.layout = mig.instances.iter().map(LayoutGi::from_existing).collect();
+                let what = if never_blocks {
+                    format!(
+                        " would destroy its {} MIG instance(s);",
+                        mig.instances.len()
+                    )
+                } else {
+                    String::new()
+                };
                 out.blocked.push(gpu_blocked(
                     gpu,
                     None,
                     holders(&all_procs),
                     format!(
-                        "turning MIG off on gpu {} {}",
+                        "turning MIG off on gpu {}{what} {}",
                         gpu.index,
                         busy_reason(reconf)
                     ),
@@ -582,7 +474,8 @@ struct Assignment {
 }
 
 /// Assign the instances in `pool` (immovable ones first) to slots with the same key, same
-/// owner first. Returns `None` when a movable instance finds no slot.
+/// owner first; with `relabel`, then to slots of another owner (a relabel). Returns `None` when a
+/// movable instance finds no slot.
 fn assign(
     existing: &[GpuInstance],
     keys: &[Key],
@@ -590,6 +483,7 @@ fn assign(
     immovable: &[bool],
     slots: &[Slot<'_>],
     slot_keys: &[Key],
+    relabel: bool,
 ) -> Option<Assignment> {
     let mut taken = vec![false; slots.len()];
     let mut pairs = Vec::new();
@@ -612,7 +506,12 @@ fn assign(
         if placed[i] {
             continue;
         }
-        match (0..slots.len()).find(|&s| !taken[s] && slot_keys[s] == keys[i]) {
+        let hit = if relabel {
+            (0..slots.len()).find(|&s| !taken[s] && slot_keys[s] == keys[i])
+        } else {
+            None
+        };
+        match hit {
             Some(s) => {
                 taken[s] = true;
                 pairs.push((i, s));
@@ -632,10 +531,16 @@ fn plan_instances(
     reconf: Reconfigure,
     out: &mut MigOutcome,
 ) {
+    let never = reconf == Reconfigure::Never;
     let keys: Vec<Key> = existing.iter().map(gi_key).collect();
     let slot_keys: Vec<Key> = slots.iter().map(Slot::key).collect();
     let procs: Vec<Vec<&GpuProcess>> = existing.iter().map(gi_procs).collect();
-    let immovable: Vec<bool> = procs.iter().map(|p| !drainable(p, reconf)).collect();
+    // `never` pins every existing instance, idle or not: the admin asked that nothing that
+    // exists is changed automatically.
+    let immovable: Vec<bool> = procs
+        .iter()
+        .map(|p| never || !drainable(p, reconf))
+        .collect();
     let immov: Vec<usize> = (0..existing.len()).filter(|&i| immovable[i]).collect();
     let candidates: Vec<usize> = (0..existing.len())
         .filter(|&i| !immovable[i] && slot_keys.contains(&keys[i]))
@@ -653,7 +558,9 @@ fn plan_instances(
                 .filter(|(b, _)| m & (1 << b) != 0)
                 .map(|(_, &i)| i),
         );
-        let Some(a) = assign(existing, &keys, &pool, &immovable, &slots, &slot_keys) else {
+        let Some(a) = assign(
+            existing, &keys, &pool, &immovable, &slots, &slot_keys, !never,
+        ) else {
             continue;
         };
         let busy = pool.iter().filter(|&&i| !procs[i].is_empty()).count();
@@ -661,6 +568,10 @@ fn plan_instances(
     }
     ranked.sort_by_key(|r| std::cmp::Reverse((r.0, r.1, r.2, r.3)));
 
+    // The subset keeping nothing movable always assigns (immovable instances never fail), so it
+    // is tried last and its misfit is the one reported: the geometry does not fit even around
+    // the instances that cannot go.
+    let mut last_misfit: Option<Misfit> = None;
     for (_, _, _, _, pool, a) in ranked {
         let fixed: Vec<(u32, Placement)> = pool
             .iter()
@@ -669,13 +580,16 @@ fn plan_instances(
         let used: BTreeSet<usize> = a.pairs.iter().map(|&(_, s)| s).collect();
         let rest: Vec<usize> = (0..slots.len()).filter(|s| !used.contains(s)).collect();
         let wanted: Vec<&GiProfile> = rest.iter().map(|&s| slots[s].gi).collect();
-        let Some(places) = fit_gis(model, &fixed, &wanted) else {
-            continue;
-        };
-        emit(
-            gpu, existing, &slots, &pool, &a, &rest, &places, &procs, &immovable, reconf, out,
-        );
-        return;
+        match fit(model, &wanted, &fixed) {
+            Ok(places) => {
+                emit(
+                    gpu, existing, &slots, &pool, &a, &rest, &places, &procs, &immovable, reconf,
+                    out,
+                );
+                return;
+            }
+            Err(m) => last_misfit = Some(m),
+        }
     }
 
     // Nothing fits: keep what is there rather than tear down instances for a layout that cannot
@@ -685,14 +599,22 @@ fn plan_instances(
         .iter()
         .flat_map(|&i| procs[i].iter().map(|p| holder(p)))
         .collect();
-    let reason = if busy.is_empty() {
+    let why = last_misfit.map(|m| format!(": {m}")).unwrap_or_default();
+    let reason = if never && !existing.is_empty() {
         format!(
-            "the MIG geometry does not fit gpu {} ({}); instances left as they are",
+            "the policy's MIG layout does not fit around the existing instances of gpu {}{why}; \
+             they are left as they are ({})",
+            gpu.index,
+            busy_reason(reconf)
+        )
+    } else if busy.is_empty() {
+        format!(
+            "the MIG geometry does not fit gpu {} ({}){why}; instances left as they are",
             gpu.index, model.nvml_name
         )
     } else {
         format!(
-            "the MIG layout of gpu {} cannot change around busy instances; {}",
+            "the MIG layout of gpu {} cannot change around busy instances{why}; {}",
             gpu.index,
             busy_reason(reconf)
         )
@@ -759,17 +681,26 @@ fn emit(
             }
             None => {
                 debug_assert!(immovable[i]);
+                let name = format!(
+                    "{}@{}+{}",
+                    gi.profile, gi.placement.start, gi.placement.size
+                );
+                let what = if !procs[i].is_empty() {
+                    "is not in the policy but processes hold it".to_string()
+                } else if slots.iter().any(|s| s.key() == gi_key(gi)) {
+                    // Only `never` keeps an idle instance it could have relabelled.
+                    format!(
+                        "has a shape the policy wants, but belongs to {}",
+                        gi.owner.as_deref().unwrap_or("no team")
+                    )
+                } else {
+                    "is not in the policy's layout".to_string()
+                };
                 out.blocked.push(gpu_blocked(
                     gpu,
                     Some(gi_ref(gpu, gi.placement)),
                     procs[i].iter().map(|p| holder(p)).collect(),
-                    format!(
-                        "{}@{}+{} is not in the policy but processes hold it; {}",
-                        gi.profile,
-                        gi.placement.start,
-                        gi.placement.size,
-                        busy_reason(reconf)
-                    ),
+                    format!("{name} {what}; {}", busy_reason(reconf)),
                 ));
             }
         }
@@ -831,71 +762,80 @@ mod tests {
     use super::*;
     use crate::profiles::Catalog;
 
-    fn h100() -> &'static GpuModel {
-        Catalog::get().by_key("H100-SXM5-80GB").unwrap()
+    fn h100_gpu() -> (GpuState, &'static GpuModel) {
+        let m = Catalog::get().by_key("H100-SXM5-80GB").unwrap();
+        let g = GpuState {
+            index: 0,
+            uuid: "GPU-test".into(),
+            name: m.nvml_name.clone(),
+            model: Some(m.key.clone()),
+            minor: 0,
+            memory_mib: m.memory_total_mib,
+            mig: Some(crate::observe::MigState {
+                current: true,
+                pending: true,
+                instances: vec![],
+            }),
+            processes: vec![],
+        };
+        (g, m)
+    }
+
+    fn spec(profile: &str, count: u32, compute: &[&str]) -> MigSpec {
+        MigSpec {
+            profile: profile.into(),
+            owner: "a".into(),
+            count,
+            compute: compute.iter().map(|c| c.to_string()).collect(),
+        }
     }
 
     #[test]
-    fn search_backtracks_where_first_fit_fails() {
-        let m = h100();
-        let three = m.gi_profile("3g.40gb").unwrap();
-        let four = m.gi_profile("4g.40gb").unwrap();
-        // First fit in the given order would put the 3g at 0 and leave no room for the 4g.
-        assert_eq!(three.placements[0].start, 0);
-        let p = fit_gis(m, &[], &[three, four]).expect("a fit exists");
+    fn slots_place_compute_splits_and_explain_misfits() {
+        let (g, m) = h100_gpu();
+        let mut blocked = Vec::new();
+        let s = slots(m, &[spec("3g.40gb", 2, &["1c", "2c"])], &g, &mut blocked);
+        assert!(blocked.is_empty(), "{blocked:?}");
+        assert_eq!(s.len(), 2);
+        // 2c.3g.40gb has one legal placement (0-1), so the 1c listed first goes to slice 2.
+        let places: Vec<Placement> = s[0].cis.iter().map(|(_, p)| *p).collect();
         assert_eq!(
-            p,
-            vec![
-                Placement { start: 4, size: 4 },
-                Placement { start: 0, size: 4 }
-            ]
-        );
-        // Around a fixed 1g at slice 5, 2g+2g fit only at 0 and 2.
-        let one = m.gi_profile("1g.10gb").unwrap();
-        let two = m.gi_profile("2g.20gb").unwrap();
-        let p = fit_gis(
-            m,
-            &[(one.id, Placement { start: 4, size: 1 })],
-            &[two, two, one],
-        )
-        .unwrap();
-        assert!(!p[0].overlaps(&p[1]) && !p[1].overlaps(&p[2]) && !p[0].overlaps(&p[2]));
-    }
-
-    #[test]
-    fn search_rejects_overfull_and_limits() {
-        let m = h100();
-        let three = m.gi_profile("3g.40gb").unwrap();
-        assert!(fit_gis(m, &[], &[three, three, three]).is_none());
-        let me = m.gi_profile("1g.10gb+me").unwrap();
-        assert!(
-            fit_gis(m, &[], &[me, me]).is_none(),
-            "instance_count of +me is 1"
-        );
-        let one = m.gi_profile("1g.10gb").unwrap();
-        assert!(fit_gis(m, &[], &[one; 7]).is_some());
-        assert!(fit_gis(m, &[], &[one; 8]).is_none());
-        // 4g + 3g + nothing else: compute budget 7 is spent.
-        let four = m.gi_profile("4g.40gb").unwrap();
-        assert!(fit_gis(m, &[], &[four, three]).is_some());
-    }
-
-    #[test]
-    fn ci_split_search() {
-        let m = h100();
-        let gi = m.gi_profile("3g.40gb").unwrap();
-        let one = m.ci_profile("3g.40gb", "1c").unwrap();
-        let two = m.ci_profile("3g.40gb", "2c").unwrap();
-        // 2c has a single placement (0..2); the 1c must go to slice 2 even though it is listed
-        // first.
-        let p = fit_cis(gi, &[one, two]).unwrap();
-        assert_eq!(
-            p,
+            places,
             vec![
                 Placement { start: 2, size: 1 },
                 Placement { start: 0, size: 2 }
             ]
         );
-        assert!(fit_cis(gi, &[two, two]).is_none());
+
+        let s = slots(m, &[spec("3g.40gb", 1, &["2c", "2c"])], &g, &mut blocked);
+        assert!(s.is_empty());
+        assert_eq!(blocked.len(), 1);
+        assert!(
+            blocked[0].reason.contains("needs 4 of 3 compute slices"),
+            "{}",
+            blocked[0].reason
+        );
+    }
+
+    #[test]
+    fn misfit_on_a_gpu_is_explained_in_the_blocked_reason() {
+        // Validation rejects this before planning; a planner fed it anyway (a library caller)
+        // must leave the GPU alone and say why in words.
+        let (g, m) = h100_gpu();
+        let out = plan_gpu(
+            &g,
+            m,
+            Some(&[spec("3g.40gb", 3, &[])]),
+            Reconfigure::WhenIdle,
+        );
+        assert!(out.instances.is_empty());
+        assert_eq!(out.blocked.len(), 1);
+        assert!(
+            out.blocked[0]
+                .reason
+                .contains("3g.40gb x3 needs 12 of 8 memory slices"),
+            "{}",
+            out.blocked[0].reason
+        );
     }
 }

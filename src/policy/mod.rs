@@ -106,7 +106,8 @@ pub enum Reconfigure {
     WhenIdle,
     /// Stop the owning team's units, wait up to the drain timeout, then change.
     Drain,
-    /// Never change a MIG layout that has instances; report the drift.
+    /// Never destroy or relabel an existing instance (busy or idle), nor turn MIG off while
+    /// instances exist; only create new instances in free slices, and report the drift.
     Never,
 }
 

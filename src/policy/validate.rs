@@ -463,7 +463,7 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
                 }
             }
             if cis.len() == s.compute.len() {
-                if let Err(m) = fit_compute(model, gi, &cis) {
+                if let Err(m) = fit_compute(gi, &cis) {
                     out.push((
                         Field::Compute(i),
                         format!("compute split of {}: {m}", gi.name),
