@@ -534,3 +534,58 @@ fn never_creates_nothing_when_the_layout_cannot_be_completed_around_existing_ins
     );
     assert!(p.blocked.is_empty());
 }
+
+#[test]
+fn model_globs_select_as_validation_documents_them() {
+    // docs/policy.md: a model glob matches the NVML name, the reference key or the simulate
+    // name, in any case. The planner once matched only the first and last, so an entry written
+    // with the reference key validated and then silently did nothing.
+    let h = SimHost::from_spec("h100-80gb,l40s,a100-40gb").unwrap();
+    let p = policy(
+        vec![team("a"), team("b"), team("c")],
+        vec![
+            assign(
+                Selector::Model("H100-SXM5-*".into()),
+                GpuUse::Owned("a".into()),
+            ),
+            assign(Selector::Model("*l40S*".into()), GpuUse::Owned("b".into())),
+            assign(
+                Selector::Model("A100-SXM4-40GB".into()),
+                GpuUse::Owned("c".into()),
+            ),
+        ],
+        Reconfigure::WhenIdle,
+    );
+    let d = gpuctl::plan::desired(&p, &h.state);
+    assert_eq!(d.teams["a"].whole_gpus, vec![0]);
+    assert_eq!(d.teams["b"].whole_gpus, vec![1]);
+    assert_eq!(d.teams["c"].whole_gpus, vec![2]);
+}
+
+#[test]
+fn shared_entries_naming_one_gpu_add_up_their_teams() {
+    // Validation allows two `shared` entries on one GPU (a drop-in adding a team) and documents
+    // that their teams add up; the planner must not let the later entry replace the earlier.
+    let mut h = SimHost::from_spec("l40s").unwrap();
+    let p = policy(
+        vec![team("a"), mps_team("b")],
+        vec![
+            assign(Selector::All, GpuUse::Shared(vec!["a".into()])),
+            assign(Selector::Index(vec![0]), GpuUse::Shared(vec!["b".into()])),
+        ],
+        Reconfigure::WhenIdle,
+    );
+    let (_, remaining) = apply(&p, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    for t in ["a", "b"] {
+        assert!(
+            h.state.slices[t].device_allow.contains("/dev/nvidia0"),
+            "team {t}: {:?}",
+            h.state.slices[t]
+        );
+    }
+    assert_eq!(
+        h.state.mps["b-gpus"].devices,
+        vec![h.state.gpus[0].uuid.clone()]
+    );
+}

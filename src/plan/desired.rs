@@ -7,9 +7,9 @@
 
 use super::mig::{self, LayoutGi, MigOutcome};
 use super::Blocked;
-use crate::observe::{GpuState, MpsSpec, Observed, SliceSpec};
-use crate::policy::{GpuUse, Limits, Policy, Selector, Team};
-use crate::profiles::{Catalog, GpuModel, Placement};
+use crate::observe::{MpsSpec, Observed, SliceSpec};
+use crate::policy::{GpuUse, Limits, Policy, Team};
+use crate::profiles::Placement;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -86,61 +86,19 @@ pub struct TeamView {
     pub provisional: bool,
 }
 
-/// `*` and `?` glob, ASCII case-insensitive (admins write `*h100*` as often as `*H100*`).
-pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.to_ascii_lowercase().chars().collect();
-    let t: Vec<char> = text.to_ascii_lowercase().chars().collect();
-    let (mut pi, mut ti, mut star, mut mark) = (0, 0, None, 0);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some(pi);
-            mark = ti;
-            pi += 1;
-        } else if let Some(s) = star {
-            pi = s + 1;
-            mark += 1;
-            ti = mark;
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
-}
+/// The reference model of an observed GPU. Re-exported from the policy checks so that the
+/// validator and the planner agree on what a GPU is.
+pub use crate::policy::validate::model_of;
 
-/// The reference model of an observed GPU: by reference key, else by NVML name.
-pub fn model_of(gpu: &GpuState) -> Option<&'static GpuModel> {
-    let c = Catalog::get();
-    gpu.model
-        .as_deref()
-        .and_then(|k| c.by_key(k))
-        .or_else(|| c.by_nvml_name(&gpu.name))
-}
-
-/// Whether a selector names a GPU. Model globs match the NVML name or the `--simulate` name.
-pub fn selects(sel: &Selector, gpu: &GpuState) -> bool {
-    match sel {
-        Selector::All => true,
-        Selector::Index(ix) => ix.contains(&gpu.index),
-        Selector::Uuid(us) => us.iter().any(|u| u.eq_ignore_ascii_case(&gpu.uuid)),
-        Selector::Model(g) => {
-            glob_match(g, &gpu.name) || model_of(gpu).is_some_and(|m| glob_match(g, m.sim_name()))
-        }
-    }
-}
-
-/// Usage of each observed GPU by index. Later assignments win (validation rejects overlaps, so
-/// this only matters for policies that skipped it).
+/// Usage of each observed GPU by index, as [`Policy::usage_for`] decides it: the same rules
+/// `gpuctl check` validated against (a `model` glob matches the NVML name, the reference key or
+/// the simulate name, in any case; `shared` entries naming one GPU add up their teams).
 pub fn resolve(policy: &Policy, observed: &Observed) -> BTreeMap<u32, GpuUse> {
-    let mut out = BTreeMap::new();
-    for a in &policy.gpus {
-        for g in observed.gpus.iter().filter(|g| selects(&a.selector, g)) {
-            out.insert(g.index, a.usage.clone());
-        }
-    }
-    out
+    observed
+        .gpus
+        .iter()
+        .filter_map(|g| Some((g.index, policy.usage_for(g)?)))
+        .collect()
 }
 
 /// Placeholder for the UUID of a MIG device still to be created.
@@ -359,19 +317,4 @@ fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) 
         s.push_str(&format!("GPUCTL_MPS_INSTANCES={}\n", all.join(",")));
     }
     s
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn globs() {
-        assert!(glob_match("*H100*", "NVIDIA H100 80GB HBM3"));
-        assert!(glob_match("h100-*", "h100-80gb"));
-        assert!(glob_match("a?00*", "A100-SXM4-40GB"));
-        assert!(!glob_match("*A100*", "NVIDIA H100 80GB HBM3"));
-        assert!(glob_match("*", ""));
-        assert!(!glob_match("h100", "h100-80gb"));
-    }
 }

@@ -738,6 +738,58 @@ fn check_overlaps_static(gpus: &[&GpuPart], diags: &mut Vec<Diagnostic>) {
     }
 }
 
+/// The highest CPU number in a normalised CPU list (`"0-5,8"` → 8).
+fn max_cpu(list: &str) -> Option<u32> {
+    list.split(',')
+        .filter_map(|part| part.rsplit('-').next()?.parse().ok())
+        .max()
+}
+
+/// Team limits that only make sense on some hosts: CPUs the host does not have (systemd would
+/// accept `AllowedCPUs=` and the kernel would quietly narrow or refuse the set), and percentages
+/// of a RAM size the host did not report (they would resolve to `MemoryMax=0`, which kills every
+/// process of the team). A host that reports 0 CPUs or 0 bytes is treated as unknown.
+fn check_teams_on_host(
+    policy: &Policy,
+    observed: &Observed,
+    none: &Loc,
+    out: &mut Vec<Diagnostic>,
+) {
+    let host = &observed.host;
+    for t in policy.teams.values() {
+        let loc = t.loc.as_ref().unwrap_or(none);
+        let key = format!("teams.{}", t.name);
+        if let Some(cpus) = &t.limits.allowed_cpus {
+            match max_cpu(cpus) {
+                Some(max) if host.cpus > 0 && max >= host.cpus => out.push(error(
+                    loc,
+                    &format!("{key}.allowed-cpus"),
+                    format!(
+                        "CPU {max} does not exist: this host has {} CPUs (0-{})",
+                        host.cpus,
+                        host.cpus - 1
+                    ),
+                    Some(format!("use CPU numbers below {}", host.cpus)),
+                )),
+                _ => {}
+            }
+        }
+        for (name, size) in [
+            ("memory-max", t.limits.memory_max),
+            ("memory-high", t.limits.memory_high),
+        ] {
+            if let (Some(Size::PercentOfRam(p)), 0) = (size, host.memory_bytes) {
+                out.push(error(
+                    loc,
+                    &format!("{key}.{name}"),
+                    format!("{p}% of host RAM cannot be resolved: the host's RAM size is unknown"),
+                    Some("give an absolute size such as \"64G\"".into()),
+                ));
+            }
+        }
+    }
+}
+
 /// Check a validated policy against a host: selectors resolve to real GPUs, MIG geometries use
 /// profiles of each GPU's real model and fit it, and no GPU is claimed by two entries (unless
 /// both are `shared`). The planner calls this before planning; an error means "do not plan".
@@ -751,6 +803,7 @@ pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnosti
         line: 1,
         col: 1,
     };
+    check_teams_on_host(policy, observed, &none, &mut out);
     if let Some(why) = &observed.nvml_unavailable {
         if !policy.gpus.is_empty() {
             out.push(Diagnostic {
@@ -977,6 +1030,45 @@ mod tests {
             gpus,
             ..Observed::default()
         }
+    }
+
+    #[test]
+    fn team_limits_are_checked_against_the_host() {
+        let (p, d) = check(
+            "version = 1\n[teams.a]\nallowed-cpus = \"0-7,130\"\nmemory-max = \"25%\"\n\
+             [teams.b]\nallowed-cpus = \"0-127\"\nmemory-high = \"10%\"\n",
+        );
+        let p = p.unwrap_or_else(|| panic!("{d:#?}"));
+        let mut obs = host(vec![]);
+        obs.host.cpus = 128;
+        obs.host.memory_bytes = 1 << 40;
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(
+            d,
+            vec![
+                "/etc/gpuctl/policy.toml:2:8: error: teams.a.allowed-cpus: CPU 130 does not \
+                  exist: this host has 128 CPUs (0-127) (use CPU numbers below 128)"
+                    .to_string()
+            ],
+        );
+        // RAM unknown: percentages cannot become bytes.
+        obs.host.memory_bytes = 0;
+        let d: Vec<String> = check_against_host(&p, &obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect();
+        assert_eq!(d.len(), 3, "{d:#?}");
+        assert!(d[1].contains("teams.a.memory-max: 25% of host RAM cannot be resolved"));
+        assert!(d[2].contains("teams.b.memory-high: 10% of host RAM cannot be resolved"));
+        // CPUs unknown: no CPU check.
+        obs.host.cpus = 0;
+        obs.host.memory_bytes = 1 << 40;
+        assert!(check_against_host(&p, &obs).is_empty());
+        assert_eq!(max_cpu("0-5,8"), Some(8));
+        assert_eq!(max_cpu("3"), Some(3));
     }
 
     #[test]
