@@ -66,3 +66,101 @@ fn plan_apply_check_converges() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["actions"].as_array().unwrap().len(), 0);
 }
+
+/// The simulated host each example in `policies/` is written for (see each file's header).
+const EXAMPLE_HOSTS: &[(&str, &str)] = &[
+    ("a-whole-gpus.toml", "a100-80gb*4"),
+    ("b-mps-small-jobs.toml", "h100-pcie"),
+    ("c-mig-inference-interns.toml", "h100-80gb"),
+    ("d-eight-gpu-five-teams.toml", "h100-80gb*8"),
+];
+
+fn actions(json: &[u8]) -> Vec<serde_json::Value> {
+    let v: serde_json::Value = serde_json::from_slice(json).unwrap();
+    v["actions"].as_array().unwrap().clone()
+}
+
+fn kinds(actions: &[serde_json::Value], kind: &str) -> usize {
+    actions.iter().filter(|a| a["kind"] == kind).count()
+}
+
+#[test]
+fn every_example_plans_applies_and_converges_on_its_host() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".toml"))
+        .collect();
+    files.sort();
+    let listed: Vec<&str> = EXAMPLE_HOSTS.iter().map(|(f, _)| *f).collect();
+    assert_eq!(files, listed, "give every example a host in EXAMPLE_HOSTS");
+
+    for (file, spec) in EXAMPLE_HOSTS {
+        let policy = dir.join(file);
+        let policy = policy.to_str().unwrap();
+        let tmp = tempfile::tempdir().unwrap();
+        let state = tmp.path().join("host.json");
+        let state = state.to_str().unwrap();
+
+        let out = run(&["plan", "--simulate", spec, "--json", policy]);
+        assert_eq!(out.status.code(), Some(0), "{file}: {out:?}");
+        let first = actions(&out.stdout);
+        assert!(!first.is_empty(), "{file}: a fresh host needs changes");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["blocked"].as_array().unwrap().len(), 0, "{file}: {v:#}");
+
+        let (code, text) = gpuctl(&["apply", "--simulate", spec, "--state", state, policy]);
+        assert_eq!(code, 0, "{file}: {text}");
+        let (code, text) = gpuctl(&["check", "--state", state, policy]);
+        assert_eq!(code, 0, "{file}: {text}");
+        let out = run(&["plan", "--state", state, "--json", policy]);
+        assert_eq!(actions(&out.stdout).len(), 0, "{file}: replan not empty");
+    }
+}
+
+#[test]
+fn changing_one_of_seven_instances_in_a_policy_file_plans_one_destroy_and_one_create() {
+    // Example D gives gpu 7 seven 1g.10gb instances. Turning one of batch's three into a
+    // 1g.10gb+me, in a copy of the file, must touch exactly that one instance.
+    let d = Path::new(env!("CARGO_MANIFEST_DIR")).join("policies/d-eight-gpu-five-teams.toml");
+    let text = std::fs::read_to_string(&d).unwrap();
+    let old = r#"{ profile = "1g.10gb", owner = "batch", count = 3 },"#;
+    assert!(text.contains(old), "example D changed; update this test");
+    let edited = text.replace(
+        old,
+        r#"{ profile = "1g.10gb", owner = "batch", count = 2 },
+  { profile = "1g.10gb+me", owner = "batch" },"#,
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let v2 = tmp.path().join("policy-v2.toml");
+    std::fs::write(&v2, edited).unwrap();
+    let (v1, v2) = (d.to_str().unwrap(), v2.to_str().unwrap());
+    let state = tmp.path().join("host.json");
+    let state = state.to_str().unwrap();
+
+    let (code, text) = gpuctl(&["apply", "--simulate", "h100-80gb*8", "--state", state, v1]);
+    assert_eq!(code, 0, "{text}");
+    let out = run(&["plan", "--json", "--state", state, v2]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let plan = actions(&out.stdout);
+    assert_eq!(kinds(&plan, "destroy-gi"), 1, "{plan:#?}");
+    assert_eq!(kinds(&plan, "create-gi"), 1, "{plan:#?}");
+    let mig: Vec<&serde_json::Value> = plan
+        .iter()
+        .filter(|a| a["phase"] == "mig-instances" || a["phase"] == "mig-mode")
+        .collect();
+    assert!(
+        mig.iter()
+            .all(|a| a["gi"]["index"] == 7 || a["ci"]["gi"]["index"] == 7),
+        "only gpu 7 changes: {mig:#?}"
+    );
+    let created = plan.iter().find(|a| a["kind"] == "create-gi").unwrap();
+    assert_eq!(created["profile"], "1g.10gb+me");
+    assert_eq!(created["owner"], "batch");
+
+    let (code, text) = gpuctl(&["apply", "--state", state, v2]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = gpuctl(&["check", "--state", state, v2]);
+    assert_eq!(code, 0, "{text}");
+}

@@ -82,8 +82,41 @@ fn changing_one_instance_of_seven_is_one_destroy_and_one_create() {
     let p = plan(&changed, &h.state);
     assert_eq!(count(&p, is_destroy_gi), 1, "{p:#?}");
     assert_eq!(count(&p, is_create_gi), 1, "{p:#?}");
+    // tests/cli_sim.rs checks the same count through a policy file; here, what it means for the
+    // users: the six kept MIG devices keep their UUIDs, so team a's running jobs and its
+    // CUDA_VISIBLE_DEVICES are undisturbed apart from the one device that goes.
+    let gone = p
+        .actions
+        .iter()
+        .find_map(|a| match &a.kind {
+            ActionKind::DestroyGi { gi, .. } => Some(gi.placement),
+            _ => None,
+        })
+        .unwrap();
+    let uuids = |h: &SimHost| -> std::collections::BTreeMap<u32, String> {
+        h.state.gpus[0]
+            .mig
+            .as_ref()
+            .unwrap()
+            .instances
+            .iter()
+            .map(|i| (i.placement.start, i.compute[0].uuid.clone()))
+            .collect()
+    };
+    let mut kept = uuids(&h);
+    kept.remove(&gone.start);
     let (_, remaining) = apply(&changed, &mut h);
     assert!(remaining.is_converged());
+    let after = uuids(&h);
+    assert_eq!(kept.len(), 6);
+    for (start, uuid) in &kept {
+        assert_eq!(
+            after.get(start),
+            Some(uuid),
+            "instance at {start} was replaced"
+        );
+        assert!(h.state.env_files["a"].contains(uuid.as_str()));
+    }
 }
 
 #[test]
