@@ -11,9 +11,12 @@
 
 pub mod apply;
 pub mod cli;
+pub mod daemon;
+pub mod dbus_api;
 pub mod observe;
 pub mod paths;
 pub mod plan;
 pub mod policy;
 pub mod profiles;
 pub mod sim;
+pub mod systemd;
