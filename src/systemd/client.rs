@@ -49,7 +49,7 @@ fn bus<'a>(unit: &'a str, op: &'static str) -> impl FnOnce(zbus::Error) -> Syste
     move |source| SystemdError::Bus {
         unit: unit.to_string(),
         op,
-        source,
+        source: Box::new(source),
     }
 }
 

@@ -36,9 +36,9 @@ pub enum SystemdError {
         unit: String,
         /// Method or property.
         op: &'static str,
-        /// zbus' error.
+        /// zbus' error (boxed: it is large and errors travel through every Result here).
         #[source]
-        source: zbus::Error,
+        source: Box<zbus::Error>,
     },
     /// A job ended with a result other than `done`.
     #[error("{unit}: {op} job finished with result '{result}'")]
