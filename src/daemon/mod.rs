@@ -78,6 +78,20 @@ pub struct Shared {
     pub policy: Option<Policy>,
     /// `current` or `last-good`.
     pub policy_origin: Option<&'static str>,
+    /// Wall-clock µs when the latest reconcile started; with `busy`, lets a caller wait for
+    /// "a reconcile that started after my change has finished".
+    pub cycle_started_us: u64,
+    /// A reconcile is running.
+    pub busy: bool,
+    /// Units whose removal by systemd should trigger a reconcile.
+    pub expected_units: std::collections::BTreeSet<String>,
+}
+
+/// Wall-clock microseconds since the epoch.
+pub fn unix_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
 }
 
 /// Requests to the reconcile loop.
@@ -149,6 +163,11 @@ impl Looper {
 
     async fn cycle(&mut self, reason: &str) -> ReconcileReport {
         info!(gpuctl_action = "reconcile", "reconcile ({reason})");
+        {
+            let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.busy = true;
+            sh.cycle_started_us = unix_now_us();
+        }
         let policy = self.load();
         let report = match policy {
             Some(p) => {
@@ -185,6 +204,10 @@ impl Looper {
                 (None, _) => report.summary(),
             };
             sh.last_report = Some(report.clone());
+            if !report.units.is_empty() || report.converged() {
+                sh.expected_units = report.units.iter().cloned().collect();
+            }
+            sh.busy = false;
             sh.status_text.clone()
         };
         notify(&[sd_notify::NotifyState::Status(&text)]);
@@ -209,7 +232,7 @@ impl Looper {
 
 /// Forward systemd's removal of our units (someone stopped a team slice or MPS daemon and it
 /// was garbage-collected) as reconcile triggers.
-async fn watch_units(sd: Systemd, tx: mpsc::UnboundedSender<Request>) {
+async fn watch_units(sd: Systemd, shared: Arc<Mutex<Shared>>, tx: mpsc::UnboundedSender<Request>) {
     let Ok(mut removed) = sd.manager().receive_unit_removed().await else {
         warn!("cannot subscribe to UnitRemoved; relying on the drift timer");
         return;
@@ -217,7 +240,15 @@ async fn watch_units(sd: Systemd, tx: mpsc::UnboundedSender<Request>) {
     while let Some(sig) = removed.next().await {
         let Ok(args) = sig.args() else { continue };
         let id = args.id();
-        if props::team_of_slice(id).is_some() || mps::instance_of(id).is_some() {
+        // systemd also emits UnitRemoved when it garbage-collects a unit that was merely
+        // looked at (`systemctl status gpuctl-mps@x-0` loads a not-found unit), so only units
+        // the policy wants count.
+        let ours = props::team_of_slice(id).is_some() || mps::instance_of(id).is_some();
+        let expected = shared
+            .lock()
+            .map(|s| s.expected_units.contains(id.as_str()))
+            .unwrap_or(false);
+        if ours && expected {
             let _ = tx.send(Request::Reconcile {
                 reason: format!("{id} removed"),
                 reply: None,
@@ -278,7 +309,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
     let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
     let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    tokio::spawn(watch_units(sd.clone(), tx.clone()));
+    tokio::spawn(watch_units(sd.clone(), shared.clone(), tx.clone()));
     tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
 
     let mut wd_usec = 0u64;

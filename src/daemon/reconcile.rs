@@ -33,6 +33,10 @@ pub struct ReconcileReport {
     pub errors: Vec<String>,
     /// What could not be done by this implementation yet.
     pub warnings: Vec<String>,
+    /// Units the policy wants to exist (team slices, MPS daemons): systemd removing one of
+    /// these triggers a reconcile; removals of any other unit are noise.
+    #[serde(default)]
+    pub units: Vec<String>,
 }
 
 impl ReconcileReport {
@@ -234,6 +238,12 @@ impl<E: SliceEffector + Send> SliceReconciler<E> {
                 .collect::<BTreeSet<_>>()
                 .len(),
             warnings: want.warnings.clone(),
+            units: want
+                .slices
+                .keys()
+                .map(|t| crate::systemd::props::slice_unit(t))
+                .chain(want.mps.keys().map(|i| mps::unit(i)))
+                .collect(),
             ..Default::default()
         };
         let verb = if apply { "" } else { "would " };

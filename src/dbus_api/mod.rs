@@ -7,6 +7,7 @@
 //! | `Apply() -> s` | method, JSON report | root |
 //! | `Reload() -> s` | method, JSON report | root |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
+//! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
 //!
 //! Root-only methods ask the bus daemon for the caller's uid (`GetConnectionUnixUser` on the
 //! message's sender), never trusting anything the client sends. The bus policy file
@@ -114,6 +115,18 @@ impl Agent {
     ) -> fdo::Result<String> {
         require_root(conn, &hdr, "Reload").await?;
         Ok(report_json(&self.request("D-Bus Reload").await?))
+    }
+
+    /// Wall-clock µs at which the latest reconcile started.
+    #[zbus(property)]
+    async fn last_reconcile_start_usec(&self) -> u64 {
+        self.shared.lock().map(|s| s.cycle_started_us).unwrap_or(0)
+    }
+
+    /// Whether a reconcile is running now.
+    #[zbus(property)]
+    async fn reconciling(&self) -> bool {
+        self.shared.lock().map(|s| s.busy).unwrap_or(false)
     }
 
     /// The one-line truth, as in `STATUS=`.

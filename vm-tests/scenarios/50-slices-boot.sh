@@ -46,10 +46,12 @@ sysd_setup() {
   mkdir -p /etc/gpuctl/policy.d
   systemctl daemon-reload
 }
-# reload_wait: `systemctl reload gpuctld` (SIGHUP) and wait until that reconcile finished;
-# systemd 252 ends the reload job when ExecReload's kill returns, not at READY=1.
-reconciled() { journalctl -u gpuctld.service GPUCTL_ACTION=reconciled -o cat --no-pager | wc -l; }
-reload_wait() { local n; n=$(reconciled); systemctl reload gpuctld.service; wait_for 30 sh -c "[ \$(journalctl -u gpuctld.service GPUCTL_ACTION=reconciled -o cat --no-pager | wc -l) -gt $n ]"; }
+# reload_wait: `systemctl reload gpuctld` (SIGHUP), then wait until a reconcile that started
+# after it has finished (systemd 252 ends the reload job when ExecReload's kill returns).
+reload_wait() {
+  local t; t=$(date +%s%6N); systemctl reload gpuctld.service
+  wait_for 30 sh -c "[ \$(busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 LastReconcileStartUsec | cut -d' ' -f2) -gt $t ] && [ \$(busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Reconciling | cut -d' ' -f2) = false ]"
+}
 put_policy() { # put_policy NAME < content   (atomic, like config management does)
   cat > "/etc/gpuctl/policy.d/.$1.tmp" && mv "/etc/gpuctl/policy.d/.$1.tmp" "/etc/gpuctl/policy.d/$1"
 }
