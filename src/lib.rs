@@ -7,11 +7,15 @@
 //! - [`apply`]: the executor and the effector traits it drives;
 //! - [`sim`]: simulated hosts built from the reference data, for offline plans and tests;
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
+//! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
+//!   bus interface;
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
 pub mod apply;
 pub mod cli;
+pub mod daemon;
+pub mod dbus_api;
 pub mod geometry;
 pub mod observe;
 pub mod paths;
@@ -19,3 +23,4 @@ pub mod plan;
 pub mod policy;
 pub mod profiles;
 pub mod sim;
+pub mod systemd;

@@ -1,0 +1,68 @@
+//! `gpuctl-generator`: a systemd generator that puts team slices in place at boot.
+//!
+//! systemd runs generators before it loads any unit, so a service with `Slice=gpu-infer.slice`
+//! that starts early in boot already finds `gpu-infer.slice` with its limits and device list —
+//! even when gpuctld has not run yet or fails. The input is the state of the last fully
+//! successful reconcile (`/var/lib/gpuctl/slices.json`); the output is `gpu.slice` and one
+//! `gpu-<team>.slice` per team in the generator's normal directory, which ranks below
+//! `/etc/systemd/system` (an admin's own unit wins) and above `/usr/lib`.
+//!
+//! A generator must never break boot: a missing or unreadable state file produces no units and
+//! a message on stderr (the kernel log at that point), never a failure exit.
+
+use super::state::{AppliedState, STATE_FILE};
+use crate::paths::Root;
+use crate::systemd::props;
+use std::path::Path;
+
+/// Write the units for the state found under `root` into `out`; returns the files written.
+/// An error means the state file was unreadable; nothing was written then.
+pub fn generate(root: &Root, out: &Path) -> Result<Vec<String>, String> {
+    let path = root.join(STATE_FILE);
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let state = AppliedState::load(&path)?;
+    let mut written = Vec::new();
+    let mut put = |name: String, text: String| -> Result<(), String> {
+        let p = out.join(&name);
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+        written.push(name);
+        Ok(())
+    };
+    if state.slices.is_empty() {
+        return Ok(Vec::new());
+    }
+    put(
+        "gpu.slice".into(),
+        props::parent_slice_unit_file(STATE_FILE),
+    )?;
+    for (team, spec) in &state.slices {
+        // The state file is ours, but a hand-edited one must not make us write units outside
+        // the gpu-*.slice namespace.
+        if !crate::policy::valid_team_name(team) {
+            eprintln!("gpuctl-generator: {STATE_FILE}: skipping invalid team name {team:?}");
+            continue;
+        }
+        put(
+            props::slice_unit(team),
+            props::slice_unit_file(team, spec, STATE_FILE),
+        )?;
+    }
+    Ok(written)
+}
+
+/// Entry point of the binary: `gpuctl-generator NORMAL [EARLY LATE]`. Returns the exit code.
+pub fn main_with(args: &[String], root: &Root) -> i32 {
+    let Some(normal) = args.first() else {
+        eprintln!("usage: gpuctl-generator NORMAL_DIR [EARLY_DIR LATE_DIR]");
+        return 2;
+    };
+    match generate(root, Path::new(normal)) {
+        Ok(_) => 0,
+        Err(e) => {
+            eprintln!("gpuctl-generator: {e}; no team slices generated");
+            0
+        }
+    }
+}

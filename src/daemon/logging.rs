@@ -1,0 +1,37 @@
+//! Logging: the journal with structured fields when running under systemd, stderr otherwise.
+//!
+//! Events carry `gpuctl_team`, `gpuctl_gpu` and `gpuctl_action` fields. tracing-journald
+//! upper-cases field names and by default prefixes them with `F_`; the prefix is switched off
+//! so they arrive as exactly `GPUCTL_TEAM=`, `GPUCTL_GPU=`, `GPUCTL_ACTION=`
+//! (`journalctl GPUCTL_TEAM=infer`).
+
+use tracing_subscriber::prelude::*;
+use tracing_subscriber::EnvFilter;
+
+/// Install the global subscriber. `level` (from `--log-level`) wins over `GPUCTL_LOG`; both take
+/// `EnvFilter` syntax (`debug`, `gpuctl=trace`); the default is `info`.
+pub fn init(level: Option<&str>) -> Result<(), String> {
+    let spec = level
+        .map(str::to_string)
+        .or_else(|| std::env::var("GPUCTL_LOG").ok())
+        .unwrap_or_else(|| "info".into());
+    let filter = EnvFilter::try_new(&spec).map_err(|e| format!("log level {spec:?}: {e}"))?;
+    // JOURNAL_STREAM is set by systemd when stderr goes to the journal: log natively there
+    // so the fields survive; anywhere else, human-readable stderr.
+    let journald = std::env::var_os("JOURNAL_STREAM")
+        .is_some()
+        .then(|| tracing_journald::layer().ok())
+        .flatten()
+        .map(|l| {
+            l.with_field_prefix(None)
+                .with_syslog_identifier("gpuctld".into())
+        });
+    let registry = tracing_subscriber::registry().with(filter);
+    match journald {
+        Some(j) => registry.with(j).try_init(),
+        None => registry
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
+            .try_init(),
+    }
+    .map_err(|e| e.to_string())
+}

@@ -1,0 +1,385 @@
+//! `gpuctld`: the agent that keeps the host matching the policy.
+//!
+//! One tokio current-thread runtime, no busy polling. Reconciles run on a blocking thread (the
+//! effectors are synchronous) while the runtime thread keeps serving D-Bus and the watchdog.
+//! Triggers: start, `SIGHUP` (`systemctl reload`), inotify on the policy directories
+//! (debounced), the D-Bus `Reload`/`Apply` methods, systemd removing a `gpu-*.slice` or
+//! `gpuctl-mps@*` unit, and a slow drift timer. Queued triggers coalesce into one run.
+//!
+//! A policy that fails to load never replaces the last good one: that stays in force (in memory
+//! and in `/var/lib/gpuctl/last-good/`), and the error goes to `STATUS=`, the journal and
+//! `Status`.
+
+use crate::paths::Root;
+use crate::policy::Policy;
+use crate::systemd::client::BlockingSystemd;
+use crate::systemd::{mps, props, Systemd};
+use futures_lite::StreamExt;
+use reconcile::{ReconcileReport, Reconciler, SliceReconciler};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{mpsc, oneshot};
+use tracing::{debug, error, info, warn};
+
+pub mod generator;
+pub mod interim_policy;
+pub mod logging;
+pub mod reconcile;
+pub mod state;
+pub mod watch;
+
+/// Seconds since the epoch.
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+/// Load the policy from the standard places under `root`; the error is one line naming file,
+/// line and key.
+///
+/// THE switch point for the real loader: replace the body with `crate::policy::load(root)`
+/// (policy or first error diagnostic) at merge; nothing else reads policy files.
+pub fn load_policy(root: &Root) -> Result<Policy, String> {
+    interim_policy::load(root)
+}
+
+/// Daemon settings.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Root for every host path.
+    pub root: Root,
+    /// Drift timer period.
+    pub drift: Duration,
+    /// inotify / unit-signal debounce.
+    pub debounce: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            root: Root::default(),
+            drift: Duration::from_secs(300),
+            debounce: Duration::from_millis(300),
+        }
+    }
+}
+
+/// What the D-Bus API and `STATUS=` show.
+#[derive(Debug, Clone, Default)]
+pub struct Shared {
+    /// The one-line truth (also `STATUS=` and the `StatusText` property).
+    pub status_text: String,
+    /// Last reconcile.
+    pub last_report: Option<ReconcileReport>,
+    /// Last policy load error, cleared by a good load.
+    pub policy_error: Option<String>,
+    /// The policy in force.
+    pub policy: Option<Policy>,
+    /// `current` or `last-good`.
+    pub policy_origin: Option<&'static str>,
+    /// Wall-clock µs when the latest reconcile started; with `busy`, lets a caller wait for
+    /// "a reconcile that started after my change has finished".
+    pub cycle_started_us: u64,
+    /// A reconcile is running.
+    pub busy: bool,
+    /// Units whose removal by systemd should trigger a reconcile.
+    pub expected_units: std::collections::BTreeSet<String>,
+}
+
+/// Wall-clock microseconds since the epoch.
+pub fn unix_now_us() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// Requests to the reconcile loop.
+#[derive(Debug)]
+pub enum Request {
+    /// Reload the policy and reconcile; the report goes to `reply`.
+    Reconcile {
+        /// Why (for the journal).
+        reason: String,
+        /// Who waits for the result.
+        reply: Option<oneshot::Sender<ReconcileReport>>,
+    },
+    /// Dry run against the policy on disk (or the last good one).
+    Plan {
+        /// Where the report goes.
+        reply: oneshot::Sender<ReconcileReport>,
+    },
+}
+
+type SharedReconciler = Arc<Mutex<Box<dyn Reconciler>>>;
+
+fn notify(states: &[sd_notify::NotifyState<'_>]) {
+    // Not under systemd (tests, a terminal) NOTIFY_SOCKET is unset and this is a no-op.
+    if let Err(e) = sd_notify::notify(false, states) {
+        debug!("sd_notify: {e}");
+    }
+}
+
+struct Looper {
+    root: Root,
+    shared: Arc<Mutex<Shared>>,
+    reconciler: SharedReconciler,
+    last_good: Option<Policy>,
+    conn: zbus::Connection,
+}
+
+impl Looper {
+    /// Load, keeping the last good policy on failure. Returns the policy to act on.
+    fn load(&mut self) -> Option<Policy> {
+        let lg_path = self.root.join(state::LAST_GOOD);
+        match load_policy(&self.root) {
+            Ok(p) => {
+                if self.last_good.as_ref() != Some(&p) {
+                    if let Err(e) = state::save_last_good(&lg_path, &p) {
+                        warn!("cannot save last good policy: {e}");
+                    }
+                }
+                self.last_good = Some(p.clone());
+                let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+                sh.policy_error = None;
+                sh.policy = Some(p.clone());
+                sh.policy_origin = Some("current");
+                Some(p)
+            }
+            Err(e) => {
+                error!(gpuctl_action = "load-policy", "policy error: {e}");
+                if self.last_good.is_none() {
+                    // After a restart the in-memory copy is gone; the disk copy is the memory.
+                    self.last_good = state::load_last_good(&lg_path);
+                }
+                let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+                sh.policy_error = Some(e);
+                sh.policy = self.last_good.clone();
+                sh.policy_origin = self.last_good.as_ref().map(|_| "last-good");
+                self.last_good.clone()
+            }
+        }
+    }
+
+    async fn cycle(&mut self, reason: &str) -> ReconcileReport {
+        info!(gpuctl_action = "reconcile", "reconcile ({reason})");
+        {
+            let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.busy = true;
+            sh.cycle_started_us = unix_now_us();
+        }
+        let policy = self.load();
+        let report = match policy {
+            Some(p) => {
+                let rec = self.reconciler.clone();
+                tokio::task::spawn_blocking(move || {
+                    rec.lock().unwrap_or_else(|e| e.into_inner()).reconcile(&p)
+                })
+                .await
+                .unwrap_or_else(|e| ReconcileReport {
+                    errors: vec![format!("reconciler panicked: {e}")],
+                    at: unix_now(),
+                    ..Default::default()
+                })
+            }
+            None => ReconcileReport {
+                errors: vec!["no valid policy yet; nothing applied".into()],
+                at: unix_now(),
+                ..Default::default()
+            },
+        };
+        for c in &report.changes {
+            info!(gpuctl_action = "change", "{c}");
+        }
+        for e in &report.errors {
+            error!(gpuctl_action = "reconcile", "{e}");
+        }
+        let text = {
+            let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.status_text = match (&sh.policy_error, &sh.policy_origin) {
+                (Some(e), Some(_)) => format!("policy error in {e} — last good policy in force"),
+                (Some(e), None) => {
+                    format!("policy error in {e} — no good policy yet, nothing applied")
+                }
+                (None, _) => report.summary(),
+            };
+            sh.last_report = Some(report.clone());
+            if !report.units.is_empty() || report.converged() {
+                sh.expected_units = report.units.iter().cloned().collect();
+            }
+            sh.busy = false;
+            sh.status_text.clone()
+        };
+        notify(&[sd_notify::NotifyState::Status(&text)]);
+        crate::dbus_api::status_text_changed(&self.conn).await;
+        info!(gpuctl_action = "reconciled", "{text}");
+        report
+    }
+
+    async fn plan(&mut self) -> ReconcileReport {
+        let Some(p) = self.load() else {
+            return ReconcileReport {
+                errors: vec!["no valid policy".into()],
+                ..Default::default()
+            };
+        };
+        let rec = self.reconciler.clone();
+        tokio::task::spawn_blocking(move || rec.lock().unwrap_or_else(|e| e.into_inner()).plan(&p))
+            .await
+            .unwrap_or_default()
+    }
+}
+
+/// Forward systemd's removal of our units (someone stopped a team slice or MPS daemon and it
+/// was garbage-collected) as reconcile triggers.
+async fn watch_units(sd: Systemd, shared: Arc<Mutex<Shared>>, tx: mpsc::UnboundedSender<Request>) {
+    let Ok(mut removed) = sd.manager().receive_unit_removed().await else {
+        warn!("cannot subscribe to UnitRemoved; relying on the drift timer");
+        return;
+    };
+    while let Some(sig) = removed.next().await {
+        let Ok(args) = sig.args() else { continue };
+        let id = args.id();
+        // systemd also emits UnitRemoved when it garbage-collects a unit that was merely
+        // looked at (`systemctl status gpuctl-mps@x-0` loads a not-found unit), so only units
+        // the policy wants count.
+        let ours = props::team_of_slice(id).is_some() || mps::instance_of(id).is_some();
+        let expected = shared
+            .lock()
+            .map(|s| s.expected_units.contains(id.as_str()))
+            .unwrap_or(false);
+        if ours && expected {
+            let _ = tx.send(Request::Reconcile {
+                reason: format!("{id} removed"),
+                reply: None,
+            });
+        }
+    }
+}
+
+async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<Request>) {
+    let mut w = match watch::PolicyWatch::new(root) {
+        Ok(w) => w,
+        Err(e) => {
+            warn!("inotify unavailable ({e}); relying on SIGHUP and the drift timer");
+            return;
+        }
+    };
+    loop {
+        if w.changed().await.is_err() {
+            return;
+        }
+        // Debounce: config tools write several files, editors rename twice.
+        while let Ok(Ok(())) = tokio::time::timeout(debounce, w.changed()).await {}
+        let _ = tx.send(Request::Reconcile {
+            reason: "policy files changed".into(),
+            reply: None,
+        });
+    }
+}
+
+/// Run the daemon until SIGTERM/SIGINT.
+pub async fn run(opts: Options) -> Result<(), String> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let conn = zbus::Connection::system()
+        .await
+        .map_err(|e| format!("system bus: {e}"))?;
+    let sd = Systemd::with_connection(conn.clone(), opts.root.clone())
+        .await
+        .map_err(|e| e.to_string())?;
+    let shared = Arc::new(Mutex::new(Shared::default()));
+    let (tx, mut rx) = mpsc::unbounded_channel();
+
+    let effector = BlockingSystemd::new(tokio::runtime::Handle::current(), Arc::new(sd.clone()));
+    let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(SliceReconciler::new(
+        effector,
+        opts.root.clone(),
+    ))));
+
+    crate::dbus_api::serve(
+        &conn,
+        shared.clone(),
+        tx.clone(),
+        sd.clone(),
+        opts.root.clone(),
+    )
+    .await
+    .map_err(|e| format!("D-Bus API {}: {e}", crate::dbus_api::BUS_NAME))?;
+
+    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
+    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
+    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    tokio::spawn(watch_units(sd.clone(), shared.clone(), tx.clone()));
+    tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
+
+    let mut wd_usec = 0u64;
+    if sd_notify::watchdog_enabled(false, &mut wd_usec) && wd_usec > 0 {
+        let period = Duration::from_micros(wd_usec / 2);
+        tokio::spawn(async move {
+            let mut t = tokio::time::interval(period);
+            loop {
+                t.tick().await;
+                notify(&[sd_notify::NotifyState::Watchdog]);
+            }
+        });
+    }
+
+    let mut looper = Looper {
+        root: opts.root.clone(),
+        shared,
+        reconciler,
+        last_good: None,
+        conn,
+    };
+    looper.cycle("start").await;
+    notify(&[sd_notify::NotifyState::Ready]);
+
+    let mut drift = tokio::time::interval_at(tokio::time::Instant::now() + opts.drift, opts.drift);
+    loop {
+        let first = tokio::select! {
+            r = rx.recv() => match r { Some(r) => r, None => break },
+            _ = hup.recv() => {
+                notify(&[sd_notify::NotifyState::Reloading]);
+                let mono = sd_notify::NotifyState::monotonic_usec_now().ok();
+                if let Some(m) = mono { notify(&[m]); }
+                looper.cycle("SIGHUP").await;
+                notify(&[sd_notify::NotifyState::Ready]);
+                continue;
+            }
+            _ = drift.tick() => Request::Reconcile { reason: "drift timer".into(), reply: None },
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        };
+        // Coalesce everything already queued into one run.
+        let mut waiters = Vec::new();
+        let mut reasons = Vec::new();
+        let mut plans = Vec::new();
+        let mut pending = vec![first];
+        while let Ok(r) = rx.try_recv() {
+            pending.push(r);
+        }
+        for r in pending {
+            match r {
+                Request::Reconcile { reason, reply } => {
+                    reasons.push(reason);
+                    waiters.extend(reply);
+                }
+                Request::Plan { reply } => plans.push(reply),
+            }
+        }
+        if !reasons.is_empty() {
+            reasons.dedup();
+            let report = looper.cycle(&reasons.join(", ")).await;
+            for w in waiters {
+                let _ = w.send(report.clone());
+            }
+        }
+        for p in plans {
+            let report = looper.plan().await;
+            let _ = p.send(report);
+        }
+    }
+    notify(&[sd_notify::NotifyState::Stopping]);
+    info!("stopping");
+    Ok(())
+}

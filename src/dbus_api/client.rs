@@ -1,0 +1,34 @@
+//! Client side of `org.gpuctl.Agent1`, for `gpuctl status` and friends.
+
+use zbus::{proxy, Connection};
+
+/// Proxy of gpuctld's interface.
+#[proxy(
+    interface = "org.gpuctl.Agent1",
+    default_service = "org.gpuctl.Agent1",
+    default_path = "/org/gpuctl/Agent1",
+    gen_blocking = false
+)]
+pub trait Agent1 {
+    /// Status JSON.
+    fn status(&self) -> zbus::Result<String>;
+    /// Dry-run JSON.
+    fn plan(&self) -> zbus::Result<String>;
+    /// Reconcile now (root only).
+    fn apply(&self) -> zbus::Result<String>;
+    /// Reload and reconcile (root only).
+    fn reload(&self) -> zbus::Result<String>;
+    /// One-line status.
+    #[zbus(property)]
+    fn status_text(&self) -> zbus::Result<String>;
+}
+
+/// `Status()` of the running daemon, as JSON text.
+pub async fn status(conn: &Connection) -> zbus::Result<String> {
+    Agent1Proxy::new(conn).await?.status().await
+}
+
+/// `Reload()`; fails with `AccessDenied` for non-root callers.
+pub async fn reload(conn: &Connection) -> zbus::Result<String> {
+    Agent1Proxy::new(conn).await?.reload().await
+}

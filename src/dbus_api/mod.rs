@@ -1,0 +1,263 @@
+//! gpuctld's D-Bus API: `org.gpuctl.Agent1` at `/org/gpuctl/Agent1` on the system bus.
+//!
+//! | member | kind | who |
+//! |---|---|---|
+//! | `Status() -> s` | method, JSON | anyone |
+//! | `Plan() -> s` | method, JSON dry run | anyone |
+//! | `Apply() -> s` | method, JSON report | root |
+//! | `Reload() -> s` | method, JSON report | root |
+//! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
+//! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
+//!
+//! Root-only methods ask the bus daemon for the caller's uid (`GetConnectionUnixUser` on the
+//! message's sender), never trusting anything the client sends. The bus policy file
+//! (`docs/units-draft/org.gpuctl.Agent1.conf`) lets only root own the name.
+
+use crate::daemon::reconcile::{desired, HostFacts, ReconcileReport};
+use crate::daemon::{Request, Shared};
+use crate::paths::Root;
+use crate::systemd::{mps, Systemd};
+use serde_json::{json, Value};
+use std::sync::{Arc, Mutex};
+use tokio::sync::{mpsc, oneshot};
+use zbus::{fdo, interface, message::Header, Connection};
+
+pub mod client;
+
+/// Well-known bus name.
+pub const BUS_NAME: &str = "org.gpuctl.Agent1";
+/// Object path.
+pub const OBJECT_PATH: &str = "/org/gpuctl/Agent1";
+
+/// The exported object.
+pub struct Agent {
+    shared: Arc<Mutex<Shared>>,
+    tx: mpsc::UnboundedSender<Request>,
+    sd: Systemd,
+    root: Root,
+}
+
+async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> fdo::Result<u32> {
+    let sender = hdr
+        .sender()
+        .ok_or_else(|| fdo::Error::AccessDenied("message has no sender".into()))?;
+    let dbus = fdo::DBusProxy::new(conn).await?;
+    dbus.get_connection_unix_user(sender.clone().into()).await
+}
+
+async fn require_root(conn: &Connection, hdr: &Header<'_>, what: &str) -> fdo::Result<()> {
+    match caller_uid(conn, hdr).await? {
+        0 => Ok(()),
+        uid => Err(fdo::Error::AccessDenied(format!(
+            "{what} is for root only (caller uid {uid})"
+        ))),
+    }
+}
+
+fn report_json(r: &ReconcileReport) -> String {
+    serde_json::to_string(&json!({
+        "converged": r.converged(),
+        "report": r,
+    }))
+    .unwrap_or_default()
+}
+
+impl Agent {
+    async fn request(&self, reason: &str) -> fdo::Result<ReconcileReport> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Reconcile {
+                reason: reason.into(),
+                reply: Some(reply),
+            })
+            .map_err(|_| fdo::Error::Failed("daemon is shutting down".into()))?;
+        rx.await
+            .map_err(|_| fdo::Error::Failed("reconcile was abandoned".into()))
+    }
+}
+
+#[interface(name = "org.gpuctl.Agent1")]
+impl Agent {
+    /// Everything `gpuctl status` shows, as JSON.
+    async fn status(&self) -> fdo::Result<String> {
+        Ok(status_json(&self.shared, &self.sd, &self.root)
+            .await
+            .to_string())
+    }
+
+    /// What a reconcile would change now, as JSON.
+    async fn plan(&self) -> fdo::Result<String> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(Request::Plan { reply })
+            .map_err(|_| fdo::Error::Failed("daemon is shutting down".into()))?;
+        let r = rx
+            .await
+            .map_err(|_| fdo::Error::Failed("plan was abandoned".into()))?;
+        Ok(report_json(&r))
+    }
+
+    /// Reconcile now (root only); returns the report as JSON.
+    async fn apply(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        require_root(conn, &hdr, "Apply").await?;
+        Ok(report_json(&self.request("D-Bus Apply").await?))
+    }
+
+    /// Reload the policy and reconcile (root only); returns the report as JSON.
+    async fn reload(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        require_root(conn, &hdr, "Reload").await?;
+        Ok(report_json(&self.request("D-Bus Reload").await?))
+    }
+
+    /// Wall-clock µs at which the latest reconcile started.
+    #[zbus(property)]
+    async fn last_reconcile_start_usec(&self) -> u64 {
+        self.shared.lock().map(|s| s.cycle_started_us).unwrap_or(0)
+    }
+
+    /// Whether a reconcile is running now.
+    #[zbus(property)]
+    async fn reconciling(&self) -> bool {
+        self.shared.lock().map(|s| s.busy).unwrap_or(false)
+    }
+
+    /// The one-line truth, as in `STATUS=`.
+    #[zbus(property)]
+    async fn status_text(&self) -> String {
+        self.shared
+            .lock()
+            .map(|s| s.status_text.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Export the object and take the bus name.
+pub async fn serve(
+    conn: &Connection,
+    shared: Arc<Mutex<Shared>>,
+    tx: mpsc::UnboundedSender<Request>,
+    sd: Systemd,
+    root: Root,
+) -> zbus::Result<()> {
+    conn.object_server()
+        .at(
+            OBJECT_PATH,
+            Agent {
+                shared,
+                tx,
+                sd,
+                root,
+            },
+        )
+        .await?;
+    conn.request_name(BUS_NAME).await?;
+    Ok(())
+}
+
+/// Emit `PropertiesChanged` for `StatusText` (best effort: status is also in `STATUS=`).
+pub async fn status_text_changed(conn: &Connection) {
+    if let Ok(iface) = conn
+        .object_server()
+        .interface::<_, Agent>(OBJECT_PATH)
+        .await
+    {
+        let _ = iface
+            .get()
+            .await
+            .status_text_changed(iface.signal_emitter())
+            .await;
+    }
+}
+
+/// Build the `Status` document: per team its GPUs, live slice limits and usage, MPS units; per
+/// GPU its owners; the last reconcile and the last policy error.
+pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, root: &Root) -> Value {
+    let sh = shared.lock().map(|s| s.clone()).unwrap_or_default();
+    let host = HostFacts::probe(root);
+    let want = sh.policy.as_ref().map(|p| desired(p, &host));
+    let mut teams = serde_json::Map::new();
+    if let (Some(p), Some(w)) = (&sh.policy, &want) {
+        let live_mps = sd.list_mps().await.unwrap_or_default();
+        for name in p.teams.keys() {
+            let live = sd.read_slice(name).await.ok().flatten();
+            let usage = sd.slice_usage(name).await.ok();
+            let mut mps_units = Vec::new();
+            for inst in w
+                .mps
+                .keys()
+                .filter(|i| i.rsplit_once('-').map(|x| x.0) == Some(name))
+            {
+                let unit = mps::unit(inst);
+                let state = sd.unit_state(&unit).await.ok().flatten();
+                mps_units.push(json!({
+                    "unit": unit,
+                    "active_state": state.as_ref().map(|s| s.active.clone()),
+                    "sub_state": state.map(|s| s.sub),
+                    "settings": live_mps.iter().find(|(i, _)| i == inst).map(|(_, s)| s),
+                }));
+            }
+            teams.insert(
+                name.clone(),
+                json!({
+                    "gpus": w.devices.get(name).cloned().unwrap_or_default(),
+                    "mig_instances": [],
+                    "slice": {
+                        "unit": format!("gpu-{name}.slice"),
+                        "wanted": w.slices.get(name),
+                        "live": live,
+                        "active_state": usage.as_ref().map(|u| u.active_state.clone()),
+                        "memory_current": usage.as_ref().and_then(|u| u.memory_current),
+                        "tasks_current": usage.as_ref().and_then(|u| u.tasks_current),
+                    },
+                    "mps": mps_units,
+                }),
+            );
+        }
+    }
+    let gpus: Vec<Value> = host
+        .gpus
+        .iter()
+        .map(|(index, minor)| {
+            let owners: Vec<&String> = want
+                .as_ref()
+                .map(|w| {
+                    w.devices
+                        .iter()
+                        .filter(|(_, d)| d.contains(index))
+                        .map(|(t, _)| t)
+                        .collect()
+                })
+                .unwrap_or_default();
+            json!({
+                "index": index,
+                "node": format!("/dev/nvidia{minor}"),
+                "teams": owners,
+                // MIG state comes from the NVML observer once merged.
+                "mig": null,
+            })
+        })
+        .collect();
+    json!({
+        "status": sh.status_text,
+        "policy_error": sh.policy_error,
+        "policy_in_force": sh.policy_origin,
+        "policy_sources": sh.policy.as_ref().map(|p| p.sources.clone()),
+        "last_reconcile": sh.last_report.as_ref().map(|r| json!({
+            "at": r.at,
+            "result": if r.converged() { "converged" } else { "errors" },
+            "changes": r.changes,
+            "errors": r.errors,
+            "warnings": r.warnings,
+        })),
+        "teams": teams,
+        "gpus": gpus,
+    })
+}

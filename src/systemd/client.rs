@@ -1,0 +1,585 @@
+//! The async systemd client, and [`BlockingSystemd`], its [`SliceEffector`] face.
+
+use super::proxy::{ManagerProxy, SliceProxy, UnitProxy, UnitRow};
+use super::{mps, props, SliceEffector, SliceUsage, SystemdError};
+use crate::observe::{MpsSpec, SliceSpec};
+use crate::paths::Root;
+use futures_lite::StreamExt;
+use std::future::Future;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+use zbus::zvariant::{OwnedObjectPath, Value};
+use zbus::Connection;
+
+/// `ActiveState` values counted as running.
+const RUNNING: [&str; 3] = ["active", "activating", "reloading"];
+
+/// Load, active and sub state of a unit.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct UnitState {
+    /// `LoadState`.
+    pub load: String,
+    /// `ActiveState`.
+    pub active: String,
+    /// `SubState`.
+    pub sub: String,
+}
+
+impl UnitState {
+    /// Active, activating or reloading.
+    pub fn is_running(&self) -> bool {
+        RUNNING.contains(&self.active.as_str())
+    }
+}
+
+/// A client of systemd's manager on one bus connection.
+///
+/// Host files it writes (MPS env files, drop-ins) and cgroupfs reads resolve under `root`, so
+/// the same code runs against a temp dir in tests.
+#[derive(Debug, Clone)]
+pub struct Systemd {
+    conn: Connection,
+    mgr: ManagerProxy<'static>,
+    root: Root,
+    job_timeout: Duration,
+}
+
+fn bus<'a>(unit: &'a str, op: &'static str) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
+    move |source| SystemdError::Bus {
+        unit: unit.to_string(),
+        op,
+        source: Box::new(source),
+    }
+}
+
+fn is_no_such_unit(e: &zbus::Error) -> bool {
+    matches!(e, zbus::Error::MethodError(name, _, _)
+        if name.as_str() == "org.freedesktop.systemd1.NoSuchUnit")
+}
+
+impl Systemd {
+    /// Connect to the system bus and subscribe to manager signals.
+    pub async fn system(root: Root) -> Result<Self, SystemdError> {
+        let conn = Connection::system()
+            .await
+            .map_err(bus("org.freedesktop.systemd1", "connect"))?;
+        Self::with_connection(conn, root).await
+    }
+
+    /// Use an existing connection (the daemon shares one with its D-Bus API).
+    pub async fn with_connection(conn: Connection, root: Root) -> Result<Self, SystemdError> {
+        let mgr = ManagerProxy::new(&conn)
+            .await
+            .map_err(bus("org.freedesktop.systemd1", "proxy"))?;
+        // Without Subscribe systemd may not emit JobRemoved/UnitRemoved to us at all.
+        mgr.subscribe()
+            .await
+            .map_err(bus("org.freedesktop.systemd1", "Subscribe"))?;
+        Ok(Systemd {
+            conn,
+            mgr,
+            root,
+            job_timeout: Duration::from_secs(90),
+        })
+    }
+
+    /// How long job waits may take (default 90 s, systemd's default start timeout).
+    pub fn set_job_timeout(&mut self, t: Duration) {
+        self.job_timeout = t;
+    }
+
+    /// The bus connection.
+    pub fn connection(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// The manager proxy, for signal streams (`receive_unit_removed`, …).
+    pub fn manager(&self) -> &ManagerProxy<'static> {
+        &self.mgr
+    }
+
+    /// Object path of a loaded unit; `None` when systemd has no such unit in memory.
+    pub async fn unit_path(&self, name: &str) -> Result<Option<OwnedObjectPath>, SystemdError> {
+        match self.mgr.get_unit(name).await {
+            Ok(p) => Ok(Some(p)),
+            Err(e) if is_no_such_unit(&e) => Ok(None),
+            Err(e) => Err(bus(name, "GetUnit")(e)),
+        }
+    }
+
+    /// Object path of a unit, loading it from disk if needed.
+    pub async fn load_unit(&self, name: &str) -> Result<OwnedObjectPath, SystemdError> {
+        self.mgr
+            .load_unit(name)
+            .await
+            .map_err(bus(name, "LoadUnit"))
+    }
+
+    async fn unit_proxy(&self, path: OwnedObjectPath) -> Result<UnitProxy<'static>, zbus::Error> {
+        UnitProxy::builder(&self.conn).path(path)?.build().await
+    }
+
+    /// States of a loaded unit; `None` when it is not in memory.
+    pub async fn unit_state(&self, name: &str) -> Result<Option<UnitState>, SystemdError> {
+        let Some(path) = self.unit_path(name).await? else {
+            return Ok(None);
+        };
+        let get = async {
+            let u = self.unit_proxy(path).await?;
+            Ok::<_, zbus::Error>(UnitState {
+                load: u.load_state().await?,
+                active: u.active_state().await?,
+                sub: u.sub_state().await?,
+            })
+        };
+        get.await.map(Some).map_err(bus(name, "Get(ActiveState)"))
+    }
+
+    /// Queue a job with `issue` and wait for its `JobRemoved`; `Ok` only for result `done`.
+    ///
+    /// The signal stream is opened *before* the job is queued: a short job can finish before
+    /// the method reply arrives, and its signal would otherwise be lost.
+    async fn run_job<F>(&self, unit: &str, op: &'static str, issue: F) -> Result<(), SystemdError>
+    where
+        F: Future<Output = zbus::Result<OwnedObjectPath>>,
+    {
+        let mut removed = self
+            .mgr
+            .receive_job_removed()
+            .await
+            .map_err(bus(unit, "AddMatch(JobRemoved)"))?;
+        let job = issue.await.map_err(bus(unit, op))?;
+        let wait = async {
+            while let Some(sig) = removed.next().await {
+                let Ok(args) = sig.args() else { continue };
+                if *args.job() == job {
+                    return Some(args.result().clone());
+                }
+            }
+            None
+        };
+        match tokio::time::timeout(self.job_timeout, wait).await {
+            Ok(Some(result)) if result == "done" => Ok(()),
+            Ok(Some(result)) => Err(SystemdError::Job {
+                unit: unit.to_string(),
+                op,
+                result,
+            }),
+            Ok(None) => Err(SystemdError::Job {
+                unit: unit.to_string(),
+                op,
+                result: "signal stream closed".into(),
+            }),
+            Err(_) => Err(SystemdError::JobTimeout {
+                unit: unit.to_string(),
+                op,
+                secs: self.job_timeout.as_secs(),
+            }),
+        }
+    }
+
+    /// Start a unit (mode `replace`) and wait for the job.
+    pub async fn start_unit(&self, name: &str) -> Result<(), SystemdError> {
+        self.run_job(name, "StartUnit", self.mgr.start_unit(name, "replace"))
+            .await
+    }
+
+    /// Stop a unit (mode `replace`) and wait for the job.
+    pub async fn stop_unit(&self, name: &str) -> Result<(), SystemdError> {
+        self.run_job(name, "StopUnit", self.mgr.stop_unit(name, "replace"))
+            .await
+    }
+
+    /// Restart a unit (mode `replace`) and wait for the job.
+    pub async fn restart_unit(&self, name: &str) -> Result<(), SystemdError> {
+        self.run_job(name, "RestartUnit", self.mgr.restart_unit(name, "replace"))
+            .await
+    }
+
+    /// `SetUnitProperties`. `runtime = true` writes drop-ins to `/run/systemd/system.control/`.
+    pub async fn set_unit_properties(
+        &self,
+        name: &str,
+        runtime: bool,
+        properties: &[(&str, Value<'_>)],
+    ) -> Result<(), SystemdError> {
+        self.mgr
+            .set_unit_properties(name, runtime, properties)
+            .await
+            .map_err(bus(name, "SetUnitProperties"))
+    }
+
+    /// Start a transient unit with properties and wait for its start job.
+    pub async fn start_transient(
+        &self,
+        name: &str,
+        properties: &[(&str, Value<'_>)],
+    ) -> Result<(), SystemdError> {
+        self.run_job(
+            name,
+            "StartTransientUnit",
+            self.mgr.start_transient_unit(name, "fail", properties, &[]),
+        )
+        .await
+    }
+
+    /// Put running `pids` into a new transient scope `name` inside `slice` (issue 6's
+    /// `gpuctl shell`); extra properties (e.g. `Description`) are appended.
+    pub async fn start_scope(
+        &self,
+        name: &str,
+        slice: &str,
+        pids: &[u32],
+        extra: Vec<(&str, Value<'_>)>,
+    ) -> Result<(), SystemdError> {
+        if !name.ends_with(".scope") {
+            return Err(SystemdError::Invalid {
+                unit: name.into(),
+                message: "a scope name must end in .scope".into(),
+            });
+        }
+        let mut p: Vec<(&str, Value<'_>)> = vec![
+            ("Slice", Value::from(slice)),
+            ("PIDs", Value::from(pids.to_vec())),
+        ];
+        p.extend(extra);
+        self.start_transient(name, &p).await
+    }
+
+    /// Loaded units matching glob `patterns` whose load/active/sub state is in `states`
+    /// (empty: any state).
+    pub async fn list_units(
+        &self,
+        states: &[&str],
+        patterns: &[&str],
+    ) -> Result<Vec<UnitRow>, SystemdError> {
+        self.mgr
+            .list_units_by_patterns(states, patterns)
+            .await
+            .map_err(bus(&patterns.join(" "), "ListUnitsByPatterns"))
+    }
+
+    /// `daemon-reload`: re-runs generators and reloads unit files. Blocks until systemd is done.
+    pub async fn reload(&self) -> Result<(), SystemdError> {
+        self.mgr
+            .reload()
+            .await
+            .map_err(bus("org.freedesktop.systemd1", "Reload"))
+    }
+
+    /// See [`SliceEffector::set_slice`].
+    pub async fn set_slice(&self, team: &str, spec: &SliceSpec) -> Result<(), SystemdError> {
+        let unit = props::slice_unit(team);
+        let p = props::slice_properties(team, spec).map_err(|message| SystemdError::Invalid {
+            unit: unit.clone(),
+            message,
+        })?;
+        self.set_unit_properties(&unit, true, &p).await?;
+        // An implicit or freshly loaded slice is inactive and has no cgroup yet; starting it
+        // makes the limits live in cgroupfs now rather than when the first job arrives.
+        let running = self
+            .unit_state(&unit)
+            .await?
+            .is_some_and(|s| s.is_running());
+        if !running {
+            self.start_unit(&unit).await?;
+        }
+        Ok(())
+    }
+
+    /// The raw `Slice` properties of `gpu-<team>.slice`, `None` when it is not loaded.
+    pub async fn read_slice_raw(
+        &self,
+        team: &str,
+    ) -> Result<Option<props::RawSlice>, SystemdError> {
+        let unit = props::slice_unit(team);
+        let Some(path) = self.unit_path(&unit).await? else {
+            return Ok(None);
+        };
+        let read = async {
+            let u = self.unit_proxy(path.clone()).await?;
+            if u.load_state().await? != "loaded" {
+                return Ok(None);
+            }
+            let s = SliceProxy::builder(&self.conn).path(path)?.build().await?;
+            Ok::<_, zbus::Error>(Some(props::RawSlice {
+                memory_max: s.memory_max().await?,
+                memory_high: s.memory_high().await?,
+                cpu_weight: s.cpu_weight().await?,
+                allowed_cpus: s.allowed_cpus().await?,
+                tasks_max: s.tasks_max().await?,
+                io_weight: s.io_weight().await?,
+                device_policy: s.device_policy().await?,
+                device_allow: s.device_allow().await?,
+            }))
+        };
+        read.await.map_err(bus(&unit, "Get(Slice properties)"))
+    }
+
+    /// See [`SliceEffector::read_slice`].
+    pub async fn read_slice(&self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
+        Ok(self
+            .read_slice_raw(team)
+            .await?
+            .and_then(|r| props::spec_from_raw(&r)))
+    }
+
+    /// Teams with a running `gpu-<team>.slice`.
+    ///
+    /// Inactive slices are left out: a slice that was stopped (team removed) but is still in
+    /// memory because of its unit file holds nothing and must not be planned away again.
+    pub async fn list_slices(&self) -> Result<Vec<String>, SystemdError> {
+        let rows = self.list_units(&RUNNING, &["gpu-*.slice"]).await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| props::team_of_slice(&r.0).map(str::to_string))
+            .collect())
+    }
+
+    /// Current usage of a team slice, from the unit and its cgroup (read with cgroups-rs).
+    pub async fn slice_usage(&self, team: &str) -> Result<SliceUsage, SystemdError> {
+        let unit = props::slice_unit(team);
+        let active_state = self
+            .unit_state(&unit)
+            .await?
+            .map(|s| s.active)
+            .unwrap_or_else(|| "not-loaded".into());
+        let (memory_current, tasks_current) = cgroup_usage(&self.root, &props::slice_cgroup(team));
+        Ok(SliceUsage {
+            active_state,
+            memory_current,
+            tasks_current,
+        })
+    }
+
+    /// See [`SliceEffector::remove_slice`].
+    pub async fn remove_slice(&self, team: &str) -> Result<(), SystemdError> {
+        let unit = props::slice_unit(team);
+        let usage = self.slice_usage(team).await?;
+        if let Some(n) = usage.tasks_current.filter(|&n| n > 0) {
+            return Err(SystemdError::Invalid {
+                unit,
+                message: format!("{n} tasks still run in it; left in place"),
+            });
+        }
+        self.stop_unit(&unit).await
+    }
+
+    /// See [`SliceEffector::start_mps`].
+    pub async fn start_mps(&self, instance: &str, spec: &MpsSpec) -> Result<(), SystemdError> {
+        let unit = mps::unit(instance);
+        if !mps::valid_instance(instance) {
+            return Err(SystemdError::Invalid {
+                unit,
+                message: "instance must be <team>-<n>".into(),
+            });
+        }
+        let mut changed = write_if_changed(
+            &self.root.join(mps::env_path(instance)),
+            &mps::env_file(instance, spec),
+        )?;
+        changed |= write_if_changed(
+            &self.root.join(mps::ctl_path(instance)),
+            &mps::control_commands(spec),
+        )?;
+        // User= cannot come from the environment file; it needs a drop-in and a daemon-reload,
+        // so only teams with a dedicated MPS user pay for one.
+        let dropin = self
+            .root
+            .join(format!("/run/systemd/system/{unit}.d/50-gpuctl-user.conf"));
+        let dropin_changed = match &spec.user {
+            Some(u) => write_if_changed(&dropin, &format!("[Service]\nUser={u}\n"))?,
+            None => remove_if_exists(&dropin)?,
+        };
+        if dropin_changed {
+            self.reload().await?;
+            changed = true;
+        }
+        let running = self
+            .unit_state(&unit)
+            .await?
+            .is_some_and(|s| s.is_running());
+        match (running, changed) {
+            (true, false) => Ok(()),
+            (true, true) => self.restart_unit(&unit).await,
+            (false, _) => {
+                // A daemon that crashed too often sits in `failed`; clear it so start works.
+                let _ = self.mgr.reset_failed_unit(&unit).await;
+                self.start_unit(&unit).await
+            }
+        }
+    }
+
+    /// See [`SliceEffector::stop_mps`].
+    pub async fn stop_mps(&self, instance: &str) -> Result<(), SystemdError> {
+        self.stop_unit(&mps::unit(instance)).await?;
+        remove_if_exists(&self.root.join(mps::env_path(instance)))?;
+        remove_if_exists(&self.root.join(mps::ctl_path(instance)))?;
+        Ok(())
+    }
+
+    /// See [`SliceEffector::list_mps`].
+    pub async fn list_mps(&self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
+        let rows = self.list_units(&RUNNING, &["gpuctl-mps@*.service"]).await?;
+        let mut out = Vec::new();
+        for r in rows {
+            let Some(inst) = mps::instance_of(&r.0) else {
+                continue;
+            };
+            let path = self.root.join(mps::env_path(inst));
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            out.push((inst.to_string(), mps::parse_env(&text)));
+        }
+        Ok(out)
+    }
+}
+
+/// `memory.current` and `pids.current` of a cgroup (relative to the cgroup2 mount under `root`);
+/// `None` for values that cannot be read (no cgroup yet, controller not enabled).
+pub fn cgroup_usage(root: &Root, cgroup: &str) -> (Option<u64>, Option<u64>) {
+    use cgroups_rs::fs::memory::MemController;
+    use cgroups_rs::fs::pid::PidController;
+    let base = root.join("/sys/fs/cgroup");
+    let dir = base.join(cgroup);
+    if !dir.is_dir() {
+        return (None, None);
+    }
+    // memory_stat() reports 0 for an unreadable file, which would look like an idle slice;
+    // check the file first so "unknown" stays unknown.
+    let mem = dir.join("memory.current").exists().then(|| {
+        MemController::new(dir.clone(), base.clone(), true)
+            .memory_stat()
+            .usage_in_bytes
+    });
+    let pids = PidController::new(dir, base, true).get_pid_current().ok();
+    (mem, pids)
+}
+
+/// Atomically replace `path` with `content` (temp file + rename) unless it already holds it;
+/// returns whether it changed.
+pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, SystemdError> {
+    let io = |source| SystemdError::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    if std::fs::read_to_string(path).ok().as_deref() == Some(content) {
+        return Ok(false);
+    }
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    let tmp = path.with_extension("gpuctl-tmp");
+    std::fs::write(&tmp, content).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)?;
+    Ok(true)
+}
+
+fn remove_if_exists(path: &Path) -> Result<bool, SystemdError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(source) => Err(SystemdError::Io {
+            path: path.to_path_buf(),
+            source,
+        }),
+    }
+}
+
+/// [`SliceEffector`] over the async client, for code running on a blocking thread
+/// (`tokio::task::spawn_blocking`) while the runtime's own thread keeps driving the bus.
+///
+/// Calling it on a runtime thread panics (tokio refuses nested `block_on`).
+#[derive(Debug, Clone)]
+pub struct BlockingSystemd {
+    handle: tokio::runtime::Handle,
+    inner: Arc<Systemd>,
+}
+
+impl BlockingSystemd {
+    /// Wrap a client; `handle` is the runtime the client's connection lives on.
+    pub fn new(handle: tokio::runtime::Handle, inner: Arc<Systemd>) -> Self {
+        BlockingSystemd { handle, inner }
+    }
+
+    /// The async client.
+    pub fn inner(&self) -> &Arc<Systemd> {
+        &self.inner
+    }
+
+    /// Write the instance state under the client's root (used by the reconciler).
+    pub fn root(&self) -> &Root {
+        &self.inner.root
+    }
+}
+
+impl SliceEffector for BlockingSystemd {
+    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), SystemdError> {
+        self.handle.block_on(self.inner.set_slice(team, spec))
+    }
+    fn remove_slice(&mut self, team: &str) -> Result<(), SystemdError> {
+        self.handle.block_on(self.inner.remove_slice(team))
+    }
+    fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
+        self.handle.block_on(self.inner.read_slice(team))
+    }
+    fn list_slices(&mut self) -> Result<Vec<String>, SystemdError> {
+        self.handle.block_on(self.inner.list_slices())
+    }
+    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), SystemdError> {
+        self.handle.block_on(self.inner.start_mps(instance, spec))
+    }
+    fn stop_mps(&mut self, instance: &str) -> Result<(), SystemdError> {
+        self.handle.block_on(self.inner.stop_mps(instance))
+    }
+    fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
+        self.handle.block_on(self.inner.list_mps())
+    }
+    fn stop_units(&mut self, units: &[String]) -> Result<(), SystemdError> {
+        for u in units {
+            self.handle.block_on(self.inner.stop_unit(u))?;
+        }
+        Ok(())
+    }
+    fn start_units(&mut self, units: &[String]) -> Result<(), SystemdError> {
+        for u in units {
+            self.handle.block_on(self.inner.start_unit(u))?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_usage_reads_under_root() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let cg = root.join("/sys/fs/cgroup/gpu.slice/gpu-infer.slice");
+        assert_eq!(
+            cgroup_usage(&root, "gpu.slice/gpu-infer.slice"),
+            (None, None)
+        );
+        std::fs::create_dir_all(&cg).unwrap();
+        std::fs::write(cg.join("memory.current"), "4096\n").unwrap();
+        std::fs::write(cg.join("pids.current"), "3\n").unwrap();
+        assert_eq!(
+            cgroup_usage(&root, "gpu.slice/gpu-infer.slice"),
+            (Some(4096), Some(3))
+        );
+    }
+
+    #[test]
+    fn write_if_changed_reports_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("a/b.env");
+        assert!(write_if_changed(&p, "x=1\n").unwrap());
+        assert!(!write_if_changed(&p, "x=1\n").unwrap());
+        assert!(write_if_changed(&p, "x=2\n").unwrap());
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "x=2\n");
+        assert!(remove_if_exists(&p).unwrap());
+        assert!(!remove_if_exists(&p).unwrap());
+    }
+}

@@ -1,0 +1,179 @@
+//! MPS daemon instances: names and the two files gpuctld writes per instance.
+//!
+//! `gpuctl-mps@<inst>.service` reads `/run/gpuctl/mps/<inst>.env` (`EnvironmentFile=`) and, in
+//! `ExecStartPost=`, pipes `/run/gpuctl/mps/<inst>.ctl` into `nvidia-cuda-mps-control`. The
+//! limits live in the unit's own start sequence rather than in gpuctld so that a daemon systemd
+//! restarts after a crash (`Restart=on-failure`) gets them again without gpuctld's help.
+
+use crate::observe::MpsSpec;
+use std::fmt::Write as _;
+
+/// Runtime directory of all MPS instances.
+pub const MPS_RUN_DIR: &str = "/run/gpuctl/mps";
+/// Log directory root of all MPS instances.
+pub const MPS_LOG_DIR: &str = "/var/log/gpuctl/mps";
+
+/// `gpuctl-mps@<instance>.service`.
+pub fn unit(instance: &str) -> String {
+    format!("gpuctl-mps@{instance}.service")
+}
+
+/// The instance of a `gpuctl-mps@<instance>.service` name.
+pub fn instance_of(unit: &str) -> Option<&str> {
+    unit.strip_prefix("gpuctl-mps@")?.strip_suffix(".service")
+}
+
+/// Instance names are `<team>-<n>`: the team is everything before the last dash (team names
+/// have no dashes), which is also what makes `Slice=gpu-%i.slice` nest under the team slice.
+pub fn valid_instance(instance: &str) -> bool {
+    match instance.rsplit_once('-') {
+        Some((team, n)) => {
+            crate::policy::valid_team_name(team)
+                && !n.is_empty()
+                && n.len() <= 4
+                && n.bytes().all(|b| b.is_ascii_digit())
+        }
+        None => false,
+    }
+}
+
+/// Host path of the instance's environment file.
+pub fn env_path(instance: &str) -> String {
+    format!("{MPS_RUN_DIR}/{instance}.env")
+}
+
+/// Host path of the instance's control-command file.
+pub fn ctl_path(instance: &str) -> String {
+    format!("{MPS_RUN_DIR}/{instance}.ctl")
+}
+
+/// Pipe directory of an instance (`CUDA_MPS_PIPE_DIRECTORY`).
+pub fn pipe_dir(instance: &str) -> String {
+    format!("{MPS_RUN_DIR}/{instance}/pipe")
+}
+
+/// Log directory of an instance (`CUDA_MPS_LOG_DIRECTORY`).
+pub fn log_dir(instance: &str) -> String {
+    format!("{MPS_LOG_DIR}/{instance}")
+}
+
+/// Content of `/run/gpuctl/mps/<instance>.env`.
+///
+/// The `GPUCTL_MPS_*` lines are not read by MPS; they record the settings so that gpuctld can
+/// read the live configuration back ([`parse_env`]) after a restart.
+pub fn env_file(instance: &str, spec: &MpsSpec) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Written by gpuctld for {}; do not edit.",
+        unit(instance)
+    );
+    let _ = writeln!(s, "GPUCTL_TEAM={}", spec.team);
+    let _ = writeln!(s, "CUDA_VISIBLE_DEVICES={}", spec.devices.join(","));
+    let _ = writeln!(s, "CUDA_MPS_PIPE_DIRECTORY={}", pipe_dir(instance));
+    let _ = writeln!(s, "CUDA_MPS_LOG_DIRECTORY={}", log_dir(instance));
+    if let Some(p) = spec.active_thread_percentage {
+        let _ = writeln!(s, "GPUCTL_MPS_ACTIVE_THREAD_PERCENTAGE={p}");
+    }
+    if let Some(b) = spec.pinned_memory_limit {
+        let _ = writeln!(s, "GPUCTL_MPS_PINNED_MEM_LIMIT={b}");
+    }
+    if let Some(u) = &spec.user {
+        let _ = writeln!(s, "GPUCTL_MPS_USER={u}");
+    }
+    s
+}
+
+/// Read an env file written by [`env_file`] back into a spec.
+pub fn parse_env(text: &str) -> MpsSpec {
+    let mut spec = MpsSpec::default();
+    for line in text.lines() {
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        match k.trim() {
+            "GPUCTL_TEAM" => spec.team = v.to_string(),
+            "CUDA_VISIBLE_DEVICES" => {
+                spec.devices = v
+                    .split(',')
+                    .filter(|d| !d.is_empty())
+                    .map(str::to_string)
+                    .collect()
+            }
+            "GPUCTL_MPS_ACTIVE_THREAD_PERCENTAGE" => spec.active_thread_percentage = v.parse().ok(),
+            "GPUCTL_MPS_PINNED_MEM_LIMIT" => spec.pinned_memory_limit = v.parse().ok(),
+            "GPUCTL_MPS_USER" => spec.user = Some(v.to_string()),
+            _ => {}
+        }
+    }
+    spec
+}
+
+/// Commands piped into `nvidia-cuda-mps-control` after the daemon starts.
+///
+/// The pinned limit is set per device ordinal *as the daemon sees them* (0..n-1 over its
+/// `CUDA_VISIBLE_DEVICES`), in MiB with the `M` suffix MPS accepts.
+pub fn control_commands(spec: &MpsSpec) -> String {
+    let mut s = String::new();
+    if let Some(p) = spec.active_thread_percentage {
+        let _ = writeln!(s, "set_default_active_thread_percentage {p}");
+    }
+    if let Some(b) = spec.pinned_memory_limit {
+        let mib = (b >> 20).max(1);
+        for dev in 0..spec.devices.len().max(1) {
+            let _ = writeln!(s, "set_default_device_pinned_mem_limit {dev} {mib}M");
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec() -> MpsSpec {
+        MpsSpec {
+            team: "infer".into(),
+            devices: vec!["GPU-a".into(), "GPU-b".into()],
+            active_thread_percentage: Some(40),
+            pinned_memory_limit: Some(3 << 30),
+            user: Some("mps".into()),
+        }
+    }
+
+    #[test]
+    fn env_round_trips() {
+        let text = env_file("infer-0", &spec());
+        assert!(text.contains("CUDA_VISIBLE_DEVICES=GPU-a,GPU-b\n"));
+        assert!(text.contains("CUDA_MPS_PIPE_DIRECTORY=/run/gpuctl/mps/infer-0/pipe\n"));
+        assert!(text.contains("CUDA_MPS_LOG_DIRECTORY=/var/log/gpuctl/mps/infer-0\n"));
+        assert_eq!(parse_env(&text), spec());
+        let bare = MpsSpec {
+            team: "t".into(),
+            devices: vec!["0".into()],
+            ..Default::default()
+        };
+        assert_eq!(parse_env(&env_file("t-0", &bare)), bare);
+    }
+
+    #[test]
+    fn commands_per_device() {
+        assert_eq!(
+            control_commands(&spec()),
+            "set_default_active_thread_percentage 40\n\
+             set_default_device_pinned_mem_limit 0 3072M\n\
+             set_default_device_pinned_mem_limit 1 3072M\n"
+        );
+        assert_eq!(control_commands(&MpsSpec::default()), "");
+    }
+
+    #[test]
+    fn instance_names() {
+        assert!(valid_instance("infer-0"));
+        assert!(valid_instance("ml_2-13"));
+        for bad in ["infer", "infer-", "-0", "In-0", "a-b-0", "a-0x", "a/b-0"] {
+            assert!(!valid_instance(bad), "{bad}");
+        }
+        assert_eq!(instance_of(&unit("infer-0")), Some("infer-0"));
+    }
+}

@@ -1,0 +1,195 @@
+//! Typed zbus proxies for the parts of `org.freedesktop.systemd1` gpuctl uses.
+//!
+//! Only the members we call are declared: the full interfaces are large and a narrow surface
+//! keeps the wire signatures reviewable against `org.freedesktop.systemd1(5)`.
+
+// The #[proxy] macro generates receiver and argument types without doc comments; their
+// meaning is the systemd D-Bus documentation referenced on each method.
+#![allow(missing_docs)]
+
+use zbus::proxy;
+use zbus::zvariant::{OwnedObjectPath, Value};
+
+/// One row of `ListUnits*`: (name, description, load, active, sub, following, unit path,
+/// job id, job type, job path).
+pub type UnitRow = (
+    String,
+    String,
+    String,
+    String,
+    String,
+    String,
+    OwnedObjectPath,
+    u32,
+    String,
+    OwnedObjectPath,
+);
+
+/// `org.freedesktop.systemd1.Manager` on `/org/freedesktop/systemd1`.
+#[proxy(
+    interface = "org.freedesktop.systemd1.Manager",
+    default_service = "org.freedesktop.systemd1",
+    default_path = "/org/freedesktop/systemd1",
+    gen_blocking = false
+)]
+pub trait Manager {
+    /// Object path of a unit already loaded in memory (`NoSuchUnit` otherwise).
+    fn get_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Object path of a unit, loading it from disk when needed.
+    fn load_unit(&self, name: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Queue a start job; returns the job path.
+    fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Queue a stop job; returns the job path.
+    fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Queue a restart job; returns the job path.
+    fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Change unit properties; `runtime` selects `/run/systemd/system.control` over `/etc`.
+    fn set_unit_properties(
+        &self,
+        name: &str,
+        runtime: bool,
+        properties: &[(&str, Value<'_>)],
+    ) -> zbus::Result<()>;
+    /// Create and start a transient unit (scope, slice, service).
+    fn start_transient_unit(
+        &self,
+        name: &str,
+        mode: &str,
+        properties: &[(&str, Value<'_>)],
+        aux: &[(&str, Vec<(&str, Value<'_>)>)],
+    ) -> zbus::Result<OwnedObjectPath>;
+    /// Units in memory matching states and glob patterns.
+    fn list_units_by_patterns(
+        &self,
+        states: &[&str],
+        patterns: &[&str],
+    ) -> zbus::Result<Vec<UnitRow>>;
+    /// Ask for signals (`JobRemoved`, `UnitRemoved`, …) on this connection.
+    fn subscribe(&self) -> zbus::Result<()>;
+    /// `daemon-reload`: re-run generators and reload all unit files.
+    fn reload(&self) -> zbus::Result<()>;
+    /// Forget the failed state of a unit.
+    fn reset_failed_unit(&self, name: &str) -> zbus::Result<()>;
+
+    /// A job finished; `result` is `done`, `canceled`, `timeout`, `failed`, `dependency` or
+    /// `skipped`.
+    #[zbus(signal)]
+    fn job_removed(
+        &self,
+        id: u32,
+        job: OwnedObjectPath,
+        unit: String,
+        result: String,
+    ) -> zbus::Result<()>;
+    /// A unit was dropped from memory.
+    #[zbus(signal)]
+    fn unit_removed(&self, id: String, unit: OwnedObjectPath) -> zbus::Result<()>;
+    /// A unit was loaded into memory.
+    #[zbus(signal)]
+    fn unit_new(&self, id: String, unit: OwnedObjectPath) -> zbus::Result<()>;
+
+    /// systemd version string.
+    #[zbus(property)]
+    fn version(&self) -> zbus::Result<String>;
+}
+
+/// `org.freedesktop.systemd1.Unit`: state common to every unit type.
+#[proxy(
+    interface = "org.freedesktop.systemd1.Unit",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+pub trait Unit {
+    /// Primary name.
+    #[zbus(property)]
+    fn id(&self) -> zbus::Result<String>;
+    /// `loaded`, `not-found`, `masked`, …
+    #[zbus(property)]
+    fn load_state(&self) -> zbus::Result<String>;
+    /// `active`, `inactive`, `failed`, `activating`, …
+    #[zbus(property)]
+    fn active_state(&self) -> zbus::Result<String>;
+    /// Type-specific state (`running`, `dead`, …).
+    #[zbus(property)]
+    fn sub_state(&self) -> zbus::Result<String>;
+    /// Unit file, empty when there is none (an implicit slice).
+    #[zbus(property)]
+    fn fragment_path(&self) -> zbus::Result<String>;
+    /// Drop-ins in effect.
+    #[zbus(property)]
+    fn drop_in_paths(&self) -> zbus::Result<Vec<String>>;
+}
+
+/// `org.freedesktop.systemd1.Slice`: the cgroup settings and usage of a slice.
+#[proxy(
+    interface = "org.freedesktop.systemd1.Slice",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+pub trait Slice {
+    /// cgroup path below `/sys/fs/cgroup`.
+    #[zbus(property)]
+    fn control_group(&self) -> zbus::Result<String>;
+    /// `MemoryMax=`; `u64::MAX` is infinity.
+    #[zbus(property)]
+    fn memory_max(&self) -> zbus::Result<u64>;
+    /// `MemoryHigh=`; `u64::MAX` is infinity.
+    #[zbus(property)]
+    fn memory_high(&self) -> zbus::Result<u64>;
+    /// `CPUWeight=`; `u64::MAX` is unset.
+    #[zbus(property, name = "CPUWeight")]
+    fn cpu_weight(&self) -> zbus::Result<u64>;
+    /// `AllowedCPUs=` as a little-endian CPU bitmask.
+    #[zbus(property, name = "AllowedCPUs")]
+    fn allowed_cpus(&self) -> zbus::Result<Vec<u8>>;
+    /// `TasksMax=`; `u64::MAX` is infinity.
+    #[zbus(property)]
+    fn tasks_max(&self) -> zbus::Result<u64>;
+    /// `IOWeight=`; `u64::MAX` is unset.
+    #[zbus(property, name = "IOWeight")]
+    fn io_weight(&self) -> zbus::Result<u64>;
+    /// `DevicePolicy=`: `auto`, `closed` or `strict`.
+    #[zbus(property)]
+    fn device_policy(&self) -> zbus::Result<String>;
+    /// `DeviceAllow=` as (path, rwm) pairs.
+    #[zbus(property)]
+    fn device_allow(&self) -> zbus::Result<Vec<(String, String)>>;
+    /// Current memory use in bytes (`u64::MAX` when unknown).
+    #[zbus(property)]
+    fn memory_current(&self) -> zbus::Result<u64>;
+    /// Current number of tasks (`u64::MAX` when unknown).
+    #[zbus(property)]
+    fn tasks_current(&self) -> zbus::Result<u64>;
+}
+
+/// `org.freedesktop.systemd1.Service`: the few service properties gpuctl reads.
+#[proxy(
+    interface = "org.freedesktop.systemd1.Service",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+pub trait Service {
+    /// Main PID, 0 when not running.
+    #[zbus(property, name = "MainPID")]
+    fn main_pid(&self) -> zbus::Result<u32>;
+    /// Slice the service runs in.
+    #[zbus(property)]
+    fn slice(&self) -> zbus::Result<String>;
+    /// `StatusText` sent with `sd_notify(STATUS=…)`.
+    #[zbus(property)]
+    fn status_text(&self) -> zbus::Result<String>;
+}
+
+/// `org.freedesktop.systemd1.Scope`.
+#[proxy(
+    interface = "org.freedesktop.systemd1.Scope",
+    default_service = "org.freedesktop.systemd1",
+    gen_blocking = false
+)]
+pub trait Scope {
+    /// Let the scope's processes outlive its manager.
+    fn abandon(&self) -> zbus::Result<()>;
+    /// Slice the scope runs in.
+    #[zbus(property)]
+    fn slice(&self) -> zbus::Result<String>;
+}
