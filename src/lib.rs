@@ -5,6 +5,7 @@
 //! - [`observe`]: a typed snapshot of the host ([`observe::Observed`]);
 //! - [`plan`]: the pure planner, `plan(&Policy, &Observed) -> Plan`, with no I/O;
 //! - [`apply`]: the executor and the effector traits it drives;
+//! - [`nvml`]: the NVML backend; [`real`]: the real host (NVML + files under the root);
 //! - [`sim`]: simulated hosts built from the reference data, for offline plans and tests;
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
@@ -13,9 +14,11 @@
 pub mod apply;
 pub mod cli;
 pub mod geometry;
+pub mod nvml;
 pub mod observe;
 pub mod paths;
 pub mod plan;
 pub mod policy;
 pub mod profiles;
+pub mod real;
 pub mod sim;
