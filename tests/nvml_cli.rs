@@ -45,7 +45,9 @@ impl Env {
         if !self.state().exists() {
             return 0;
         }
-        fake_nvml::control::read(&self.state()).unwrap().mutating_calls
+        fake_nvml::control::read(&self.state())
+            .unwrap()
+            .mutating_calls
     }
 }
 
@@ -68,20 +70,48 @@ fn mig_policy(model_index_geometry: &str) -> String {
 fn invalid_geometries_are_rejected_before_any_nvml_mutation() {
     let lib = fakehost::lib_path();
     let table: &[(&str, &str, &str)] = &[
-        ("h100", "{ profile = \"3g.40gb\", owner = \"a\", count = 3 }", "compute slices"),
-        ("h100", "{ profile = \"1g.10gb\", owner = \"a\", count = 8 }", ""),
+        (
+            "h100",
+            "{ profile = \"3g.40gb\", owner = \"a\", count = 3 }",
+            "compute slices",
+        ),
+        (
+            "h100",
+            "{ profile = \"1g.10gb\", owner = \"a\", count = 8 }",
+            "",
+        ),
         ("h100", "{ profile = \"1g.5gb\", owner = \"a\" }", "1g.5gb"),
-        ("h100", "{ profile = \"1g.10gb+me\", owner = \"a\", count = 2 }", ""),
+        (
+            "h100",
+            "{ profile = \"1g.10gb+me\", owner = \"a\", count = 2 }",
+            "",
+        ),
         (
             "h100",
             "{ profile = \"3g.40gb\", owner = \"a\", compute = [\"2c\", \"2c\"] }",
             "",
         ),
-        ("a100", "{ profile = \"4g.20gb\", owner = \"a\" }, { profile = \"4g.20gb\", owner = \"b\" }", ""),
-        ("a100", "{ profile = \"2g.20gb\", owner = \"a\" }", "2g.20gb"),
-        ("a30", "{ profile = \"4g.24gb\", owner = \"a\", count = 2 }", ""),
+        (
+            "a100",
+            "{ profile = \"4g.20gb\", owner = \"a\" }, { profile = \"4g.20gb\", owner = \"b\" }",
+            "",
+        ),
+        (
+            "a100",
+            "{ profile = \"2g.20gb\", owner = \"a\" }",
+            "2g.20gb",
+        ),
+        (
+            "a30",
+            "{ profile = \"4g.24gb\", owner = \"a\", count = 2 }",
+            "",
+        ),
         ("a30", "{ profile = \"3g.40gb\", owner = \"a\" }", "3g.40gb"),
-        ("h200", "{ profile = \"7g.141gb\", owner = \"a\" }, { profile = \"1g.18gb\", owner = \"b\" }", ""),
+        (
+            "h200",
+            "{ profile = \"7g.141gb\", owner = \"a\" }, { profile = \"1g.18gb\", owner = \"b\" }",
+            "",
+        ),
         ("l40s", "{ profile = \"1g.10gb\", owner = \"a\" }", "MIG"),
     ];
     for (spec, geo, needle) in table {

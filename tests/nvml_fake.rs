@@ -114,7 +114,10 @@ fn every_example_geometry_applies_on_every_model_that_holds_it() {
                     }
                 }
             }
-            assert!(!after.mig_minors.is_empty(), "mig-minors read under the root");
+            assert!(
+                !after.mig_minors.is_empty(),
+                "mig-minors read under the root"
+            );
             assert!(
                 !fake.journal_path().exists(),
                 "journal removed after success"
@@ -171,7 +174,9 @@ fn changing_one_of_seven_costs_one_destroy_and_one_create_and_spares_busy_ones()
     let after = fake.observe();
     assert!(mig_part(&plan::plan(&p2, &after)).is_empty());
     let l = layout(&after, 0);
-    assert!(l.iter().any(|x| x.0 == "1g.10gb+me" && x.3.as_deref() == Some("g")));
+    assert!(l
+        .iter()
+        .any(|x| x.0 == "1g.10gb+me" && x.3.as_deref() == Some("g")));
 }
 
 #[test]
@@ -205,7 +210,8 @@ fn when_idle_reports_blocking_pids_with_their_units_and_cgroups() {
 const FAULT_START: &str = "version = 1\n[teams.a]\nmembers=[\"@a\"]\n[teams.b]\nmembers=[\"@b\"]\n\
 [[gpu]]\nindex = [0]\nmig = [ { profile = \"4g.40gb\", owner = \"a\" }, \
 { profile = \"3g.40gb\", owner = \"b\", compute = [\"1c\", \"2c\"] } ]\n";
-const FAULT_TARGET: &str = "version = 1\n[teams.a]\nmembers=[\"@a\"]\n[teams.b]\nmembers=[\"@b\"]\n\
+const FAULT_TARGET: &str =
+    "version = 1\n[teams.a]\nmembers=[\"@a\"]\n[teams.b]\nmembers=[\"@b\"]\n\
 [[gpu]]\nindex = [0]\nmig = [ { profile = \"4g.40gb\", owner = \"a\" }, \
 { profile = \"1g.10gb\", owner = \"b\" }, { profile = \"2g.20gb\", owner = \"b\" } ]\n\
 [[gpu]]\nindex = [1]\nmig = [ { profile = \"3g.40gb\", owner = \"a\" } ]\n";
@@ -225,15 +231,15 @@ fn fault_setup(fake: &FakeHost) -> (gpuctl::policy::Policy, u32) {
         .unwrap()
         .clone();
     fake.add_process(0, busy.id, busy.compute[0].id, 4242, "serve.service");
-    (
-        policy(fake.dir.path(), "p1.toml", FAULT_TARGET),
-        busy.id,
-    )
+    (policy(fake.dir.path(), "p1.toml", FAULT_TARGET), busy.id)
 }
 
 fn assert_safe(fake: &FakeHost, busy: u32) {
     for (f, res, args) in fake.log() {
-        assert_ne!(res, "NVML_ERROR_IN_USE", "gpuctl tried a busy instance: {f} {args}");
+        assert_ne!(
+            res, "NVML_ERROR_IN_USE",
+            "gpuctl tried a busy instance: {f} {args}"
+        );
         if f == "nvmlGpuInstanceDestroy" && args["gpu"] == 0 {
             assert_ne!(args["gpuInstanceId"].as_u64(), Some(u64::from(busy)));
         }
@@ -266,7 +272,10 @@ fn fault_at_every_mutating_call_then_next_apply_converges() {
         let mid = fake.observe();
         assert!(!layout(&mid, 0).is_empty(), "k={k}");
         assert_safe(&fake, busy);
-        assert!(fake.journal_path().exists(), "k={k}: journal kept after a failure");
+        assert!(
+            fake.journal_path().exists(),
+            "k={k}: journal kept after a failure"
+        );
         fake_nvml::control::clear_faults(&fake.state).unwrap();
         let r = fake.apply(&p1);
         assert!(r.failed.is_empty(), "k={k}: {:?}", r.failed);
@@ -400,8 +409,7 @@ fn crash_mid_apply_rolls_forward_with_a_fresh_process() {
         let (p1, busy) = fault_setup(&fake);
         crash_at(&fake, &p1, k);
         let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(fake.journal_path()).unwrap())
-                .unwrap();
+            serde_json::from_str(&std::fs::read_to_string(fake.journal_path()).unwrap()).unwrap();
         assert!(
             j["gpus"].as_object().is_some_and(|g| !g.is_empty()),
             "k={k}: journal records the open transaction: {j}"

@@ -29,7 +29,10 @@ pub fn lib_path() -> PathBuf {
             return p;
         }
     }
-    panic!("libfake_nvml.so not found near {}; set FAKE_NVML_LIB", exe.display());
+    panic!(
+        "libfake_nvml.so not found near {}; set FAKE_NVML_LIB",
+        exe.display()
+    );
 }
 
 /// One fake host.
@@ -86,7 +89,9 @@ impl FakeHost {
     }
 
     pub fn journal_path(&self) -> PathBuf {
-        FileJournal::new(&Root::new(&self.root)).path().to_path_buf()
+        FileJournal::new(&Root::new(&self.root))
+            .path()
+            .to_path_buf()
     }
 
     pub fn fake(&self) -> fake_nvml::state::State {
@@ -131,7 +136,12 @@ pub fn policy(dir: &Path, name: &str, toml: &str) -> Policy {
     let f = dir.join(name);
     std::fs::write(&f, toml).unwrap();
     let out = gpuctl::policy::load_files(&[f]);
-    for d in &out.diagnostics {
+    // Warnings (teams without GPUs in small test policies) would only be noise.
+    for d in out
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == gpuctl::policy::Severity::Error)
+    {
         eprintln!("{d}");
     }
     out.policy.expect("policy loads")
@@ -181,5 +191,8 @@ pub fn layout(o: &Observed, index: u32) -> Layout {
 
 /// Whether a kind destroys something.
 pub fn is_destroy(k: &ActionKind) -> bool {
-    matches!(k, ActionKind::DestroyGi { .. } | ActionKind::DestroyCi { .. })
+    matches!(
+        k,
+        ActionKind::DestroyGi { .. } | ActionKind::DestroyCi { .. }
+    )
 }
