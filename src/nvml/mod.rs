@@ -1,6 +1,6 @@
 //! The NVML backend: observes GPUs and MIG state and carries out MIG changes through
 //! `nvml-wrapper` (device-level calls) and raw `nvml-wrapper-sys` calls (GPU and compute
-//! instances, see [`raw`]).
+//! instances, in the private `raw` module).
 //!
 //! The library is found, in order: `$GPUCTL_NVML_LIBRARY`, the policy's `[host] nvml-library`,
 //! then the loader's default (`libnvidia-ml.so`). The environment wins because it is what an
@@ -21,7 +21,7 @@ use nvml_wrapper_sys::bindings::nvmlDevice_t;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub mod raw;
+mod raw;
 
 /// Environment variable naming the NVML library; wins over the policy's `nvml-library`.
 pub const ENV_LIBRARY: &str = "GPUCTL_NVML_LIBRARY";

@@ -1,4 +1,4 @@
-//! Raw `nvml-wrapper-sys` calls for GPU and compute instances, which `nvml-wrapper` 0.13 either
+//! Raw `nvml-wrapper-sys` calls (crate-private: they take raw driver handles that must be live) for GPU and compute instances, which `nvml-wrapper` 0.13 either
 //! lacks or gets wrong (its `possible_placements` returns an empty Vec).
 //!
 //! Every function takes the library and a raw handle that the caller keeps valid by holding the
@@ -10,20 +10,20 @@ use nvml_wrapper_sys::bindings::*;
 use std::ffi::CStr;
 
 /// A raw NVML return code other than success.
-pub type Code = nvmlReturn_t;
+pub(crate) type Code = nvmlReturn_t;
 
 /// Success.
-pub const SUCCESS: Code = nvmlReturn_enum_NVML_SUCCESS;
+pub(crate) const SUCCESS: Code = nvmlReturn_enum_NVML_SUCCESS;
 /// No such instance / index.
-pub const NOT_FOUND: Code = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
+pub(crate) const NOT_FOUND: Code = nvmlReturn_enum_NVML_ERROR_NOT_FOUND;
 /// Busy: processes or child instances.
-pub const IN_USE: Code = nvmlReturn_enum_NVML_ERROR_IN_USE;
+pub(crate) const IN_USE: Code = nvmlReturn_enum_NVML_ERROR_IN_USE;
 /// No room for the instance.
-pub const INSUFFICIENT_RESOURCES: Code = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
+pub(crate) const INSUFFICIENT_RESOURCES: Code = nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES;
 /// The feature (MIG) is off or absent.
-pub const NOT_SUPPORTED: Code = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+pub(crate) const NOT_SUPPORTED: Code = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 /// Argument out of range (an unknown profile index, for instance).
-pub const INVALID_ARGUMENT: Code = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
+pub(crate) const INVALID_ARGUMENT: Code = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 
 fn rc(code: Code) -> Result<(), Code> {
     if code == SUCCESS {
@@ -34,7 +34,7 @@ fn rc(code: Code) -> Result<(), Code> {
 }
 
 /// `nvmlErrorString`, with the numeric code for searching.
-pub fn error_string(lib: &NvmlLib, code: Code) -> String {
+pub(crate) fn error_string(lib: &NvmlLib, code: Code) -> String {
     // SAFETY: nvmlErrorString returns a static NUL-terminated string (or NULL).
     let s = unsafe {
         let p = lib.nvmlErrorString(code);
@@ -47,11 +47,9 @@ pub fn error_string(lib: &NvmlLib, code: Code) -> String {
     format!("{s} (NVML code {code})")
 }
 
-/// A GI profile as the driver describes it: (profile index, published id, instance count).
+/// A GI profile as the driver describes it: published id and instance count.
 #[derive(Debug, Clone, Copy)]
-pub struct GiProfileInfo {
-    /// `NVML_GPU_INSTANCE_PROFILE_*` index.
-    pub index: u32,
+pub(crate) struct GiProfileInfo {
     /// Published profile id.
     pub id: u32,
     /// Maximum instances of this profile.
@@ -60,7 +58,7 @@ pub struct GiProfileInfo {
 
 /// GI profiles the device supports. Indices the device lacks answer NOT_SUPPORTED or
 /// INVALID_ARGUMENT and are skipped.
-pub fn gi_profiles(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileInfo>, Code> {
+pub(crate) fn gi_profiles(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileInfo>, Code> {
     let mut out = Vec::new();
     for index in 0..NVML_GPU_INSTANCE_PROFILE_COUNT {
         // SAFETY: zeroed POD out-struct; d is a live handle.
@@ -68,7 +66,6 @@ pub fn gi_profiles(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileInfo>,
         let code = unsafe { lib.nvmlDeviceGetGpuInstanceProfileInfo(d, index, &mut info) };
         match code {
             SUCCESS => out.push(GiProfileInfo {
-                index,
                 id: info.id,
                 instance_count: info.instanceCount,
             }),
@@ -82,7 +79,7 @@ pub fn gi_profiles(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileInfo>,
 /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2`: NULL first for the count, then a buffer
 /// whose capacity is passed in `count` (the header calls it output-only; passing the capacity
 /// works either way).
-pub fn gi_possible_placements(
+pub(crate) fn gi_possible_placements(
     lib: &NvmlLib,
     d: nvmlDevice_t,
     profile_id: u32,
@@ -118,7 +115,7 @@ pub fn gi_possible_placements(
 }
 
 /// GPU instances of one profile; the buffer holds the profile's `instance_count`.
-pub fn gpu_instances(
+pub(crate) fn gpu_instances(
     lib: &NvmlLib,
     d: nvmlDevice_t,
     p: &GiProfileInfo,
@@ -132,7 +129,7 @@ pub fn gpu_instances(
 }
 
 /// `nvmlGpuInstanceGetInfo` → (GI id, profile id, placement).
-pub fn gi_info(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<(u32, u32, Placement), Code> {
+pub(crate) fn gi_info(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<(u32, u32, Placement), Code> {
     // SAFETY: zeroed POD out-struct, live handle.
     let mut info: nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
     rc(unsafe { lib.nvmlGpuInstanceGetInfo(gi, &mut info) })?;
@@ -147,7 +144,7 @@ pub fn gi_info(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<(u32, u32, Placem
 }
 
 /// `nvmlDeviceGetGpuInstanceById`.
-pub fn gi_by_id(lib: &NvmlLib, d: nvmlDevice_t, id: u32) -> Result<nvmlGpuInstance_t, Code> {
+pub(crate) fn gi_by_id(lib: &NvmlLib, d: nvmlDevice_t, id: u32) -> Result<nvmlGpuInstance_t, Code> {
     let mut gi: nvmlGpuInstance_t = std::ptr::null_mut();
     // SAFETY: out-pointer to a local.
     rc(unsafe { lib.nvmlDeviceGetGpuInstanceById(d, id, &mut gi) })?;
@@ -155,7 +152,7 @@ pub fn gi_by_id(lib: &NvmlLib, d: nvmlDevice_t, id: u32) -> Result<nvmlGpuInstan
 }
 
 /// `nvmlDeviceCreateGpuInstanceWithPlacement` → the new GI's handle.
-pub fn create_gi(
+pub(crate) fn create_gi(
     lib: &NvmlLib,
     d: nvmlDevice_t,
     profile_id: u32,
@@ -172,13 +169,13 @@ pub fn create_gi(
 }
 
 /// `nvmlGpuInstanceDestroy`.
-pub fn destroy_gi(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<(), Code> {
+pub(crate) fn destroy_gi(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<(), Code> {
     // SAFETY: live handle.
     rc(unsafe { lib.nvmlGpuInstanceDestroy(gi) })
 }
 
 /// CI profiles of a GI: (profile id, instance count), shared engines.
-pub fn ci_profiles(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, u32)>, Code> {
+pub(crate) fn ci_profiles(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, u32)>, Code> {
     let mut out = Vec::new();
     for index in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
         // SAFETY: zeroed POD out-struct, live handle.
@@ -201,7 +198,7 @@ pub fn ci_profiles(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<Vec<(u32, u32
 }
 
 /// Compute instances of one CI profile in a GI.
-pub fn compute_instances(
+pub(crate) fn compute_instances(
     lib: &NvmlLib,
     gi: nvmlGpuInstance_t,
     profile_id: u32,
@@ -218,7 +215,10 @@ pub fn compute_instances(
 }
 
 /// `nvmlComputeInstanceGetInfo_v2` → (CI id, profile id, placement).
-pub fn ci_info(lib: &NvmlLib, ci: nvmlComputeInstance_t) -> Result<(u32, u32, Placement), Code> {
+pub(crate) fn ci_info(
+    lib: &NvmlLib,
+    ci: nvmlComputeInstance_t,
+) -> Result<(u32, u32, Placement), Code> {
     // SAFETY: zeroed POD out-struct, live handle.
     let mut info: nvmlComputeInstanceInfo_t = unsafe { std::mem::zeroed() };
     rc(unsafe { lib.nvmlComputeInstanceGetInfo_v2(ci, &mut info) })?;
@@ -233,7 +233,7 @@ pub fn ci_info(lib: &NvmlLib, ci: nvmlComputeInstance_t) -> Result<(u32, u32, Pl
 }
 
 /// `nvmlGpuInstanceGetComputeInstanceById`.
-pub fn ci_by_id(
+pub(crate) fn ci_by_id(
     lib: &NvmlLib,
     gi: nvmlGpuInstance_t,
     id: u32,
@@ -245,7 +245,7 @@ pub fn ci_by_id(
 }
 
 /// `nvmlGpuInstanceCreateComputeInstanceWithPlacement` → the new CI's handle.
-pub fn create_ci(
+pub(crate) fn create_ci(
     lib: &NvmlLib,
     gi: nvmlGpuInstance_t,
     profile_id: u32,
@@ -264,14 +264,14 @@ pub fn create_ci(
 }
 
 /// `nvmlComputeInstanceDestroy`.
-pub fn destroy_ci(lib: &NvmlLib, ci: nvmlComputeInstance_t) -> Result<(), Code> {
+pub(crate) fn destroy_ci(lib: &NvmlLib, ci: nvmlComputeInstance_t) -> Result<(), Code> {
     // SAFETY: live handle.
     rc(unsafe { lib.nvmlComputeInstanceDestroy(ci) })
 }
 
 /// MIG devices of a GPU as (GI id, CI id, `MIG-…` UUID). Indices run `0..max` and may have
 /// holes on real drivers (assumed), so NOT_FOUND is skipped rather than ending the loop.
-pub fn mig_devices(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<(u32, u32, String)>, Code> {
+pub(crate) fn mig_devices(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<(u32, u32, String)>, Code> {
     let mut max = 0u32;
     // SAFETY: out-pointer to a local.
     rc(unsafe { lib.nvmlDeviceGetMaxMigDeviceCount(d, &mut max) })?;
