@@ -3,8 +3,8 @@
 //! instances, in the private `raw` module).
 //!
 //! The library is found, in order: `$GPUCTL_NVML_LIBRARY`, the policy's `[host] nvml-library`,
-//! then the loader's default (`libnvidia-ml.so`). The environment wins because it is what an
-//! operator (or a test) sets for one invocation, e.g. to point `gpuctl apply --local` at a
+//! then the loader's default (`libnvidia-ml.so.1`, what nvml-wrapper loads). The environment
+//! wins because it is what an operator (or a test) sets for one invocation, e.g. to point `gpuctl apply --local` at a
 //! driver outside the loader path while the policy on disk is being repaired.
 //!
 //! A GPU reset runs `$GPUCTL_GPU_RESET_CMD` (default `nvidia-smi -r -i {index}`), a template
@@ -31,7 +31,7 @@ pub const ENV_RESET_CMD: &str = "GPUCTL_GPU_RESET_CMD";
 pub const DEFAULT_RESET_CMD: &str = "nvidia-smi -r -i {index}";
 
 /// The library to load: `$GPUCTL_NVML_LIBRARY`, else the policy's setting, else `None` (the
-/// loader's default `libnvidia-ml.so`).
+/// loader's default `libnvidia-ml.so.1`).
 pub fn library_path(policy_setting: Option<&Path>) -> Option<PathBuf> {
     std::env::var_os(ENV_LIBRARY)
         .filter(|v| !v.is_empty())
@@ -103,7 +103,7 @@ impl NvmlBackend {
         let shown = lib_path
             .as_ref()
             .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "libnvidia-ml.so".into());
+            .unwrap_or_else(|| "libnvidia-ml.so.1 (default)".into());
         let nvml = b
             .init()
             .map_err(|e| format!("NVML not available: {shown}: {e}"))?;
@@ -306,7 +306,7 @@ impl NvmlBackend {
         let path = self
             .lib_path
             .clone()
-            .unwrap_or_else(|| PathBuf::from("libnvidia-ml.so"));
+            .unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
         // SAFETY: dlopen of the library already loaded by nvml-wrapper returns the same handle;
         // fakeNvmlResetGpu has the C signature `nvmlReturn_t (unsigned int)`.
         let code = unsafe {
