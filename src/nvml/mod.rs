@@ -4,8 +4,9 @@
 //!
 //! The library is found, in order: `$GPUCTL_NVML_LIBRARY`, the policy's `[host] nvml-library`,
 //! then the loader's default (`libnvidia-ml.so.1`, what nvml-wrapper loads). The environment
-//! wins because it is what an operator (or a test) sets for one invocation, e.g. to point `gpuctl apply --local` at a
-//! driver outside the loader path while the policy on disk is being repaired.
+//! wins because it is what an operator (or a test) sets for one invocation, e.g. to point
+//! `gpuctl apply --local` at a driver outside the loader path while the policy on disk is
+//! being repaired.
 //!
 //! A GPU reset runs `$GPUCTL_GPU_RESET_CMD` (default `nvidia-smi -r -i {index}`), a template
 //! with `{index}` and `{uuid}`; only the one GPU is ever reset. The value `fake:` calls the fake
