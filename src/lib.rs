@@ -5,6 +5,7 @@
 //! - [`observe`]: a typed snapshot of the host ([`observe::Observed`]);
 //! - [`plan`]: the pure planner, `plan(&Policy, &Observed) -> Plan`, with no I/O;
 //! - [`apply`]: the executor and the effector traits it drives;
+//! - [`nvml`]: the NVML backend; [`real`]: the real host (NVML + files under the root);
 //! - [`sim`]: simulated hosts built from the reference data, for offline plans and tests;
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
@@ -17,10 +18,12 @@ pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
 pub mod geometry;
+pub mod nvml;
 pub mod observe;
 pub mod paths;
 pub mod plan;
 pub mod policy;
 pub mod profiles;
+pub mod real;
 pub mod sim;
 pub mod systemd;

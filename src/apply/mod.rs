@@ -11,7 +11,8 @@ use std::time::Duration;
 use thiserror::Error;
 
 mod execute;
-pub use execute::{execute, Report};
+pub mod journal;
+pub use execute::{execute, execute_with, PendingMode, Report};
 
 /// A failed effector call, carrying what it concerned.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]

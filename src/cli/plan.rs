@@ -1,13 +1,18 @@
 //! `gpuctl plan`, `gpuctl apply` and `gpuctl check`.
 //!
-//! Without `--simulate`/`--state` these would observe the real host through NVML, which the
-//! next issue brings; until then they say so and exit 2.
+//! Without `--simulate`/`--state` they observe the real host: GPUs through NVML (see
+//! [`crate::nvml`] for how the library is found), files under `--root`. `apply` on the real
+//! host needs `--local`: it then runs in this process, as root, like `mig-parted apply`, with
+//! the MIG journal under `/var/lib/gpuctl`. Phases that need systemd (drain, slices, MPS,
+//! resume) are not run by `--local` in this build and are listed as skipped.
 use super::{exit, Cli};
-use crate::apply::execute;
+use crate::apply::journal::FileJournal;
+use crate::apply::{execute, execute_with, Observer, Report};
 use crate::observe::Observed;
 use crate::paths::Root;
 use crate::plan::{self, desired, Action, Desired, Plan};
 use crate::policy::{self, GpuUse, Policy};
+use crate::real::RealHost;
 use crate::sim::SimHost;
 use anyhow::Context;
 use clap::Args;
@@ -49,6 +54,10 @@ pub struct ApplyArgs {
     /// Host.
     #[command(flatten)]
     pub host: HostArgs,
+    /// Apply to this host in-process, without the daemon (as root; for recovery and scripts).
+    /// MIG and files are applied; steps that need systemd are listed as skipped.
+    #[arg(long, conflicts_with_all = ["simulate", "state"])]
+    pub local: bool,
 }
 
 /// Arguments of `gpuctl check`.
@@ -59,8 +68,16 @@ pub struct CheckArgs {
     pub host: HostArgs,
 }
 
-const NEEDS_NVML: &str = "observing the real host needs NVML, which is not wired in yet; \
-use --simulate SPEC (and --state FILE) to work on a simulated host";
+const NEEDS_LOCAL: &str = "applying to the real host needs --local (in-process, as root) \
+or the gpuctld daemon; use --simulate SPEC to try a policy on a simulated host";
+
+/// The host a command works on.
+pub enum Target {
+    /// A simulated host (`--simulate`/`--state`).
+    Sim(SimHost),
+    /// This machine: NVML and files under `--root`.
+    Real(Box<RealHost>),
+}
 
 /// The simulated host the arguments name; `Ok(None)` when they name the real host.
 pub fn sim_host(a: &HostArgs) -> anyhow::Result<Option<SimHost>> {
@@ -120,14 +137,45 @@ fn check_host(p: &Policy, observed: &Observed) -> Result<(), i32> {
     Ok(())
 }
 
-fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, SimHost), i32>> {
-    let Some(h) = sim_host(host)? else {
-        eprintln!("gpuctl: {NEEDS_NVML}");
-        return Ok(Err(exit::UNREADABLE));
+/// Load the policy, open the host (simulated or real) and observe it once. NVML missing on a
+/// real host is said once here; the GPUs are then simply not observed (nothing is planned for
+/// them) and the rest of the plan stands.
+fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, Target, Observed), i32>> {
+    if let Some(h) = sim_host(host)? {
+        let obs = h.state.clone();
+        return Ok(load_policy(cli, host)
+            .and_then(|p| check_host(&p, &obs).map(|()| p))
+            .map(|p| (p, Target::Sim(h), obs)));
+    }
+    let p = match load_policy(cli, host) {
+        Ok(p) => p,
+        Err(code) => return Ok(Err(code)),
     };
-    Ok(load_policy(cli, host)
-        .and_then(|p| check_host(&p, &h.state).map(|()| p))
-        .map(|p| (p, h)))
+    let root = Root::new(&cli.root);
+    let lib = crate::nvml::library_path(p.host.nvml_library.as_deref());
+    let mut h = RealHost::open(root, lib);
+    let obs = h
+        .observe()
+        .map_err(|e| anyhow::anyhow!("observing the host: {e}"))?;
+    if let Some(why) = &obs.nvml_unavailable {
+        eprintln!("gpuctl: {why}; GPUs are not observed and nothing is planned for them");
+    } else if let Err(code) = check_host(&p, &obs) {
+        return Ok(Err(code));
+    }
+    Ok(Ok((p, Target::Real(Box::new(h)), obs)))
+}
+
+/// Actions a real host without systemd cannot carry out (and so does not check).
+fn unsupported(t: &Target, pl: &Plan) -> Vec<Action> {
+    match t {
+        Target::Sim(_) => vec![],
+        Target::Real(_) => pl
+            .actions
+            .iter()
+            .filter(|a| !RealHost::supports(a.phase))
+            .cloned()
+            .collect(),
+    }
 }
 
 #[derive(Serialize)]
@@ -139,12 +187,12 @@ struct JsonPlan<'a> {
 
 /// Run `gpuctl plan`.
 pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
-    let (p, h) = match prepare(cli, &a.host)? {
+    let (p, _h, obs) = match prepare(cli, &a.host)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
-    let d = desired(&p, &h.state);
-    let pl = plan::diff(&d, &h.state);
+    let d = desired(&p, &obs);
+    let pl = plan::diff(&d, &obs);
     if a.json {
         let j = JsonPlan {
             plan: &pl,
@@ -152,7 +200,7 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
         };
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
-        print!("{}", render(&h.state, &d, &pl));
+        print!("{}", render(&obs, &d, &pl));
     }
     Ok(exit::OK)
 }
@@ -160,33 +208,84 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
 /// Run `gpuctl apply`: exit 0 when the host converged, 1 when changes remain blocked, 2 when
 /// steps failed.
 pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
-    let (p, mut h) = match prepare(cli, &a.host)? {
+    if a.host.simulate.is_none() && a.host.state.is_none() && !a.local {
+        eprintln!("gpuctl: {NEEDS_LOCAL}");
+        return Ok(exit::UNREADABLE);
+    }
+    let (p, h, obs) = match prepare(cli, &a.host)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
-    let pl = plan::plan(&p, &h.state);
-    let report = execute(&p, &pl, &mut h).context("simulated host")?;
-    for act in &report.done {
-        println!("done    [{}] {}", act.phase, act.kind);
+    let pl = plan::plan(&p, &obs);
+    let report = match h {
+        Target::Sim(mut h) => {
+            let r = execute(&p, &pl, &mut h).context("simulated host")?;
+            match &a.host.state {
+                Some(path) => h.save(path)?,
+                None => {
+                    eprintln!("gpuctl: no --state FILE given: the simulated result is not kept")
+                }
+            }
+            r
+        }
+        Target::Real(mut h) => {
+            let mut journal = FileJournal::new(h.root());
+            let phases = RealHost::supported_phases();
+            execute_with(&p, &pl, h.as_mut(), &mut journal, Some(&phases))
+                .with_context(|| format!("applying on {}", cli.root.display()))?
+        }
+    };
+    print_report(&report);
+    let unsupported: Vec<&Action> = report
+        .remaining
+        .actions
+        .iter()
+        .filter(|a| !report.not_run.is_empty() && !RealHost::supports(a.phase))
+        .collect();
+    let mut remaining = report.remaining.clone();
+    remaining.actions.retain(|a| !unsupported.contains(&a));
+    print_pending(&remaining);
+    if !report.not_run.is_empty() {
+        println!(
+            "note: --local ran the MIG and device phases only; {} step(s) of the drain, slice, \
+             MPS and resume phases need systemd and were skipped",
+            report.not_run.len()
+        );
     }
-    for act in &report.skipped {
-        println!("skipped [{}] {}", act.phase, act.kind);
-    }
-    for (act, e) in &report.failed {
-        println!("FAILED  [{}] {}: {e}", act.phase, act.kind);
-    }
-    match &a.host.state {
-        Some(path) => h.save(path)?,
-        None => eprintln!("gpuctl: no --state FILE given: the simulated result is not kept"),
-    }
-    print_pending(&report.remaining);
     Ok(if !report.failed.is_empty() {
         exit::UNREADABLE
-    } else if report.remaining.is_converged() {
+    } else if remaining.is_converged() {
         exit::OK
     } else {
         exit::INVALID
     })
+}
+
+fn print_report(report: &Report) {
+    for r in &report.recovered {
+        println!("journal {r}");
+    }
+    for act in &report.done {
+        println!("done    [{}] {}", act.phase, act.kind);
+    }
+    for act in &report.restored {
+        println!("restored [{}] {} — {}", act.phase, act.kind, act.reason);
+    }
+    for act in &report.skipped {
+        println!("skipped [{}] {}", act.phase, act.kind);
+    }
+    for act in &report.not_run {
+        println!("skipped [{}] {} (needs systemd)", act.phase, act.kind);
+    }
+    for (act, e) in &report.failed {
+        println!("FAILED  [{}] {}: {e}", act.phase, act.kind);
+    }
+    for pm in &report.pending {
+        println!(
+            "pending gpu {} ({}): MIG mode change {}",
+            pm.index, pm.gpu, pm.reason
+        );
+    }
 }
 
 fn print_pending(p: &Plan) {
@@ -204,12 +303,25 @@ fn print_pending(p: &Plan) {
 
 /// Run `gpuctl check`: exit 0 when converged, 1 when changes are pending or blocked.
 pub fn run_check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<i32> {
-    let (p, h) = match prepare(cli, &a.host)? {
+    let (p, h, obs) = match prepare(cli, &a.host)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
-    let pl = plan::plan(&p, &h.state);
+    let mut pl = plan::plan(&p, &obs);
+    let unchecked = unsupported(&h, &pl);
+    pl.actions.retain(|a| !unchecked.contains(a));
     print_pending(&pl);
+    if !unchecked.is_empty() {
+        println!(
+            "note: {} step(s) of the slice/MPS phases are not checked: this build observes \
+             no systemd state",
+            unchecked.len()
+        );
+    }
+    if obs.nvml_unavailable.is_some() && !p.gpus.is_empty() {
+        // The GPU part of the policy cannot be verified: neither converged nor pending.
+        return Ok(exit::UNREADABLE);
+    }
     Ok(if pl.is_converged() {
         exit::OK
     } else {

@@ -191,11 +191,13 @@ pub struct MigOutcome {
     pub mode_changes: bool,
 }
 
-/// `pid 4242 (train.service)`.
+/// `pid 4242 (train.service)`, or `pid 4242 (cgroup /user.slice/…)` for a PID outside any
+/// service or scope, so that whoever must free the instance knows where to look.
 pub fn holder(p: &GpuProcess) -> String {
-    match &p.unit {
-        Some(u) => format!("pid {} ({u})", p.pid),
-        None => format!("pid {}", p.pid),
+    match (&p.unit, &p.cgroup) {
+        (Some(u), _) => format!("pid {} ({u})", p.pid),
+        (None, Some(cg)) => format!("pid {} (cgroup {cg})", p.pid),
+        (None, None) => format!("pid {}", p.pid),
     }
 }
 

@@ -1,0 +1,499 @@
+//! The NVML backend: observes GPUs and MIG state and carries out MIG changes through
+//! `nvml-wrapper` (device-level calls) and raw `nvml-wrapper-sys` calls (GPU and compute
+//! instances, in the private `raw` module).
+//!
+//! The library is found, in order: `$GPUCTL_NVML_LIBRARY`, the policy's `[host] nvml-library`,
+//! then the loader's default (`libnvidia-ml.so.1`, what nvml-wrapper loads). The environment
+//! wins because it is what an operator (or a test) sets for one invocation, e.g. to point
+//! `gpuctl apply --local` at a driver outside the loader path while the policy on disk is
+//! being repaired.
+//!
+//! A GPU reset runs `$GPUCTL_GPU_RESET_CMD` (default `nvidia-smi -r -i {index}`), a template
+//! with `{index}` and `{uuid}`; only the one GPU is ever reset. The value `fake:` calls the fake
+//! library's `fakeNvmlResetGpu(index)` export instead (tests).
+
+use crate::apply::{EffectError, GpuEffector};
+use crate::observe::{ComputeInstance, GpuInstance, GpuProcess, GpuState, MigState};
+use crate::profiles::{Catalog, GpuModel, Placement};
+use nvml_wrapper::enums::device::UsedGpuMemory;
+use nvml_wrapper::error::NvmlError;
+use nvml_wrapper::Nvml;
+use nvml_wrapper_sys::bindings::nvmlDevice_t;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+mod raw;
+
+/// Environment variable naming the NVML library; wins over the policy's `nvml-library`.
+pub const ENV_LIBRARY: &str = "GPUCTL_NVML_LIBRARY";
+/// Environment variable holding the GPU reset command template.
+pub const ENV_RESET_CMD: &str = "GPUCTL_GPU_RESET_CMD";
+/// Default reset command: resets exactly one GPU.
+pub const DEFAULT_RESET_CMD: &str = "nvidia-smi -r -i {index}";
+
+/// The library to load: `$GPUCTL_NVML_LIBRARY`, else the policy's setting, else `None` (the
+/// loader's default `libnvidia-ml.so.1`).
+pub fn library_path(policy_setting: Option<&Path>) -> Option<PathBuf> {
+    std::env::var_os(ENV_LIBRARY)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| policy_setting.map(Path::to_path_buf))
+}
+
+/// How a GPU gets reset.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResetCommand {
+    /// Run this argv template (`{index}` and `{uuid}` substituted).
+    Exec(Vec<String>),
+    /// Call `fakeNvmlResetGpu(index)` in the loaded library (tests against the fake).
+    Fake,
+}
+
+impl ResetCommand {
+    /// From `$GPUCTL_GPU_RESET_CMD`, else [`DEFAULT_RESET_CMD`].
+    pub fn from_env() -> Self {
+        let v = std::env::var(ENV_RESET_CMD).unwrap_or_default();
+        Self::parse(if v.trim().is_empty() {
+            DEFAULT_RESET_CMD
+        } else {
+            &v
+        })
+    }
+
+    /// Parse a template; `fake:` selects [`ResetCommand::Fake`].
+    pub fn parse(s: &str) -> Self {
+        if s.trim() == "fake:" {
+            ResetCommand::Fake
+        } else {
+            ResetCommand::Exec(s.split_whitespace().map(str::to_string).collect())
+        }
+    }
+}
+
+/// An open NVML library.
+pub struct NvmlBackend {
+    nvml: Nvml,
+    /// What was loaded (for the fake reset and for messages).
+    lib_path: Option<PathBuf>,
+    reset: ResetCommand,
+}
+
+impl std::fmt::Debug for NvmlBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NvmlBackend")
+            .field("lib_path", &self.lib_path)
+            .field("reset", &self.reset)
+            .finish()
+    }
+}
+
+fn nvml_err(what: impl Into<String>, e: NvmlError) -> EffectError {
+    EffectError::Other {
+        what: what.into(),
+        message: e.to_string(),
+    }
+}
+
+impl NvmlBackend {
+    /// Load and initialise NVML. The error is the one line to show: `NVML not available: …`.
+    pub fn open(lib_path: Option<PathBuf>, reset: ResetCommand) -> Result<Self, String> {
+        let mut b = Nvml::builder();
+        if let Some(p) = &lib_path {
+            b.lib_path(p.as_os_str());
+        }
+        let shown = lib_path
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "libnvidia-ml.so.1 (default)".into());
+        let nvml = b
+            .init()
+            .map_err(|e| format!("NVML not available: {shown}: {e}"))?;
+        Ok(NvmlBackend {
+            nvml,
+            lib_path,
+            reset,
+        })
+    }
+
+    /// The wrapper, for callers that need more than gpuctl observes.
+    pub fn nvml(&self) -> &Nvml {
+        &self.nvml
+    }
+
+    fn device(&self, uuid: &str) -> Result<nvml_wrapper::Device<'_>, EffectError> {
+        self.nvml
+            .device_by_uuid(uuid)
+            .map_err(|e| nvml_err(format!("GPU {uuid}"), e))
+    }
+
+    fn raw_err(&self, what: String, code: raw::Code) -> EffectError {
+        match code {
+            raw::IN_USE => EffectError::InUse { what },
+            raw::INSUFFICIENT_RESOURCES => EffectError::InsufficientResources { what },
+            c => EffectError::Other {
+                what,
+                message: raw::error_string(self.nvml.lib(), c),
+            },
+        }
+    }
+
+    /// Observe every GPU: identity, MIG mode, instances with MIG UUIDs, and compute processes
+    /// (without cgroups: the caller resolves PIDs under its root).
+    pub fn observe_gpus(&self) -> Result<Vec<GpuState>, EffectError> {
+        let count = self
+            .nvml
+            .device_count()
+            .map_err(|e| nvml_err("device count", e))?;
+        (0..count).map(|i| self.observe_gpu(i)).collect()
+    }
+
+    fn observe_gpu(&self, index: u32) -> Result<GpuState, EffectError> {
+        let dev = self
+            .nvml
+            .device_by_index(index)
+            .map_err(|e| nvml_err(format!("GPU {index}"), e))?;
+        let uuid = dev
+            .uuid()
+            .map_err(|e| nvml_err(format!("GPU {index} uuid"), e))?;
+        let what = |w: &str| format!("GPU {index} ({uuid}) {w}");
+        let name = dev.name().map_err(|e| nvml_err(what("name"), e))?;
+        let minor = dev.minor_number().map_err(|e| nvml_err(what("minor"), e))?;
+        let memory_mib = dev
+            .memory_info()
+            .map_err(|e| nvml_err(what("memory"), e))?
+            .total
+            >> 20;
+        let model = Catalog::get().by_nvml_name(&name);
+        let procs = dev
+            .running_compute_processes()
+            .map_err(|e| nvml_err(what("processes"), e))?;
+        // SAFETY: the handle lives as long as self.nvml, which outlives this call.
+        let d = unsafe { dev.handle() };
+        let mig = match dev.mig_mode() {
+            Ok(m) => {
+                Some(self.observe_mig(d, &uuid, index, model, m.current != 0, m.pending != 0)?)
+            }
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => return Err(nvml_err(what("MIG mode"), e)),
+        };
+        let mut gpu = GpuState {
+            index,
+            uuid: uuid.clone(),
+            name,
+            model: model.map(|m| m.key.clone()),
+            minor,
+            memory_mib,
+            mig,
+            processes: vec![],
+        };
+        for p in procs {
+            let gp = GpuProcess {
+                pid: p.pid,
+                used_memory: match p.used_gpu_memory {
+                    UsedGpuMemory::Used(b) => b,
+                    UsedGpuMemory::Unavailable => 0,
+                },
+                unit: None,
+                cgroup: None,
+            };
+            let slot = match (p.gpu_instance_id, p.compute_instance_id, &mut gpu.mig) {
+                (Some(gi), Some(ci), Some(m)) => m
+                    .instances
+                    .iter_mut()
+                    .find(|g| g.id == gi)
+                    .and_then(|g| g.compute.iter_mut().find(|c| c.id == ci))
+                    .map(|c| &mut c.processes),
+                _ => None,
+            };
+            // A process whose instance is unknown is still a process on the GPU: counting it
+            // there keeps it visible as a holder rather than losing it.
+            slot.unwrap_or(&mut gpu.processes).push(gp);
+        }
+        Ok(gpu)
+    }
+
+    fn observe_mig(
+        &self,
+        d: nvmlDevice_t,
+        uuid: &str,
+        index: u32,
+        model: Option<&GpuModel>,
+        current: bool,
+        pending: bool,
+    ) -> Result<MigState, EffectError> {
+        let mut st = MigState {
+            current,
+            pending,
+            instances: vec![],
+        };
+        if !current {
+            return Ok(st);
+        }
+        let lib = self.nvml.lib();
+        let err = |w: String, c| self.raw_err(format!("GPU {index} ({uuid}) {w}"), c);
+        let uuids: BTreeMap<(u32, u32), String> = raw::mig_devices(lib, d)
+            .map_err(|c| err("MIG devices".into(), c))?
+            .into_iter()
+            .map(|(g, c, u)| ((g, c), u))
+            .collect();
+        for p in raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))? {
+            for h in raw::gpu_instances(lib, d, &p)
+                .map_err(|c| err(format!("GIs of profile {}", p.id), c))?
+            {
+                let (id, profile_id, placement) =
+                    raw::gi_info(lib, h).map_err(|c| err("GI info".into(), c))?;
+                let gi_name = model
+                    .and_then(|m| m.gi_profile_by_id(profile_id))
+                    .map(|g| g.name.clone())
+                    .unwrap_or_else(|| format!("profile-{profile_id}"));
+                let mut compute = Vec::new();
+                for (cp, n) in
+                    raw::ci_profiles(lib, h).map_err(|c| err(format!("gi{id} CI profiles"), c))?
+                {
+                    for ch in raw::compute_instances(lib, h, cp, n)
+                        .map_err(|c| err(format!("gi{id} CIs"), c))?
+                    {
+                        let (cid, cpid, cpl) =
+                            raw::ci_info(lib, ch).map_err(|c| err(format!("gi{id} CI"), c))?;
+                        let profile = model
+                            .and_then(|m| m.ci_profiles(&gi_name).iter().find(|x| x.id == cpid))
+                            .map(|x| x.name.clone())
+                            .unwrap_or_else(|| format!("ci-profile-{cpid}"));
+                        compute.push(ComputeInstance {
+                            id: cid,
+                            profile_id: cpid,
+                            profile,
+                            placement: cpl,
+                            uuid: uuids.get(&(id, cid)).cloned().unwrap_or_default(),
+                            processes: vec![],
+                        });
+                    }
+                }
+                compute.sort_by_key(|c| c.id);
+                st.instances.push(GpuInstance {
+                    id,
+                    profile_id,
+                    profile: gi_name,
+                    placement,
+                    owner: None,
+                    compute,
+                });
+            }
+        }
+        st.instances.sort_by_key(|g| g.id);
+        Ok(st)
+    }
+
+    /// Profile id and placement of GI `gi` on `gpu` (owner labels key on these, not on ids).
+    pub fn gi_identity(&self, gpu: &str, gi: u32) -> Result<(u32, Placement), EffectError> {
+        let dev = self.device(gpu)?;
+        // SAFETY: handle valid while self.nvml lives.
+        let d = unsafe { dev.handle() };
+        let lib = self.nvml.lib();
+        let what = format!("GPU {gpu} gi{gi}");
+        let h = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
+        let (_, profile, placement) = raw::gi_info(lib, h).map_err(|c| self.raw_err(what, c))?;
+        Ok((profile, placement))
+    }
+
+    fn index_of(&self, uuid: &str) -> Result<u32, EffectError> {
+        self.device(uuid)?
+            .index()
+            .map_err(|e| nvml_err(format!("GPU {uuid} index"), e))
+    }
+
+    fn fake_reset(&self, index: u32, uuid: &str) -> Result<(), EffectError> {
+        let what = format!("reset GPU {index} ({uuid})");
+        let path = self
+            .lib_path
+            .clone()
+            .unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
+        // SAFETY: dlopen of the library already loaded by nvml-wrapper returns the same handle;
+        // fakeNvmlResetGpu has the C signature `nvmlReturn_t (unsigned int)`.
+        let code = unsafe {
+            let lib = libloading::Library::new(&path).map_err(|e| EffectError::Other {
+                what: what.clone(),
+                message: e.to_string(),
+            })?;
+            let f: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> = lib
+                .get(b"fakeNvmlResetGpu\0")
+                .map_err(|e| EffectError::Other {
+                    what: what.clone(),
+                    message: format!("{}: no fakeNvmlResetGpu: {e}", path.display()),
+                })?;
+            f(index)
+        };
+        match code {
+            raw::SUCCESS => Ok(()),
+            c => Err(self.raw_err(what, c)),
+        }
+    }
+}
+
+impl GpuEffector for NvmlBackend {
+    fn set_mig_mode(&mut self, gpu: &str, enable: bool) -> Result<bool, EffectError> {
+        let dev = self.device(gpu)?;
+        // The activation status says why a change stays pending (IN_USE: processes or another
+        // client hold the GPU); the mode read back afterwards is what counts.
+        dev.set_mig_mode(enable).map_err(|e| match e {
+            NvmlError::InUse => EffectError::InUse {
+                what: format!("GPU {gpu} MIG mode"),
+            },
+            e => nvml_err(format!("GPU {gpu} set MIG mode {enable}"), e),
+        })?;
+        let m = dev
+            .mig_mode()
+            .map_err(|e| nvml_err(format!("GPU {gpu} MIG mode"), e))?;
+        Ok(m.current != m.pending)
+    }
+
+    fn reset_gpu(&mut self, gpu: &str) -> Result<(), EffectError> {
+        let index = self.index_of(gpu)?;
+        match &self.reset {
+            ResetCommand::Fake => self.fake_reset(index, gpu),
+            ResetCommand::Exec(argv) => {
+                let what = format!("reset GPU {index} ({gpu})");
+                let args: Vec<String> = argv
+                    .iter()
+                    .map(|a| {
+                        a.replace("{index}", &index.to_string())
+                            .replace("{uuid}", gpu)
+                    })
+                    .collect();
+                let Some((prog, rest)) = args.split_first() else {
+                    return Err(EffectError::Other {
+                        what,
+                        message: format!("{ENV_RESET_CMD} is empty"),
+                    });
+                };
+                let out = std::process::Command::new(prog)
+                    .args(rest)
+                    .output()
+                    .map_err(|e| EffectError::Other {
+                        what: what.clone(),
+                        message: format!("{}: {e}", args.join(" ")),
+                    })?;
+                if out.status.success() {
+                    Ok(())
+                } else {
+                    Err(EffectError::Other {
+                        what,
+                        message: format!(
+                            "{} exited with {}: {}",
+                            args.join(" "),
+                            out.status,
+                            String::from_utf8_lossy(&out.stderr).trim()
+                        ),
+                    })
+                }
+            }
+        }
+    }
+
+    fn create_gi(
+        &mut self,
+        gpu: &str,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, EffectError> {
+        let dev = self.device(gpu)?;
+        // SAFETY: handle valid while self.nvml lives.
+        let d = unsafe { dev.handle() };
+        let lib = self.nvml.lib();
+        let what = format!(
+            "GPU {gpu} create GI profile {profile_id} @{}+{}",
+            placement.start, placement.size
+        );
+        // Checked first so that a placement the driver does not offer costs no mutating call.
+        let legal = raw::gi_possible_placements(lib, d, profile_id)
+            .map_err(|c| self.raw_err(what.clone(), c))?;
+        if !legal.contains(&placement) {
+            return Err(EffectError::Other {
+                what,
+                message: format!("placement not offered by the driver (offers {legal:?})"),
+            });
+        }
+        let h = raw::create_gi(lib, d, profile_id, placement)
+            .map_err(|c| self.raw_err(what.clone(), c))?;
+        raw::gi_info(lib, h)
+            .map(|(id, _, _)| id)
+            .map_err(|c| self.raw_err(what, c))
+    }
+
+    fn destroy_gi(&mut self, gpu: &str, gi: u32) -> Result<(), EffectError> {
+        let dev = self.device(gpu)?;
+        // SAFETY: handle valid while self.nvml lives.
+        let d = unsafe { dev.handle() };
+        let lib = self.nvml.lib();
+        let what = format!("GPU {gpu} destroy gi{gi}");
+        let h = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
+        raw::destroy_gi(lib, h).map_err(|c| self.raw_err(what, c))
+    }
+
+    fn create_ci(
+        &mut self,
+        gpu: &str,
+        gi: u32,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, EffectError> {
+        let dev = self.device(gpu)?;
+        // SAFETY: handle valid while self.nvml lives.
+        let d = unsafe { dev.handle() };
+        let lib = self.nvml.lib();
+        let what = format!(
+            "GPU {gpu} gi{gi} create CI profile {profile_id} @{}+{}",
+            placement.start, placement.size
+        );
+        let g = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
+        let h = raw::create_ci(lib, g, profile_id, placement)
+            .map_err(|c| self.raw_err(what.clone(), c))?;
+        raw::ci_info(lib, h)
+            .map(|(id, _, _)| id)
+            .map_err(|c| self.raw_err(what, c))
+    }
+
+    fn destroy_ci(&mut self, gpu: &str, gi: u32, ci: u32) -> Result<(), EffectError> {
+        let dev = self.device(gpu)?;
+        // SAFETY: handle valid while self.nvml lives.
+        let d = unsafe { dev.handle() };
+        let lib = self.nvml.lib();
+        let what = format!("GPU {gpu} gi{gi} destroy ci{ci}");
+        let g = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
+        let h = raw::ci_by_id(lib, g, ci).map_err(|c| self.raw_err(what.clone(), c))?;
+        raw::destroy_ci(lib, h).map_err(|c| self.raw_err(what, c))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reset_command_templates() {
+        assert_eq!(ResetCommand::parse("fake:"), ResetCommand::Fake);
+        assert_eq!(
+            ResetCommand::parse(DEFAULT_RESET_CMD),
+            ResetCommand::Exec(vec![
+                "nvidia-smi".into(),
+                "-r".into(),
+                "-i".into(),
+                "{index}".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn missing_library_says_why_once() {
+        let e = NvmlBackend::open(
+            Some("/nonexistent/libnvidia-ml.so.1".into()),
+            ResetCommand::Fake,
+        )
+        .unwrap_err();
+        assert!(
+            e.starts_with("NVML not available: /nonexistent/libnvidia-ml.so.1"),
+            "{e}"
+        );
+        assert_eq!(e.matches("NVML not available").count(), 1);
+    }
+}
