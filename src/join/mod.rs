@@ -15,6 +15,7 @@ use crate::paths::Root;
 use crate::policy::{valid_team_name, Member, Policy};
 use serde::Serialize;
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
@@ -356,16 +357,20 @@ pub fn has_devices(env: &BTreeMap<String, String>) -> bool {
 }
 
 /// The child's environment: the inherited one without any key the daemon owns
-/// ([`OWNED_PREFIXES`]), then the daemon's. Order of the inherited keys is kept.
+/// ([`OWNED_PREFIXES`]), then the daemon's. Order of the inherited keys is kept; keys and
+/// values need not be UTF-8.
 pub fn compose_env(
-    inherited: impl IntoIterator<Item = (String, String)>,
+    inherited: impl IntoIterator<Item = (OsString, OsString)>,
     daemon: &BTreeMap<String, String>,
-) -> Vec<(String, String)> {
-    let mut out: Vec<(String, String)> = inherited
+) -> Vec<(OsString, OsString)> {
+    let mut out: Vec<(OsString, OsString)> = inherited
         .into_iter()
-        .filter(|(k, _)| !OWNED_PREFIXES.iter().any(|p| k.starts_with(p)))
+        .filter(|(k, _)| {
+            let k = k.as_encoded_bytes();
+            !OWNED_PREFIXES.iter().any(|p| k.starts_with(p.as_bytes()))
+        })
         .collect();
-    out.extend(daemon.iter().map(|(k, v)| (k.clone(), v.clone())));
+    out.extend(daemon.iter().map(|(k, v)| (k.into(), v.into())));
     out
 }
 

@@ -302,12 +302,12 @@ fn inherited_env_cannot_override_the_daemons() {
         ("GPUCTL_TEAM", "train"),
         ("HOME", "/home/alice"),
     ]
-    .map(|(k, v)| (k.to_string(), v.to_string()));
+    .map(|(k, v)| (k.into(), v.into()));
     let env = compose_env(inherited, &daemon);
     let get = |k: &str| -> Vec<&str> {
         env.iter()
             .filter(|(kk, _)| kk == k)
-            .map(|(_, v)| v.as_str())
+            .map(|(_, v)| v.to_str().unwrap())
             .collect()
     };
     assert_eq!(get("CUDA_VISIBLE_DEVICES"), vec!["GPU-aaaa"]);
