@@ -29,6 +29,10 @@ fn bytes(v: &Value) -> String {
     }
 }
 
+fn count(v: &Value) -> String {
+    v.as_u64().map_or_else(|| "-".into(), |n| n.to_string())
+}
+
 /// Human rendering of the `Status` document.
 pub fn render(s: &Value) -> String {
     let mut o = String::new();
@@ -73,8 +77,8 @@ pub fn render(s: &Value) -> String {
                 gpus.join(","),
                 bytes(&sl["memory_current"]),
                 bytes(&wanted["memory_max"]),
-                sl["tasks_current"],
-                wanted["tasks_max"],
+                count(&sl["tasks_current"]),
+                count(&wanted["tasks_max"]),
             ));
             for m in t["mps"].as_array().into_iter().flatten() {
                 o.push_str(&format!(

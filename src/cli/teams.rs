@@ -68,11 +68,15 @@ pub fn render(teams: &Value) -> String {
             _ => String::new(),
         };
         s.push_str(&format!(
-            "{}  (via {via})\n  devices: {}\n  slice:   {} {}\n  mps:     {}\n",
+            "{}  (via {via})\n  devices: {}\n  slice:   {}\n  mps:     {}\n",
             t["team"].as_str().unwrap_or("?"),
             t["devices"].as_str().unwrap_or("none on this host now"),
-            t["slice"].as_str().unwrap_or("?"),
-            limits_line(&t["limits"]),
+            [
+                t["slice"].as_str().unwrap_or("?").to_string(),
+                limits_line(&t["limits"])
+            ]
+            .join(" ")
+            .trim_end(),
             if t["mps"].is_null() { "no" } else { "yes" },
         ));
     }
