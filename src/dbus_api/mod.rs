@@ -42,6 +42,7 @@ pub struct Agent {
     tx: mpsc::UnboundedSender<Request>,
     sd: Systemd,
     root: Root,
+    jobs: Arc<join::JobWaiter>,
 }
 
 async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> fdo::Result<u32> {
@@ -133,7 +134,16 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
-        join::join(&self.shared, &self.sd, &self.root, conn, &hdr, &team).await
+        join::join(
+            &self.shared,
+            &self.sd,
+            &self.jobs,
+            &self.root,
+            conn,
+            &hdr,
+            &team,
+        )
+        .await
     }
 
     /// The environment of a team the caller may use (what `/run/gpuctl/teams/<team>.env`
@@ -186,6 +196,8 @@ pub async fn serve(
     sd: Systemd,
     root: Root,
 ) -> zbus::Result<()> {
+    // Subscribed before the name is taken, so no placement can miss its job's signal.
+    let jobs = join::JobWaiter::spawn(&sd).await?;
     conn.object_server()
         .at(
             OBJECT_PATH,
@@ -194,6 +206,7 @@ pub async fn serve(
                 tx,
                 sd,
                 root,
+                jobs,
             },
         )
         .await?;

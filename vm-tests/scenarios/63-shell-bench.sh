@@ -73,18 +73,21 @@ shell_setup
 
 N=${BENCH_N:-25}
 ms() { local t=$(date +%s%N); "$@" >/dev/null 2>&1 || echo FAIL >>/tmp/bench.fail; echo $((($(date +%s%N) - t) / 1000)); }
-rm -f /tmp/bench.fail /tmp/g.txt /tmp/s.txt
+rm -f /tmp/bench.fail /tmp/g.txt /tmp/s.txt /tmp/v.txt
 # Warm both paths (page cache, first bus connection) before measuring.
 gpuctl run --team infer -- true; systemd-run -q --scope --slice=gpu-infer.slice true
 for i in $(seq "$N"); do
     ms gpuctl run --team infer -- true >>/tmp/g.txt
     ms systemd-run -q --scope --slice=gpu-infer.slice true >>/tmp/s.txt
+    # Breakdown: what starting the gpuctl binary alone costs (no bus, no placement).
+    ms gpuctl --version >>/tmp/v.txt
 done
 median() { sort -n "$1" | awk '{a[NR]=$1} END {print (NR % 2) ? a[(NR+1)/2] : int((a[NR/2]+a[NR/2+1])/2)}'; }
 g=$(median /tmp/g.txt) s=$(median /tmp/s.txt)
 ratio=$(awk -v g="$g" -v s="$s" 'BEGIN {printf "%.2f", g / s}')
 echo "BENCH gpuctl run --team infer -- true: median ${g} us over $N"
 echo "BENCH systemd-run --scope --slice=gpu-infer.slice true: median ${s} us over $N"
+echo "BENCH gpuctl --version (process start only): median $(median /tmp/v.txt) us"
 echo "BENCH ratio gpuctl/systemd-run: ${ratio}x (goal <= 1.1x)"
 printf 'gpuctl_us %s\nsystemd_run_us %s\nratio %s\n' "$g" "$s" "$ratio" >"$VMTEST_RESULTS/bench.txt"
 check "every run of both commands succeeded" test ! -e /tmp/bench.fail
