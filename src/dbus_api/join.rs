@@ -312,7 +312,10 @@ impl JobWaiter {
             st.waiting.insert(job.to_string(), tx);
             rx
         };
-        let r = tokio::time::timeout(timeout, rx).await.ok().and_then(Result::ok);
+        let r = tokio::time::timeout(timeout, rx)
+            .await
+            .ok()
+            .and_then(Result::ok);
         if r.is_none() {
             let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
             st.waiting.remove(job);
