@@ -10,6 +10,7 @@
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
 //!   bus interface;
+//! - [`join`]: who may step into which team share (`gpuctl shell/run/env`), checked by gpuctld;
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
@@ -18,6 +19,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
 pub mod geometry;
+pub mod join;
 pub mod nvml;
 pub mod observe;
 pub mod paths;

@@ -4,7 +4,12 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+pub mod env;
 pub mod plan;
+pub mod run;
+pub mod shell;
+pub mod status;
+pub mod teams;
 pub mod validate;
 
 /// Exit codes shared by subcommands.
@@ -15,6 +20,16 @@ pub mod exit {
     pub const INVALID: i32 = 1;
     /// A file could not be read, or another operational failure.
     pub const UNREADABLE: i32 = 2;
+    /// `shell`/`run`/`env`: the caller is not a member of the team.
+    pub const NOT_MEMBER: i32 = 3;
+    /// `shell`/`run`/`env`: no such team, or not a valid team name.
+    pub const UNKNOWN_TEAM: i32 = 4;
+    /// `shell`/`run`/`env`: the team has no devices on this host now.
+    pub const NO_DEVICES: i32 = 5;
+    /// gpuctld is not running (or has no valid policy yet).
+    pub const NO_DAEMON: i32 = 6;
+    /// gpuctld authorized the request but could not place the process in the team's slice.
+    pub const PLACEMENT: i32 = 7;
 }
 
 /// gpuctl makes a shared NVIDIA GPU host match a declarative team policy: MIG layout, MPS
@@ -42,6 +57,16 @@ pub enum Command {
     Apply(plan::ApplyArgs),
     /// Exit 0 when the host matches the policy, 1 when changes are pending.
     Check(plan::CheckArgs),
+    /// Start your login shell in a team's share (its GPUs, limits and environment).
+    Shell(shell::ShellArgs),
+    /// Run one command in a team's share; its exit status is passed through.
+    Run(run::RunArgs),
+    /// Print a team's environment (shell, systemd EnvironmentFile or JSON format).
+    Env(env::EnvArgs),
+    /// List the teams you may join and what each gives.
+    Teams(teams::TeamsArgs),
+    /// What gpuctld reports: teams, GPUs, last reconcile, last policy error.
+    Status(status::StatusArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -52,6 +77,12 @@ pub fn run() -> i32 {
         Command::Plan(a) => plan::run_plan(&cli, a),
         Command::Apply(a) => plan::run_apply(&cli, a),
         Command::Check(a) => plan::run_check(&cli, a),
+        // These talk to gpuctld and print their own one-line refusals with their own codes.
+        Command::Shell(a) => return shell::run(a),
+        Command::Run(a) => return run::run(a),
+        Command::Env(a) => return env::run(a),
+        Command::Teams(a) => return teams::run(a),
+        Command::Status(a) => return status::run(a),
     };
     match result {
         Ok(code) => code,

@@ -294,6 +294,28 @@ impl<E: SliceEffector + Send> SliceReconciler<E> {
             }
         }
 
+        // Env files of teams that lost their last device or left the policy go: `gpuctl run`
+        // and `EnvironmentFile=` read them, and a stale file would hand out devices the slice
+        // no longer allows (or, for a team gone, a share that no longer exists).
+        if let Ok(rd) = std::fs::read_dir(self.root.join(crate::join::TEAM_ENV_DIR)) {
+            for e in rd.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(team) = name.strip_suffix(".env") else {
+                    continue;
+                };
+                if want.devices.get(team).is_some_and(|d| !d.is_empty()) {
+                    continue;
+                }
+                r.changes
+                    .push(format!("{verb}remove /run/gpuctl/teams/{name}"));
+                if apply {
+                    if let Err(err) = std::fs::remove_file(e.path()) {
+                        r.errors.push(format!("{}: {err}", e.path().display()));
+                    }
+                }
+            }
+        }
+
         // MPS daemons: stop the unwanted, then (re)start the wanted with their settings.
         let live_mps = match self.effector.list_mps() {
             Ok(v) => v.into_iter().collect::<BTreeMap<_, _>>(),
@@ -503,8 +525,10 @@ owner = "train"
     fn moving_a_gpu_shrinks_the_first_team_and_plan_changes_nothing() {
         let d = tempfile::tempdir().unwrap();
         let root = host(d.path(), 2);
-        let mut r = SliceReconciler::new(FakeSystemd::default(), root);
+        let mut r = SliceReconciler::new(FakeSystemd::default(), root.clone());
         r.reconcile(&policy(TWO_TEAMS));
+        let train_env = root.join("/run/gpuctl/teams/train.env");
+        assert!(train_env.exists());
         let moved = TWO_TEAMS.replace(
             "index = [1]\nowner = \"train\"",
             "index = [1]\nowner = \"infer\"",
@@ -524,6 +548,13 @@ owner = "train"
             slices["train"].device_allow.is_empty(),
             "no GPU left: no nodes at all"
         );
+        assert!(
+            !train_env.exists(),
+            "a team without devices keeps no env file for `gpuctl run` to hand out"
+        );
+        let infer = std::fs::read_to_string(root.join("/run/gpuctl/teams/infer.env")).unwrap();
+        assert!(infer.contains("CUDA_VISIBLE_DEVICES=0,1\n"), "{infer}");
+        assert!(r.reconcile(&p).changes.is_empty(), "removal is idempotent");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! Client side of `org.gpuctl.Agent1`, for `gpuctl status` and friends.
 
+use std::collections::HashMap;
 use zbus::{proxy, Connection};
 
 /// Proxy of gpuctld's interface.
@@ -18,6 +19,12 @@ pub trait Agent1 {
     fn apply(&self) -> zbus::Result<String>;
     /// Reload and reconcile (root only).
     fn reload(&self) -> zbus::Result<String>;
+    /// Move the calling process into a new scope in the team's slice; returns (env, scope).
+    fn join(&self, team: &str) -> zbus::Result<(HashMap<String, String>, String)>;
+    /// The team's environment.
+    fn env(&self, team: &str) -> zbus::Result<HashMap<String, String>>;
+    /// JSON array of the caller's teams.
+    fn teams(&self) -> zbus::Result<String>;
     /// One-line status.
     #[zbus(property)]
     fn status_text(&self) -> zbus::Result<String>;

@@ -6,23 +6,30 @@
 //! | `Plan() -> s` | method, JSON dry run | anyone |
 //! | `Apply() -> s` | method, JSON report | root |
 //! | `Reload() -> s` | method, JSON report | root |
+//! | `Join(s team) -> (a{ss} env, s scope)` | method: move the caller's own process into a new scope in `gpu-<team>.slice` | members, root |
+//! | `Env(s team) -> a{ss}` | method: the team's environment | members, root |
+//! | `Teams() -> s` | method, JSON: the teams the caller may use and what each gives | anyone (sees own teams) |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
 //!
 //! Root-only methods ask the bus daemon for the caller's uid (`GetConnectionUnixUser` on the
-//! message's sender), never trusting anything the client sends. The bus policy file
-//! (`docs/units-draft/org.gpuctl.Agent1.conf`) lets only root own the name.
+//! message's sender), never trusting anything the client sends. The join methods ([`join`])
+//! take uid, groups and pid from `GetConnectionCredentials` the same way. The bus policy file
+//! (`docs/units-draft/org.gpuctl.Agent1.conf`) lets only root own the name and lets other users
+//! send only the read and join methods.
 
 use crate::daemon::reconcile::{desired, HostFacts, ReconcileReport};
 use crate::daemon::{Request, Shared};
 use crate::paths::Root;
 use crate::systemd::{mps, Systemd};
 use serde_json::{json, Value};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use tokio::sync::{mpsc, oneshot};
 use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
+pub mod join;
 
 /// Well-known bus name.
 pub const BUS_NAME: &str = "org.gpuctl.Agent1";
@@ -35,6 +42,7 @@ pub struct Agent {
     tx: mpsc::UnboundedSender<Request>,
     sd: Systemd,
     root: Root,
+    jobs: Arc<join::JobWaiter>,
 }
 
 async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> fdo::Result<u32> {
@@ -117,6 +125,47 @@ impl Agent {
         Ok(report_json(&self.request("D-Bus Reload").await?))
     }
 
+    /// Move the caller's own process (the bus's `ProcessID` of the connection) into a new
+    /// scope `gpuctl-run-<team>-<pid>.scope` in `gpu-<team>.slice`, if the policy lets the
+    /// caller use `team`; returns the team's environment and the scope's name.
+    async fn join(
+        &self,
+        team: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(HashMap<String, String>, String), join::JoinError> {
+        join::join(
+            &self.shared,
+            &self.sd,
+            &self.jobs,
+            &self.root,
+            conn,
+            &hdr,
+            &team,
+        )
+        .await
+    }
+
+    /// The environment of a team the caller may use (what `/run/gpuctl/teams/<team>.env`
+    /// holds).
+    async fn env(
+        &self,
+        team: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<HashMap<String, String>, join::JoinError> {
+        join::env(&self.shared, &self.root, conn, &hdr, &team).await
+    }
+
+    /// The teams the caller may use and what each gives, as a JSON array.
+    async fn teams(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, join::JoinError> {
+        join::teams(&self.shared, &self.root, conn, &hdr).await
+    }
+
     /// Wall-clock µs at which the latest reconcile started.
     #[zbus(property)]
     async fn last_reconcile_start_usec(&self) -> u64 {
@@ -147,6 +196,8 @@ pub async fn serve(
     sd: Systemd,
     root: Root,
 ) -> zbus::Result<()> {
+    // Subscribed before the name is taken, so no placement can miss its job's signal.
+    let jobs = join::JobWaiter::spawn(&sd).await?;
     conn.object_server()
         .at(
             OBJECT_PATH,
@@ -155,6 +206,7 @@ pub async fn serve(
                 tx,
                 sd,
                 root,
+                jobs,
             },
         )
         .await?;

@@ -1,0 +1,237 @@
+//! `gpuctl shell --team T`, and the client side of joining a team that `gpuctl run`, `env`,
+//! `teams` and `status` share: talking to gpuctld and turning its refusals into exit codes.
+//!
+//! Joining is: ask gpuctld (`Join`) to move *this* process into a new scope in
+//! `gpu-<team>.slice`, then replace this process (`execve`) with the shell or command, with the
+//! environment gpuctld returned. Replacing rather than spawning a child keeps the pid that was
+//! placed, the terminal, stdin/stdout/stderr, the process group (so Ctrl-C and job control
+//! reach the command directly) and makes the command's exit status the one the caller sees,
+//! with no wrapper left to forward signals or outlive the command.
+
+use super::exit;
+use crate::dbus_api::client::Agent1Proxy;
+use crate::join::{self, check_team_name, compose_env, Refusal};
+use clap::Args;
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::process::Command;
+
+/// The exit-code table of the joining commands, for their `--help` (a macro so that it can be
+/// `concat!`ed into the help texts).
+macro_rules! exit_table {
+    ($what:literal) => {
+        concat!(
+            "Exit status (before ",
+            $what,
+            " starts; after that it is ",
+            $what,
+            "'s own):\n",
+            "  3  not a member of the team (the message names the policy's members)\n",
+            "  4  no such team, or not a valid team name\n",
+            "  5  the team has no GPU or MIG device on this host now\n",
+            "  6  gpuctld is not running (systemctl start gpuctld), the system bus is unreachable, or\n     gpuctld has no valid policy yet\n",
+            "  7  gpuctld could not place the process in the team's slice\n",
+            "  2  any other failure (bad reply, refused by the bus policy)\n",
+            "126  ",
+            $what,
+            " could not be executed; 127 it was not found"
+        )
+    };
+}
+pub(crate) use exit_table;
+
+/// Arguments of `gpuctl shell`.
+#[derive(Debug, Args)]
+#[command(after_long_help = SHELL_HELP)]
+pub struct ShellArgs {
+    /// The team whose share the shell runs in.
+    #[arg(long, short = 't', value_name = "TEAM")]
+    pub team: String,
+}
+
+const SHELL_HELP: &str = concat!(
+    "Starts your login shell (from the passwd database) inside a new scope in \
+gpu-<TEAM>.slice: only the team's GPUs or MIG devices open, the team's memory and CPU limits \
+apply, and CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, the MPS directories (when the team \
+uses MPS) and GPUCTL_TEAM come from gpuctld; inherited CUDA_*, NVIDIA_* and GPUCTL_* variables \
+are dropped. Leave with `exit`.\n\n",
+    exit_table!("the shell")
+);
+
+/// A failure with its exit code and one-line message.
+#[derive(Debug)]
+pub struct Failure {
+    /// Exit code (see [`EXIT_HELP`]).
+    pub code: i32,
+    /// One line, without the `gpuctl: ` prefix.
+    pub message: String,
+}
+
+impl Failure {
+    fn new(code: i32, message: impl Into<String>) -> Self {
+        Failure {
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// Print the line and return the code.
+    pub fn report(&self) -> i32 {
+        eprintln!("gpuctl: {}", self.message);
+        self.code
+    }
+}
+
+impl From<Refusal> for Failure {
+    fn from(r: Refusal) -> Self {
+        let code = match r {
+            Refusal::BadTeamName { .. } | Refusal::UnknownTeam { .. } => exit::UNKNOWN_TEAM,
+            Refusal::NotMember { .. } => exit::NOT_MEMBER,
+            Refusal::NoDevices { .. } => exit::NO_DEVICES,
+            Refusal::NoPolicy(_) => exit::NO_DAEMON,
+            Refusal::NotYourProcess { .. } => exit::PLACEMENT,
+        };
+        Failure::new(code, r.to_string())
+    }
+}
+
+/// Map a bus error to an exit code; `what` names the call for the message.
+pub fn bus_failure(e: zbus::Error, what: &str) -> Failure {
+    if let zbus::Error::MethodError(name, msg, _) = &e {
+        let msg = msg.clone().unwrap_or_else(|| name.to_string());
+        let code = match name.as_str() {
+            "org.freedesktop.DBus.Error.ServiceUnknown"
+            | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
+                return Failure::new(
+                    exit::NO_DAEMON,
+                    "gpuctld is not running (start it with: systemctl start gpuctld)",
+                )
+            }
+            "org.gpuctl.Agent1.Error.NotMember" => exit::NOT_MEMBER,
+            "org.gpuctl.Agent1.Error.UnknownTeam" | "org.gpuctl.Agent1.Error.InvalidTeamName" => {
+                exit::UNKNOWN_TEAM
+            }
+            "org.gpuctl.Agent1.Error.NoDevices" => exit::NO_DEVICES,
+            "org.gpuctl.Agent1.Error.NoPolicy" => exit::NO_DAEMON,
+            "org.gpuctl.Agent1.Error.PlacementFailed"
+            | "org.gpuctl.Agent1.Error.NotYourProcess" => exit::PLACEMENT,
+            // The bus policy refused the call: an old policy file or a method not meant for
+            // this user.
+            "org.freedesktop.DBus.Error.AccessDenied" => exit::UNREADABLE,
+            _ => exit::UNREADABLE,
+        };
+        return Failure::new(code, msg);
+    }
+    Failure::new(exit::UNREADABLE, format!("{what}: {e}"))
+}
+
+/// Run `f` with a proxy of gpuctld on the system bus, on a private single-thread runtime.
+pub fn with_agent<T>(
+    what: &str,
+    f: impl AsyncFnOnce(&Agent1Proxy<'static>) -> zbus::Result<T>,
+) -> Result<T, Failure> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| Failure::new(exit::UNREADABLE, format!("tokio runtime: {e}")))?;
+    rt.block_on(async {
+        let conn = zbus::Connection::system().await.map_err(|e| {
+            Failure::new(
+                exit::NO_DAEMON,
+                format!(
+                    "cannot reach the system bus ({e}); is gpuctld running? \
+                     (systemctl start gpuctld)"
+                ),
+            )
+        })?;
+        let proxy = Agent1Proxy::new(&conn)
+            .await
+            .map_err(|e| bus_failure(e, what))?;
+        f(&proxy).await.map_err(|e| bus_failure(e, what))
+    })
+}
+
+/// Ask gpuctld to place this process in `team`'s slice; returns the environment to set (the
+/// daemon's, plus `GPUCTL_SCOPE`).
+pub fn join_team(team: &str) -> Result<BTreeMap<String, String>, Failure> {
+    // Client-side too, so a hostile name never even travels to the daemon.
+    check_team_name(team)?;
+    let (env, scope) = with_agent("Join", async |p| p.join(team).await)?;
+    let mut env: BTreeMap<String, String> = env.into_iter().collect();
+    env.insert("GPUCTL_SCOPE".into(), scope);
+    Ok(env)
+}
+
+/// Replace this process with `program args` under the daemon's environment. Returns only on
+/// failure, with 126/127 as a shell would.
+pub fn exec_with(
+    program: &OsString,
+    args: &[OsString],
+    daemon_env: &BTreeMap<String, String>,
+) -> i32 {
+    let mut cmd = Command::new(program);
+    cmd.args(args)
+        .env_clear()
+        .envs(compose_env(std::env::vars_os(), daemon_env));
+    let e = cmd.exec();
+    let code = match e.kind() {
+        std::io::ErrorKind::NotFound => 127,
+        _ => 126,
+    };
+    eprintln!(
+        "gpuctl: cannot run {}: {e} (it was placed in {})",
+        program.to_string_lossy(),
+        daemon_env
+            .get("GPUCTL_SCOPE")
+            .map_or("the team's scope", String::as_str)
+    );
+    code
+}
+
+/// The caller's login shell from the passwd database (NSS), `/bin/sh` when it names none.
+fn login_shell() -> Result<OsString, Failure> {
+    let uid = nix::unistd::getuid();
+    let user = nix::unistd::User::from_uid(uid)
+        .ok()
+        .flatten()
+        .ok_or_else(|| {
+            Failure::new(
+                exit::UNREADABLE,
+                format!("uid {uid} has no passwd entry: no login shell to start"),
+            )
+        })?;
+    let shell = user.shell.into_os_string();
+    Ok(if shell.is_empty() {
+        "/bin/sh".into()
+    } else {
+        shell
+    })
+}
+
+/// Run `gpuctl shell`.
+pub fn run(args: &ShellArgs) -> i32 {
+    let shell = match check_team_name(&args.team)
+        .map_err(Failure::from)
+        .and_then(|()| login_shell())
+    {
+        Ok(s) => s,
+        Err(f) => return f.report(),
+    };
+    let env = match join_team(&args.team) {
+        Ok(e) => e,
+        Err(f) => return f.report(),
+    };
+    eprintln!(
+        "gpuctl: team {} ({}), CUDA_VISIBLE_DEVICES={}; `exit` leaves",
+        args.team,
+        env.get("GPUCTL_SCOPE").map_or("", String::as_str),
+        env.get("CUDA_VISIBLE_DEVICES").map_or("", String::as_str)
+    );
+    exec_with(&shell, &[], &env)
+}
+
+/// Re-export for `gpuctl teams` and `status`: the team-name check as a [`Failure`].
+pub fn checked_team(team: &str) -> Result<(), Failure> {
+    join::check_team_name(team).map_err(Failure::from)
+}

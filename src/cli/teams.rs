@@ -1,0 +1,126 @@
+//! `gpuctl teams [--json]`: the teams the caller may use, and what each gives.
+
+use super::shell::with_agent;
+use clap::Args;
+use serde_json::Value;
+
+/// Arguments of `gpuctl teams`.
+#[derive(Debug, Args)]
+#[command(
+    after_long_help = "Lists only teams you may join (root sees every team): why \
+(user, @group or root), the devices (CUDA_VISIBLE_DEVICES), the slice and its limits, and \
+whether the team runs MPS.
+
+Exit status: 0, 6 gpuctld not running or no valid policy, 2 other failure."
+)]
+pub struct TeamsArgs {
+    /// Print the daemon's JSON array.
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn limits_line(l: &Value) -> String {
+    let Some(m) = l.as_object() else {
+        return String::new();
+    };
+    m.iter()
+        .filter(|(_, v)| !v.is_null())
+        .map(|(k, v)| {
+            let v = match v {
+                Value::Object(o) => o
+                    .iter()
+                    .map(|(unit, n)| match unit.as_str() {
+                        "Bytes" => format!("{n}B"),
+                        "PercentOfRam" => format!("{n}% of RAM"),
+                        _ => n.to_string(),
+                    })
+                    .collect::<Vec<_>>()
+                    .join(""),
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            format!("{}={v}", k.replace('_', "-"))
+        })
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Human rendering of the `Teams` JSON.
+pub fn render(teams: &Value) -> String {
+    let Some(list) = teams.as_array() else {
+        return String::new();
+    };
+    if list.is_empty() {
+        return "You may not join any team (ask an admin to add you or your group to one).\n"
+            .into();
+    }
+    let mut s = String::new();
+    for t in list {
+        let via = match &t["via"] {
+            Value::String(r) => r.clone(),
+            Value::Object(o) => o
+                .iter()
+                .map(|(k, v)| match k.as_str() {
+                    "group" => format!("group @{}", v.as_str().unwrap_or("")),
+                    _ => format!("{k} {}", v.as_str().unwrap_or("")),
+                })
+                .collect(),
+            _ => String::new(),
+        };
+        s.push_str(&format!(
+            "{}  (via {via})\n  devices: {}\n  slice:   {}\n  mps:     {}\n",
+            t["team"].as_str().unwrap_or("?"),
+            t["devices"].as_str().unwrap_or("none on this host now"),
+            [
+                t["slice"].as_str().unwrap_or("?").to_string(),
+                limits_line(&t["limits"])
+            ]
+            .join(" ")
+            .trim_end(),
+            if t["mps"].is_null() { "no" } else { "yes" },
+        ));
+    }
+    s
+}
+
+/// Run `gpuctl teams`.
+pub fn run(args: &TeamsArgs) -> i32 {
+    match with_agent("Teams", async |p| p.teams().await) {
+        Ok(text) => {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
+            } else {
+                print!("{}", render(&v));
+            }
+            super::exit::OK
+        }
+        Err(f) => f.report(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn renders_via_devices_limits_and_mps() {
+        let v = json!([{
+            "team": "infer",
+            "via": {"group": "ml-infer"},
+            "slice": "gpu-infer.slice",
+            "devices": "0",
+            "limits": {"memory_max": {"Bytes": 268435456}, "cpu_weight": 300, "tasks_max": null},
+            "mps": {"active_thread_percentage": 40},
+        }]);
+        let s = render(&v);
+        assert!(s.starts_with("infer  (via group @ml-infer)\n"), "{s}");
+        assert!(s.contains("devices: 0\n"));
+        assert!(s.contains("memory-max=268435456B"), "{s}");
+        assert!(s.contains("cpu-weight=300"));
+        assert!(!s.contains("tasks-max"));
+        assert!(s.contains("mps:     yes"));
+        assert!(render(&json!([])).starts_with("You may not join any team"));
+    }
+}
