@@ -1,8 +1,10 @@
 //! The real host: NVML for the GPUs, files under the [`Root`] for everything gpuctl keeps
-//! itself (owner labels, team env files, capability nodes), `/proc` for PIDs' cgroups.
+//! itself (owner labels, team env files, capability nodes), `/proc` for PIDs' cgroups, and
+//! systemd (team slices, MPS daemons, draining units) through a [`SystemdSide`] when one is
+//! attached ([`RealHost::with_systemd`]).
 //!
-//! systemd (slices, MPS daemons, draining units) is not part of this host yet: those effector
-//! methods fail with [`not_local`], and [`RealHost::supports`] tells the caller which phases to
+//! Without systemd (no system bus: a rescue shell, a container) the slice, MPS and unit
+//! methods fail with [`no_systemd`], and [`RealHost::phases`] tells the caller which phases to
 //! leave out, so `gpuctl apply --local` can say what it skipped.
 
 use crate::apply::{
@@ -14,6 +16,7 @@ use crate::observe::{GpuState, HostInfo, MpsSpec, Observed, SliceSpec};
 use crate::paths::{Root, MIG_MINORS, RUN_DIR, STATE_DIR};
 use crate::plan::Phase;
 use crate::profiles::Placement;
+use crate::systemd::SystemdSide;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
@@ -27,11 +30,11 @@ pub const CAPS_DIR: &str = "/dev/nvidia-caps";
 /// Team env files directory, under [`RUN_DIR`].
 pub const TEAMS_DIR: &str = "teams";
 
-/// The error of a systemd-backed effector on a host without the systemd layer.
-pub fn not_local(what: &str) -> EffectError {
+/// The error of a systemd-backed effector on a host without a reachable systemd.
+pub fn no_systemd(what: &str) -> EffectError {
     EffectError::Other {
         what: what.to_string(),
-        message: "not available in --local mode (needs the systemd layer / the daemon)".into(),
+        message: "needs systemd, and no system bus is reachable".into(),
     }
 }
 
@@ -152,7 +155,9 @@ fn count_cpus(list: &str) -> u32 {
 #[derive(Debug)]
 pub struct RealHost {
     root: Root,
+    lib: Option<PathBuf>,
     nvml: Result<NvmlBackend, String>,
+    systemd: Option<Box<dyn SystemdSide>>,
 }
 
 impl RealHost {
@@ -160,8 +165,34 @@ impl RealHost {
     /// A missing driver is not an error here: it is recorded and reported by
     /// [`Observer::observe`] in [`Observed::nvml_unavailable`].
     pub fn open(root: Root, lib: Option<PathBuf>) -> Self {
-        let nvml = NvmlBackend::open(lib, ResetCommand::from_env());
-        RealHost { root, nvml }
+        let nvml = NvmlBackend::open(lib.clone(), ResetCommand::from_env());
+        RealHost {
+            root,
+            lib,
+            nvml,
+            systemd: None,
+        }
+    }
+
+    /// Drive slices, MPS daemons and team units through `sd`, and observe the live slices and
+    /// daemons from it.
+    pub fn with_systemd(mut self, sd: Box<dyn SystemdSide>) -> Self {
+        self.systemd = Some(sd);
+        self
+    }
+
+    /// Whether a systemd is attached.
+    pub fn has_systemd(&self) -> bool {
+        self.systemd.is_some()
+    }
+
+    /// Use the NVML library `lib` from now on (the policy's `nvml-library` may change while the
+    /// daemon runs); reopens only when it differs, or when the last open failed.
+    pub fn set_nvml_library(&mut self, lib: Option<PathBuf>) {
+        if lib != self.lib || self.nvml.is_err() {
+            self.nvml = NvmlBackend::open(lib.clone(), ResetCommand::from_env());
+            self.lib = lib;
+        }
     }
 
     /// Why NVML cannot be used, if it cannot.
@@ -174,17 +205,24 @@ impl RealHost {
         &self.root
     }
 
-    /// Whether this host can carry out actions of `phase`. Drain, slices, MPS and resume go
-    /// through systemd, which this host does not have.
-    pub fn supports(phase: Phase) -> bool {
-        matches!(phase, Phase::MigMode | Phase::MigInstances | Phase::Devices)
+    /// Whether this host can carry out actions of `phase`: drain, slices, MPS and resume go
+    /// through systemd.
+    pub fn supports(&self, phase: Phase) -> bool {
+        self.systemd.is_some()
+            || matches!(phase, Phase::MigMode | Phase::MigInstances | Phase::Devices)
     }
 
-    /// The phases this host can carry out.
-    pub fn supported_phases() -> BTreeSet<Phase> {
-        [Phase::MigMode, Phase::MigInstances, Phase::Devices]
-            .into_iter()
-            .collect()
+    /// The phases this host can carry out, for [`crate::apply::execute_with`]; `None`: all.
+    pub fn phases(&self) -> Option<BTreeSet<Phase>> {
+        self.systemd.is_none().then(|| {
+            [Phase::MigMode, Phase::MigInstances, Phase::Devices]
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn systemd(&mut self, what: &str) -> Result<&mut Box<dyn SystemdSide>, EffectError> {
+        self.systemd.as_mut().ok_or_else(|| no_systemd(what))
     }
 
     fn owners_path(&self) -> PathBuf {
@@ -303,6 +341,16 @@ impl Observer for RealHost {
                 }
             }
         }
+        if let Some(sd) = self.systemd.as_mut() {
+            // Only slices gpuctl controls (DevicePolicy=closed) count as existing: any other
+            // gpu-<team>.slice is planned to be set, which is what it needs.
+            for team in sd.list_slices()? {
+                if let Some(spec) = sd.read_slice(&team)? {
+                    obs.slices.insert(team, spec);
+                }
+            }
+            obs.mps = sd.list_mps()?.into_iter().collect();
+        }
         if let Ok(rd) = std::fs::read_dir(self.root.join(CAPS_DIR)) {
             for e in rd.flatten() {
                 if let Some(n) = e
@@ -370,29 +418,35 @@ impl OwnerLabels for RealHost {
 }
 
 impl UnitEffector for RealHost {
-    fn stop_units(&mut self, units: &[String], _timeout: Duration) -> Result<(), EffectError> {
-        Err(not_local(&format!("stop {}", units.join(" "))))
+    fn stop_units(&mut self, units: &[String], timeout: Duration) -> Result<(), EffectError> {
+        self.systemd(&format!("stop {}", units.join(" ")))?
+            .stop_units(units, timeout)
     }
     fn start_units(&mut self, units: &[String]) -> Result<(), EffectError> {
-        Err(not_local(&format!("start {}", units.join(" "))))
+        self.systemd(&format!("start {}", units.join(" ")))?
+            .start_units(units)
     }
 }
 
 impl SliceEffector for RealHost {
-    fn set_slice(&mut self, team: &str, _spec: &SliceSpec) -> Result<(), EffectError> {
-        Err(not_local(&format!("gpu-{team}.slice")))
+    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+        self.systemd(&format!("gpu-{team}.slice"))?
+            .set_slice(team, spec)
     }
     fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
-        Err(not_local(&format!("gpu-{team}.slice")))
+        self.systemd(&format!("gpu-{team}.slice"))?
+            .remove_slice(team)
     }
 }
 
 impl MpsEffector for RealHost {
-    fn start_mps(&mut self, instance: &str, _spec: &MpsSpec) -> Result<(), EffectError> {
-        Err(not_local(&format!("MPS daemon {instance}")))
+    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError> {
+        self.systemd(&crate::systemd::mps::unit(instance))?
+            .start_mps(instance, spec)
     }
     fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError> {
-        Err(not_local(&format!("MPS daemon {instance}")))
+        self.systemd(&crate::systemd::mps::unit(instance))?
+            .stop_mps(instance)
     }
 }
 

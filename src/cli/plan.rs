@@ -2,9 +2,11 @@
 //!
 //! Without `--simulate`/`--state` they observe the real host: GPUs through NVML (see
 //! [`crate::nvml`] for how the library is found), files under `--root`. `apply` on the real
-//! host needs `--local`: it then runs in this process, as root, like `mig-parted apply`, with
-//! the MIG journal under `/var/lib/gpuctl`. Phases that need systemd (drain, slices, MPS,
-//! resume) are not run by `--local` in this build and are listed as skipped.
+//! host goes to the daemon (`Apply` on the bus, root only), or with `--local` runs in this
+//! process, as root, like `mig-parted apply`, with the MIG journal under `/var/lib/gpuctl`:
+//! the same observe/plan/execute path as the daemon, driving slices, MPS daemons and team units
+//! through systemd when the system bus is reachable (otherwise those phases are listed as
+//! skipped).
 use super::{exit, Cli};
 use crate::apply::journal::FileJournal;
 use crate::apply::{execute, execute_with, Observer, Report};
@@ -14,6 +16,7 @@ use crate::plan::{self, desired, Action, Desired, Plan};
 use crate::policy::{self, GpuUse, Policy};
 use crate::real::RealHost;
 use crate::sim::SimHost;
+use crate::systemd::client::BlockingSystemd;
 use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
@@ -55,7 +58,8 @@ pub struct ApplyArgs {
     #[command(flatten)]
     pub host: HostArgs,
     /// Apply to this host in-process, without the daemon (as root; for recovery and scripts).
-    /// MIG and files are applied; steps that need systemd are listed as skipped.
+    /// Without a reachable systemd only MIG and files are applied, the other steps are listed
+    /// as skipped.
     #[arg(long, conflicts_with_all = ["simulate", "state"])]
     pub local: bool,
 }
@@ -67,9 +71,6 @@ pub struct CheckArgs {
     #[command(flatten)]
     pub host: HostArgs,
 }
-
-const NEEDS_LOCAL: &str = "applying to the real host needs --local (in-process, as root) \
-or the gpuctld daemon; use --simulate SPEC to try a policy on a simulated host";
 
 /// The host a command works on.
 pub enum Target {
@@ -140,7 +141,11 @@ fn check_host(p: &Policy, observed: &Observed) -> Result<(), i32> {
 /// Load the policy, open the host (simulated or real) and observe it once. NVML missing on a
 /// real host is said once here; the GPUs are then simply not observed (nothing is planned for
 /// them) and the rest of the plan stands.
-fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, Target, Observed), i32>> {
+fn prepare(
+    cli: &Cli,
+    host: &HostArgs,
+    say_no_systemd: bool,
+) -> anyhow::Result<Result<(Policy, Target, Observed), i32>> {
     if let Some(h) = sim_host(host)? {
         let obs = h.state.clone();
         return Ok(load_policy(cli, host)
@@ -153,7 +158,17 @@ fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, Target,
     };
     let root = Root::new(&cli.root);
     let lib = crate::nvml::library_path(p.host.nvml_library.as_deref());
-    let mut h = RealHost::open(root, lib);
+    let mut h = RealHost::open(root.clone(), lib);
+    // Live slices and MPS daemons are part of the host: observed (and, by apply --local,
+    // changed) through systemd when there is one to talk to.
+    match BlockingSystemd::connect_system(root) {
+        Ok(sd) => h = h.with_systemd(Box::new(sd)),
+        Err(e) if say_no_systemd => eprintln!(
+            "gpuctl: systemd is not reachable ({e}); the drain, slice, MPS and resume steps \
+             are skipped"
+        ),
+        Err(_) => {}
+    }
     let obs = h
         .observe()
         .map_err(|e| anyhow::anyhow!("observing the host: {e}"))?;
@@ -169,10 +184,10 @@ fn prepare(cli: &Cli, host: &HostArgs) -> anyhow::Result<Result<(Policy, Target,
 fn unsupported(t: &Target, pl: &Plan) -> Vec<Action> {
     match t {
         Target::Sim(_) => vec![],
-        Target::Real(_) => pl
+        Target::Real(h) => pl
             .actions
             .iter()
-            .filter(|a| !RealHost::supports(a.phase))
+            .filter(|a| !h.supports(a.phase))
             .cloned()
             .collect(),
     }
@@ -187,7 +202,7 @@ struct JsonPlan<'a> {
 
 /// Run `gpuctl plan`.
 pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
-    let (p, _h, obs) = match prepare(cli, &a.host)? {
+    let (p, _h, obs) = match prepare(cli, &a.host, false)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
@@ -209,14 +224,15 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
 /// steps failed.
 pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     if a.host.simulate.is_none() && a.host.state.is_none() && !a.local {
-        eprintln!("gpuctl: {NEEDS_LOCAL}");
-        return Ok(exit::UNREADABLE);
+        return Ok(apply_by_daemon(a));
     }
-    let (p, h, obs) = match prepare(cli, &a.host)? {
+    let (p, h, obs) = match prepare(cli, &a.host, true)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
     let pl = plan::plan(&p, &obs);
+    // The real host, kept to tell which remaining steps it could not have run.
+    let mut remaining_filter: Option<Box<RealHost>> = None;
     let report = match h {
         Target::Sim(mut h) => {
             let r = execute(&p, &pl, &mut h).context("simulated host")?;
@@ -230,25 +246,23 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
         }
         Target::Real(mut h) => {
             let mut journal = FileJournal::new(h.root());
-            let phases = RealHost::supported_phases();
-            execute_with(&p, &pl, h.as_mut(), &mut journal, Some(&phases))
-                .with_context(|| format!("applying on {}", cli.root.display()))?
+            let phases = h.phases();
+            let r = execute_with(&p, &pl, h.as_mut(), &mut journal, phases.as_ref())
+                .with_context(|| format!("applying on {}", cli.root.display()))?;
+            remaining_filter = Some(h);
+            r
         }
     };
     print_report(&report);
-    let unsupported: Vec<&Action> = report
-        .remaining
-        .actions
-        .iter()
-        .filter(|a| !report.not_run.is_empty() && !RealHost::supports(a.phase))
-        .collect();
     let mut remaining = report.remaining.clone();
-    remaining.actions.retain(|a| !unsupported.contains(&a));
+    if let Some(h) = &remaining_filter {
+        remaining.actions.retain(|a| h.supports(a.phase));
+    }
     print_pending(&remaining);
     if !report.not_run.is_empty() {
         println!(
-            "note: --local ran the MIG and device phases only; {} step(s) of the drain, slice, \
-             MPS and resume phases need systemd and were skipped",
+            "note: no systemd: --local ran the MIG and device phases only; {} step(s) of the \
+             drain, slice, MPS and resume phases were skipped",
             report.not_run.len()
         );
     }
@@ -259,6 +273,50 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     } else {
         exit::INVALID
     })
+}
+
+/// `gpuctl apply` on the real host without `--local`: the daemon applies (its `Apply` method,
+/// root only, checked by the daemon against the caller's bus credentials) and reports.
+fn apply_by_daemon(_a: &ApplyArgs) -> i32 {
+    let json = match super::shell::with_agent("Apply", async |p| p.apply().await) {
+        Ok(j) => j,
+        Err(f) => return f.report(),
+    };
+    let v: serde_json::Value = match serde_json::from_str(&json) {
+        Ok(v) => v,
+        Err(e) => {
+            eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
+            return exit::UNREADABLE;
+        }
+    };
+    let r = &v["report"];
+    let lines = |k: &str| -> Vec<String> {
+        r[k].as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|l| l.as_str().map(str::to_string))
+            .collect()
+    };
+    for l in lines("changes") {
+        println!("done    {l}");
+    }
+    for l in lines("warnings") {
+        println!("warning {l}");
+    }
+    let errors = lines("errors");
+    for l in &errors {
+        println!("FAILED  {l}");
+    }
+    if errors.is_empty() {
+        println!(
+            "converged: {} teams, {} GPUs",
+            r["teams"].as_u64().unwrap_or(0),
+            r["gpus"].as_u64().unwrap_or(0)
+        );
+        exit::OK
+    } else {
+        exit::UNREADABLE
+    }
 }
 
 fn print_report(report: &Report) {
@@ -303,7 +361,7 @@ fn print_pending(p: &Plan) {
 
 /// Run `gpuctl check`: exit 0 when converged, 1 when changes are pending or blocked.
 pub fn run_check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<i32> {
-    let (p, h, obs) = match prepare(cli, &a.host)? {
+    let (p, h, obs) = match prepare(cli, &a.host, false)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };

@@ -63,11 +63,22 @@ pub fn render(s: &Value) -> String {
         o.push_str("teams:\n");
         for (name, t) in teams {
             let sl = &t["slice"];
+            // Whole GPUs by index, MIG devices by UUID (what CUDA_VISIBLE_DEVICES names).
             let gpus: Vec<String> = t["gpus"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .map(ToString::to_string)
+                .map(|g| match g.get("index") {
+                    Some(i) => i.to_string(),
+                    None => g.to_string(),
+                })
+                .chain(
+                    t["mig_instances"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .filter_map(|m| m["uuid"].as_str().map(str::to_string)),
+                )
                 .collect();
             let wanted = &sl["wanted"];
             o.push_str(&format!(
@@ -104,11 +115,7 @@ pub fn render(s: &Value) -> String {
                 g["index"],
                 g["node"].as_str().unwrap_or("?"),
                 teams.join(","),
-                if g["mig"].is_null() {
-                    "unknown".to_string()
-                } else {
-                    g["mig"].to_string()
-                }
+                g["mig"].as_str().unwrap_or("not supported")
             ));
         }
     }
@@ -167,6 +174,6 @@ mod tests {
             ),
             "{s}"
         );
-        assert!(s.contains("  0 /dev/nvidia0: teams [infer], MIG unknown\n"));
+        assert!(s.contains("  0 /dev/nvidia0: teams [infer], MIG not supported\n"));
     }
 }

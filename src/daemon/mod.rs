@@ -15,14 +15,13 @@ use crate::policy::Policy;
 use crate::systemd::client::BlockingSystemd;
 use crate::systemd::{mps, props, Systemd};
 use futures_lite::StreamExt;
-use reconcile::{ReconcileReport, Reconciler, SliceReconciler};
+use reconcile::{CoreReconciler, ReconcileReport, Reconciler};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::{mpsc, oneshot};
 use tracing::{debug, error, info, warn};
 
 pub mod generator;
-pub mod interim_policy;
 pub mod logging;
 pub mod reconcile;
 pub mod state;
@@ -35,13 +34,96 @@ pub fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-/// Load the policy from the standard places under `root`; the error is one line naming file,
-/// line and key.
-///
-/// THE switch point for the real loader: replace the body with `crate::policy::load(root)`
-/// (policy or first error diagnostic) at merge; nothing else reads policy files.
+/// Load the policy from the standard places under `root` with [`crate::policy::load`]. Warnings
+/// go to the journal; the error is one line, `file:line:col: key: message` of the first error
+/// (and how many more there are), for `STATUS=`, the journal and `Status`.
 pub fn load_policy(root: &Root) -> Result<Policy, String> {
-    interim_policy::load(root)
+    let out = crate::policy::load(root);
+    for d in out
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == crate::policy::Severity::Warning)
+    {
+        warn!(gpuctl_action = "load-policy", "{d}");
+    }
+    if let Some((path, why)) = out.unreadable.first() {
+        return Err(format!("{}: cannot read: {why}", path.display()));
+    }
+    let errors: Vec<&crate::policy::Diagnostic> = out
+        .diagnostics
+        .iter()
+        .filter(|d| d.severity == crate::policy::Severity::Error)
+        .collect();
+    match (out.policy, errors.first()) {
+        (Some(p), None) => Ok(p),
+        (_, Some(first)) => {
+            for d in &errors[1..] {
+                error!(gpuctl_action = "load-policy", "{d}");
+            }
+            let more = match errors.len() {
+                1 => String::new(),
+                n => format!(" (and {} more error(s))", n - 1),
+            };
+            Err(format!("{}{more}", error_line(first)))
+        }
+        (None, None) => Err("policy rejected without a diagnostic".into()),
+    }
+}
+
+/// `file:line:col: key: message (help)`: the diagnostic without its severity word, which the
+/// status line's "policy error in" already says.
+fn error_line(d: &crate::policy::Diagnostic) -> String {
+    let mut s = String::new();
+    if let Some(loc) = &d.loc {
+        s.push_str(&format!("{loc}: "));
+    }
+    if !d.key.is_empty() {
+        s.push_str(&format!("{}: ", d.key));
+    }
+    s.push_str(&d.message);
+    if let Some(h) = &d.help {
+        s.push_str(&format!(" ({h})"));
+    }
+    s
+}
+
+/// Load the policy under `root`; on failure keep `last_good` (in memory, else the copy on disk
+/// from before a restart) in force. Updates `shared` (the policy in force, its origin, the
+/// error naming file, line and key) and returns the policy to act on, `None` when there has
+/// never been a good one.
+pub fn load_keeping_last_good(
+    root: &Root,
+    last_good: &mut Option<Policy>,
+    shared: &Mutex<Shared>,
+) -> Option<Policy> {
+    let lg_path = root.join(state::LAST_GOOD);
+    match load_policy(root) {
+        Ok(p) => {
+            if last_good.as_ref() != Some(&p) {
+                if let Err(e) = state::save_last_good(&lg_path, &p) {
+                    warn!("cannot save last good policy: {e}");
+                }
+            }
+            *last_good = Some(p.clone());
+            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.policy_error = None;
+            sh.policy = Some(p.clone());
+            sh.policy_origin = Some("current");
+            Some(p)
+        }
+        Err(e) => {
+            error!(gpuctl_action = "load-policy", "policy error: {e}");
+            if last_good.is_none() {
+                // After a restart the in-memory copy is gone; the disk copy is the memory.
+                *last_good = state::load_last_good(&lg_path);
+            }
+            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.policy_error = Some(e);
+            sh.policy = last_good.clone();
+            sh.policy_origin = last_good.as_ref().map(|_| "last-good");
+            last_good.clone()
+        }
+    }
 }
 
 /// Daemon settings.
@@ -131,34 +213,7 @@ struct Looper {
 impl Looper {
     /// Load, keeping the last good policy on failure. Returns the policy to act on.
     fn load(&mut self) -> Option<Policy> {
-        let lg_path = self.root.join(state::LAST_GOOD);
-        match load_policy(&self.root) {
-            Ok(p) => {
-                if self.last_good.as_ref() != Some(&p) {
-                    if let Err(e) = state::save_last_good(&lg_path, &p) {
-                        warn!("cannot save last good policy: {e}");
-                    }
-                }
-                self.last_good = Some(p.clone());
-                let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-                sh.policy_error = None;
-                sh.policy = Some(p.clone());
-                sh.policy_origin = Some("current");
-                Some(p)
-            }
-            Err(e) => {
-                error!(gpuctl_action = "load-policy", "policy error: {e}");
-                if self.last_good.is_none() {
-                    // After a restart the in-memory copy is gone; the disk copy is the memory.
-                    self.last_good = state::load_last_good(&lg_path);
-                }
-                let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-                sh.policy_error = Some(e);
-                sh.policy = self.last_good.clone();
-                sh.policy_origin = self.last_good.as_ref().map(|_| "last-good");
-                self.last_good.clone()
-            }
-        }
+        load_keeping_last_good(&self.root, &mut self.last_good, &self.shared)
     }
 
     async fn cycle(&mut self, reason: &str) -> ReconcileReport {
@@ -188,12 +243,6 @@ impl Looper {
                 ..Default::default()
             },
         };
-        for c in &report.changes {
-            info!(gpuctl_action = "change", "{c}");
-        }
-        for e in &report.errors {
-            error!(gpuctl_action = "reconcile", "{e}");
-        }
         let text = {
             let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
             sh.status_text = match (&sh.policy_error, &sh.policy_origin) {
@@ -291,10 +340,11 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let (tx, mut rx) = mpsc::unbounded_channel();
 
     let effector = BlockingSystemd::new(tokio::runtime::Handle::current(), Arc::new(sd.clone()));
-    let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(SliceReconciler::new(
-        effector,
-        opts.root.clone(),
-    ))));
+    // The default NVML library is tried now; every reconcile points the host at the library
+    // the policy names (CoreReconciler::observe), so a policy change can fix a wrong path.
+    let host =
+        crate::real::RealHost::open(opts.root.clone(), None).with_systemd(Box::new(effector));
+    let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(CoreReconciler::new(host))));
 
     crate::dbus_api::serve(
         &conn,

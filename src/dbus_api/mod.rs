@@ -18,7 +18,7 @@
 //! (`docs/units-draft/org.gpuctl.Agent1.conf`) lets only root own the name and lets other users
 //! send only the read and join methods.
 
-use crate::daemon::reconcile::{desired, HostFacts, ReconcileReport};
+use crate::daemon::reconcile::ReconcileReport;
 use crate::daemon::{Request, Shared};
 use crate::paths::Root;
 use crate::systemd::{mps, Systemd};
@@ -229,24 +229,22 @@ pub async fn status_text_changed(conn: &Connection) {
     }
 }
 
-/// Build the `Status` document: per team its GPUs, live slice limits and usage, MPS units; per
-/// GPU its owners; the last reconcile and the last policy error.
-pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, root: &Root) -> Value {
+/// Build the `Status` document: per team its GPUs and MIG devices (with UUIDs), live slice
+/// limits and usage, MPS units; per GPU its MIG mode and instances; the last reconcile and the
+/// last policy error. Devices come from the last reconcile's view of the host (NVML is not
+/// touched on the bus thread); limits and usage are read live.
+pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, _root: &Root) -> Value {
     let sh = shared.lock().map(|s| s.clone()).unwrap_or_default();
-    let host = HostFacts::probe(root);
-    let want = sh.policy.as_ref().map(|p| desired(p, &host));
+    let view = sh.last_report.as_ref().and_then(|r| r.view.clone());
     let mut teams = serde_json::Map::new();
-    if let (Some(p), Some(w)) = (&sh.policy, &want) {
+    if let (Some(p), Some(v)) = (&sh.policy, &view) {
         let live_mps = sd.list_mps().await.unwrap_or_default();
         for name in p.teams.keys() {
+            let tv = v.teams.get(name);
             let live = sd.read_slice(name).await.ok().flatten();
             let usage = sd.slice_usage(name).await.ok();
             let mut mps_units = Vec::new();
-            for inst in w
-                .mps
-                .keys()
-                .filter(|i| i.rsplit_once('-').map(|x| x.0) == Some(name))
-            {
+            for inst in tv.iter().flat_map(|t| t.mps.keys()) {
                 let unit = mps::unit(inst);
                 let state = sd.unit_state(&unit).await.ok().flatten();
                 mps_units.push(json!({
@@ -256,14 +254,24 @@ pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, root: &Root)
                     "settings": live_mps.iter().find(|(i, _)| i == inst).map(|(_, s)| s),
                 }));
             }
+            let gpus: Vec<Value> = tv
+                .iter()
+                .flat_map(|t| &t.whole_gpus)
+                .map(|i| {
+                    json!({
+                        "index": i,
+                        "uuid": v.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone()),
+                    })
+                })
+                .collect();
             teams.insert(
                 name.clone(),
                 json!({
-                    "gpus": w.devices.get(name).cloned().unwrap_or_default(),
-                    "mig_instances": [],
+                    "gpus": gpus,
+                    "mig_instances": tv.map(|t| t.mig_devices.clone()).unwrap_or_default(),
                     "slice": {
                         "unit": format!("gpu-{name}.slice"),
-                        "wanted": w.slices.get(name),
+                        "wanted": tv.map(|t| &t.slice),
                         "live": live,
                         "active_state": usage.as_ref().map(|u| u.active_state.clone()),
                         "memory_current": usage.as_ref().and_then(|u| u.memory_current),
@@ -274,26 +282,35 @@ pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, root: &Root)
             );
         }
     }
-    let gpus: Vec<Value> = host
-        .gpus
+    let gpus: Vec<Value> = view
         .iter()
-        .map(|(index, minor)| {
-            let owners: Vec<&String> = want
-                .as_ref()
-                .map(|w| {
-                    w.devices
-                        .iter()
-                        .filter(|(_, d)| d.contains(index))
-                        .map(|(t, _)| t)
-                        .collect()
+        .flat_map(|v| v.gpus.iter().map(move |g| (v, g)))
+        .map(|(v, g)| {
+            let owners: Vec<&String> = v
+                .teams
+                .iter()
+                .filter(|(_, t)| {
+                    t.whole_gpus.contains(&g.index)
+                        || t.mig_devices.iter().any(|m| m.gpu_index == g.index)
                 })
-                .unwrap_or_default();
+                .map(|(n, _)| n)
+                .collect();
             json!({
-                "index": index,
-                "node": format!("/dev/nvidia{minor}"),
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "node": format!("/dev/nvidia{}", g.minor),
                 "teams": owners,
-                // MIG state comes from the NVML observer once merged.
-                "mig": null,
+                "mig": g.mig.as_ref().map(|m| {
+                    let mode = |on: bool| if on { "on" } else { "off" };
+                    let pending = if m.is_pending() {
+                        format!(" (pending {}: needs GPU reset)", mode(m.pending))
+                    } else {
+                        String::new()
+                    };
+                    format!("{}{pending}, {} instance(s)", mode(m.current), m.instances.len())
+                }),
+                "instances": g.mig.as_ref().map(|m| &m.instances),
             })
         })
         .collect();

@@ -13,10 +13,6 @@ use crate::profiles::Placement;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// Where MPS pipe directories live (one per daemon instance).
-pub const MPS_PIPE_DIR: &str = "/run/gpuctl/mps";
-/// Where MPS log directories live.
-pub const MPS_LOG_DIR: &str = "/var/log/gpuctl/mps";
 /// Device nodes every GPU user needs besides the GPU's own node.
 pub const COMMON_DEVICES: &[&str] = &["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
 
@@ -311,7 +307,9 @@ fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) 
     );
     if let Some(first) = mps.keys().next() {
         s.push_str(&format!(
-            "CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_DIR}/{first}\nCUDA_MPS_LOG_DIRECTORY={MPS_LOG_DIR}/{first}\n"
+            "CUDA_MPS_PIPE_DIRECTORY={}\nCUDA_MPS_LOG_DIRECTORY={}\n",
+            crate::systemd::mps::pipe_dir(first),
+            crate::systemd::mps::log_dir(first)
         ));
         let all: Vec<&str> = mps.keys().map(String::as_str).collect();
         s.push_str(&format!("GPUCTL_MPS_INSTANCES={}\n", all.join(",")));

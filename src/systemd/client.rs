@@ -1,7 +1,9 @@
-//! The async systemd client, and [`BlockingSystemd`], its [`SliceEffector`] face.
+//! The async systemd client, and [`BlockingSystemd`], its face for the executor (the slice, MPS
+//! and unit effectors of [`crate::apply`]) and the observer ([`LiveUnits`]).
 
 use super::proxy::{ManagerProxy, SliceProxy, UnitProxy, UnitRow};
-use super::{mps, props, SliceEffector, SliceUsage, SystemdError};
+use super::{mps, props, LiveUnits, SliceUsage, SystemdError};
+use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use crate::observe::{MpsSpec, SliceSpec};
 use crate::paths::Root;
 use futures_lite::StreamExt;
@@ -144,6 +146,20 @@ impl Systemd {
     where
         F: Future<Output = zbus::Result<OwnedObjectPath>>,
     {
+        self.run_job_within(unit, op, issue, self.job_timeout).await
+    }
+
+    /// [`Self::run_job`] with its own time limit (a drain waits as long as the policy says).
+    async fn run_job_within<F>(
+        &self,
+        unit: &str,
+        op: &'static str,
+        issue: F,
+        limit: Duration,
+    ) -> Result<(), SystemdError>
+    where
+        F: Future<Output = zbus::Result<OwnedObjectPath>>,
+    {
         let mut removed = self
             .mgr
             .receive_job_removed()
@@ -159,7 +175,7 @@ impl Systemd {
             }
             None
         };
-        match tokio::time::timeout(self.job_timeout, wait).await {
+        match tokio::time::timeout(limit, wait).await {
             Ok(Some(result)) if result == "done" => Ok(()),
             Ok(Some(result)) => Err(SystemdError::Job {
                 unit: unit.to_string(),
@@ -174,7 +190,7 @@ impl Systemd {
             Err(_) => Err(SystemdError::JobTimeout {
                 unit: unit.to_string(),
                 op,
-                secs: self.job_timeout.as_secs(),
+                secs: limit.as_secs(),
             }),
         }
     }
@@ -188,6 +204,13 @@ impl Systemd {
     /// Stop a unit (mode `replace`) and wait for the job.
     pub async fn stop_unit(&self, name: &str) -> Result<(), SystemdError> {
         self.run_job(name, "StopUnit", self.mgr.stop_unit(name, "replace"))
+            .await
+    }
+
+    /// Stop a unit and wait for the job at most `limit` (a drain: the unit's own stop timeout
+    /// may be longer than the manager's default job wait).
+    pub async fn stop_unit_within(&self, name: &str, limit: Duration) -> Result<(), SystemdError> {
+        self.run_job_within(name, "StopUnit", self.mgr.stop_unit(name, "replace"), limit)
             .await
     }
 
@@ -268,7 +291,9 @@ impl Systemd {
             .map_err(bus("org.freedesktop.systemd1", "Reload"))
     }
 
-    /// See [`SliceEffector::set_slice`].
+    /// Make `gpu-<team>.slice` hold exactly `spec` (limits, `DevicePolicy=closed`, the device
+    /// list, which [`props::slice_properties`] resets before setting it) and make sure it is
+    /// active, so its cgroup exists.
     pub async fn set_slice(&self, team: &str, spec: &SliceSpec) -> Result<(), SystemdError> {
         let unit = props::slice_unit(team);
         let p = props::slice_properties(team, spec).map_err(|message| SystemdError::Invalid {
@@ -317,7 +342,7 @@ impl Systemd {
         read.await.map_err(bus(&unit, "Get(Slice properties)"))
     }
 
-    /// See [`SliceEffector::read_slice`].
+    /// See [`LiveUnits::read_slice`].
     pub async fn read_slice(&self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
         Ok(self
             .read_slice_raw(team)
@@ -353,20 +378,20 @@ impl Systemd {
         })
     }
 
-    /// See [`SliceEffector::remove_slice`].
+    /// Remove a team's slice. Refuses ([`SystemdError::Busy`]) while processes run in it:
+    /// removing a team from the policy must not kill its jobs.
     pub async fn remove_slice(&self, team: &str) -> Result<(), SystemdError> {
         let unit = props::slice_unit(team);
         let usage = self.slice_usage(team).await?;
-        if let Some(n) = usage.tasks_current.filter(|&n| n > 0) {
-            return Err(SystemdError::Invalid {
-                unit,
-                message: format!("{n} tasks still run in it; left in place"),
-            });
+        if let Some(tasks) = usage.tasks_current.filter(|&n| n > 0) {
+            return Err(SystemdError::Busy { unit, tasks });
         }
         self.stop_unit(&unit).await
     }
 
-    /// See [`SliceEffector::start_mps`].
+    /// Write the instance's files (`.env`, `.ctl` with the limits `ExecStartPost=` sends, a
+    /// `User=` drop-in when the policy names one) and start `gpuctl-mps@<instance>.service`, or
+    /// restart it when its settings changed.
     pub async fn start_mps(&self, instance: &str, spec: &MpsSpec) -> Result<(), SystemdError> {
         let unit = mps::unit(instance);
         if !mps::valid_instance(instance) {
@@ -411,7 +436,7 @@ impl Systemd {
         }
     }
 
-    /// See [`SliceEffector::stop_mps`].
+    /// Stop an MPS daemon (its `ExecStop` sends `quit`) and remove its files.
     pub async fn stop_mps(&self, instance: &str) -> Result<(), SystemdError> {
         self.stop_unit(&mps::unit(instance)).await?;
         remove_if_exists(&self.root.join(mps::env_path(instance)))?;
@@ -419,7 +444,7 @@ impl Systemd {
         Ok(())
     }
 
-    /// See [`SliceEffector::list_mps`].
+    /// See [`LiveUnits::list_mps`].
     pub async fn list_mps(&self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
         let rows = self.list_units(&RUNNING, &["gpuctl-mps@*.service"]).await?;
         let mut out = Vec::new();
@@ -486,66 +511,124 @@ fn remove_if_exists(path: &Path) -> Result<bool, SystemdError> {
     }
 }
 
-/// [`SliceEffector`] over the async client, for code running on a blocking thread
-/// (`tokio::task::spawn_blocking`) while the runtime's own thread keeps driving the bus.
+/// The async client as the executor's slice, MPS and unit effectors and the observer's
+/// [`LiveUnits`], for code running on a blocking thread (`tokio::task::spawn_blocking`, or a
+/// CLI's main thread) while a runtime thread keeps driving the bus.
 ///
 /// Calling it on a runtime thread panics (tokio refuses nested `block_on`).
 #[derive(Debug, Clone)]
 pub struct BlockingSystemd {
     handle: tokio::runtime::Handle,
     inner: Arc<Systemd>,
+    _runtime: Option<Arc<RuntimeThread>>,
+}
+
+/// A current-thread runtime driven by a thread of its own, for callers that have no runtime
+/// (the CLI): `Handle::block_on` on a current-thread runtime does not drive its I/O, so some
+/// thread must sit in `Runtime::block_on` for the bus connection to make progress.
+#[derive(Debug)]
+struct RuntimeThread {
+    stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Drop for RuntimeThread {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.lock().ok().and_then(|mut s| s.take()) {
+            let _ = tx.send(());
+        }
+    }
 }
 
 impl BlockingSystemd {
     /// Wrap a client; `handle` is the runtime the client's connection lives on.
     pub fn new(handle: tokio::runtime::Handle, inner: Arc<Systemd>) -> Self {
-        BlockingSystemd { handle, inner }
+        BlockingSystemd {
+            handle,
+            inner,
+            _runtime: None,
+        }
+    }
+
+    /// Connect to systemd on the system bus from code without a runtime (`gpuctl apply
+    /// --local`): the connection lives on a runtime thread that ends when the last clone of
+    /// the returned value is dropped.
+    pub fn connect_system(root: Root) -> Result<Self, SystemdError> {
+        let io = |source| SystemdError::Io {
+            path: "tokio runtime".into(),
+            source,
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(io)?;
+        let handle = rt.handle().clone();
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("gpuctl-bus".into())
+            .spawn(move || {
+                let _ = rt.block_on(rx);
+            })
+            .map_err(io)?;
+        let guard = Arc::new(RuntimeThread {
+            stop: std::sync::Mutex::new(Some(tx)),
+        });
+        let sd = handle.block_on(Systemd::system(root))?;
+        Ok(BlockingSystemd {
+            handle,
+            inner: Arc::new(sd),
+            _runtime: Some(guard),
+        })
     }
 
     /// The async client.
     pub fn inner(&self) -> &Arc<Systemd> {
         &self.inner
     }
-
-    /// Write the instance state under the client's root (used by the reconciler).
-    pub fn root(&self) -> &Root {
-        &self.inner.root
-    }
 }
 
 impl SliceEffector for BlockingSystemd {
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), SystemdError> {
-        self.handle.block_on(self.inner.set_slice(team, spec))
+    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+        Ok(self.handle.block_on(self.inner.set_slice(team, spec))?)
     }
-    fn remove_slice(&mut self, team: &str) -> Result<(), SystemdError> {
-        self.handle.block_on(self.inner.remove_slice(team))
+    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+        Ok(self.handle.block_on(self.inner.remove_slice(team))?)
     }
+}
+
+impl MpsEffector for BlockingSystemd {
+    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError> {
+        Ok(self.handle.block_on(self.inner.start_mps(instance, spec))?)
+    }
+    fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError> {
+        Ok(self.handle.block_on(self.inner.stop_mps(instance))?)
+    }
+}
+
+impl UnitEffector for BlockingSystemd {
+    fn stop_units(&mut self, units: &[String], timeout: Duration) -> Result<(), EffectError> {
+        for u in units {
+            self.handle
+                .block_on(self.inner.stop_unit_within(u, timeout))?;
+        }
+        Ok(())
+    }
+    fn start_units(&mut self, units: &[String]) -> Result<(), EffectError> {
+        for u in units {
+            self.handle.block_on(self.inner.start_unit(u))?;
+        }
+        Ok(())
+    }
+}
+
+impl LiveUnits for BlockingSystemd {
     fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
         self.handle.block_on(self.inner.read_slice(team))
     }
     fn list_slices(&mut self) -> Result<Vec<String>, SystemdError> {
         self.handle.block_on(self.inner.list_slices())
     }
-    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), SystemdError> {
-        self.handle.block_on(self.inner.start_mps(instance, spec))
-    }
-    fn stop_mps(&mut self, instance: &str) -> Result<(), SystemdError> {
-        self.handle.block_on(self.inner.stop_mps(instance))
-    }
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
         self.handle.block_on(self.inner.list_mps())
-    }
-    fn stop_units(&mut self, units: &[String]) -> Result<(), SystemdError> {
-        for u in units {
-            self.handle.block_on(self.inner.stop_unit(u))?;
-        }
-        Ok(())
-    }
-    fn start_units(&mut self, units: &[String]) -> Result<(), SystemdError> {
-        for u in units {
-            self.handle.block_on(self.inner.start_unit(u))?;
-        }
-        Ok(())
     }
 }
 

@@ -1,6 +1,7 @@
 //! The systemd layer: a typed D-Bus client for `org.freedesktop.systemd1` ([`client::Systemd`]),
-//! the pure property encodings ([`props`]), the MPS unit helpers ([`mps`]), and the narrow
-//! [`SliceEffector`] trait the reconciler drives.
+//! the pure property encodings ([`props`]), the MPS unit helpers ([`mps`]), and
+//! [`client::BlockingSystemd`], which implements the executor's slice, MPS and unit effectors
+//! ([`crate::apply`]) plus [`LiveUnits`], the reads the observer needs.
 //!
 //! Design decisions, recorded here because they shape every caller:
 //! - Live changes use `SetUnitProperties(runtime = true)`: drop-ins under
@@ -15,6 +16,7 @@
 //!   `gpu-infer-0.slice` under `gpu-infer.slice`, so each daemon inherits its team's device list
 //!   and limits without a per-instance drop-in or a `daemon-reload`.
 
+use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use crate::observe::{MpsSpec, SliceSpec};
 use std::path::PathBuf;
 use thiserror::Error;
@@ -69,6 +71,15 @@ pub enum SystemdError {
         #[source]
         source: std::io::Error,
     },
+    /// A slice to be removed still has tasks: removing a team from the policy must not kill
+    /// its jobs, so the slice stays until it is empty.
+    #[error("{unit}: {tasks} tasks still run in it; left in place")]
+    Busy {
+        /// The slice unit.
+        unit: String,
+        /// `pids.current` of its cgroup.
+        tasks: u64,
+    },
     /// A value cannot be expressed as a unit property.
     #[error("{unit}: {message}")]
     Invalid {
@@ -90,32 +101,56 @@ pub struct SliceUsage {
     pub tasks_current: Option<u64>,
 }
 
-/// The systemd side of making a host match a plan: team slices, MPS daemons, team units.
-///
-/// Synchronous on purpose, like [`crate::apply::GpuEffector`]: the executor is plain code that
-/// runs on a blocking thread. [`client::BlockingSystemd`] implements it over the async client;
-/// tests implement it with a recorder.
-pub trait SliceEffector {
-    /// Make `gpu-<team>.slice` hold exactly `spec` (limits, `DevicePolicy=closed`, the device
-    /// list) and make sure it is active, so its cgroup exists.
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), SystemdError>;
-    /// Remove a team's slice. Refuses (error) while processes run in it: removing a team from
-    /// the policy must not kill its jobs.
-    fn remove_slice(&mut self, team: &str) -> Result<(), SystemdError>;
+impl From<SystemdError> for EffectError {
+    /// The executor's error, still naming the unit or path: a busy slice is `InUse` (the
+    /// caller reports it as "left in place", not as a failure of the run).
+    fn from(e: SystemdError) -> Self {
+        match e {
+            SystemdError::Busy { .. } => EffectError::InUse {
+                what: e.to_string(),
+            },
+            SystemdError::Bus { ref unit, .. }
+            | SystemdError::Job { ref unit, .. }
+            | SystemdError::JobTimeout { ref unit, .. }
+            | SystemdError::Invalid { ref unit, .. } => EffectError::Other {
+                what: unit.clone(),
+                message: e
+                    .to_string()
+                    .trim_start_matches(&format!("{unit}: "))
+                    .to_string(),
+            },
+            SystemdError::Io {
+                ref path,
+                ref source,
+            } => EffectError::Other {
+                what: path.display().to_string(),
+                message: source.to_string(),
+            },
+        }
+    }
+}
+
+/// What gpuctl reads back from systemd to observe the host: the live team slices and MPS
+/// daemons. The writes are the executor's effector traits ([`SliceEffector`],
+/// [`MpsEffector`], [`UnitEffector`]).
+pub trait LiveUnits {
     /// The live properties of `gpu-<team>.slice` as a [`SliceSpec`], `None` when the slice is
     /// not loaded or not under gpuctl's device control.
     fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError>;
-    /// Teams that have a `gpu-<team>.slice` loaded.
+    /// Teams that have a running `gpu-<team>.slice`.
     fn list_slices(&mut self) -> Result<Vec<String>, SystemdError>;
-    /// Write the instance's files and start (or restart, when its settings changed) the MPS
-    /// daemon `gpuctl-mps@<instance>.service`.
-    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), SystemdError>;
-    /// Stop an MPS daemon (its `ExecStop` sends `quit`).
-    fn stop_mps(&mut self, instance: &str) -> Result<(), SystemdError>;
     /// Running MPS daemons by instance, as last configured.
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError>;
-    /// Stop units and wait for each job.
-    fn stop_units(&mut self, units: &[String]) -> Result<(), SystemdError>;
-    /// Start units and wait for each job.
-    fn start_units(&mut self, units: &[String]) -> Result<(), SystemdError>;
+}
+
+/// Everything a host needs from systemd: the three effectors and the live reads.
+/// [`client::BlockingSystemd`] is the real one; tests use recorders.
+pub trait SystemdSide:
+    SliceEffector + MpsEffector + UnitEffector + LiveUnits + Send + std::fmt::Debug
+{
+}
+
+impl<T> SystemdSide for T where
+    T: SliceEffector + MpsEffector + UnitEffector + LiveUnits + Send + std::fmt::Debug
+{
 }

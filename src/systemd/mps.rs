@@ -23,18 +23,29 @@ pub fn instance_of(unit: &str) -> Option<&str> {
     unit.strip_prefix("gpuctl-mps@")?.strip_suffix(".service")
 }
 
-/// Instance names are `<team>-<n>`: the team is everything before the last dash (team names
-/// have no dashes), which is also what makes `Slice=gpu-%i.slice` nest under the team slice.
+/// Instance names are `<team>-<share>` as the planner makes them (`infer-gpus` for a team's
+/// whole GPUs, `infer-mig0-4-0` per MIG device): the team is everything before the first dash
+/// (team names have no dashes), which is also what makes `Slice=gpu-%i.slice` nest under the
+/// team slice and so inherit its device list and limits.
 pub fn valid_instance(instance: &str) -> bool {
-    match instance.rsplit_once('-') {
-        Some((team, n)) => {
+    match instance.split_once('-') {
+        Some((team, share)) => {
             crate::policy::valid_team_name(team)
-                && !n.is_empty()
-                && n.len() <= 4
-                && n.bytes().all(|b| b.is_ascii_digit())
+                && !share.is_empty()
+                && share.len() <= 32
+                && !share.starts_with('-')
+                && !share.ends_with('-')
+                && share
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         }
         None => false,
     }
+}
+
+/// The team of an instance name, `None` when it is not one.
+pub fn team_of_instance(instance: &str) -> Option<&str> {
+    valid_instance(instance).then(|| instance.split_once('-').map_or(instance, |x| x.0))
 }
 
 /// Host path of the instance's environment file.
@@ -47,9 +58,9 @@ pub fn ctl_path(instance: &str) -> String {
     format!("{MPS_RUN_DIR}/{instance}.ctl")
 }
 
-/// Pipe directory of an instance (`CUDA_MPS_PIPE_DIRECTORY`).
+/// Pipe directory of an instance (`CUDA_MPS_PIPE_DIRECTORY`): the unit's `RuntimeDirectory=`.
 pub fn pipe_dir(instance: &str) -> String {
-    format!("{MPS_RUN_DIR}/{instance}/pipe")
+    format!("{MPS_RUN_DIR}/{instance}")
 }
 
 /// Log directory of an instance (`CUDA_MPS_LOG_DIRECTORY`).
@@ -145,7 +156,7 @@ mod tests {
     fn env_round_trips() {
         let text = env_file("infer-0", &spec());
         assert!(text.contains("CUDA_VISIBLE_DEVICES=GPU-a,GPU-b\n"));
-        assert!(text.contains("CUDA_MPS_PIPE_DIRECTORY=/run/gpuctl/mps/infer-0/pipe\n"));
+        assert!(text.contains("CUDA_MPS_PIPE_DIRECTORY=/run/gpuctl/mps/infer-0\n"));
         assert!(text.contains("CUDA_MPS_LOG_DIRECTORY=/var/log/gpuctl/mps/infer-0\n"));
         assert_eq!(parse_env(&text), spec());
         let bare = MpsSpec {
@@ -171,8 +182,14 @@ mod tests {
     fn instance_names() {
         assert!(valid_instance("infer-0"));
         assert!(valid_instance("ml_2-13"));
-        for bad in ["infer", "infer-", "-0", "In-0", "a-b-0", "a-0x", "a/b-0"] {
+        assert!(valid_instance("infer-gpus"));
+        assert!(valid_instance("infer-mig0-4-0"));
+        assert_eq!(team_of_instance("infer-mig0-4-0"), Some("infer"));
+        for bad in [
+            "infer", "infer-", "-0", "In-0", "a--0", "a-0-", "a-0X", "a/b-0", "a-b/0",
+        ] {
             assert!(!valid_instance(bad), "{bad}");
+            assert_eq!(team_of_instance(bad), None);
         }
         assert_eq!(instance_of(&unit("infer-0")), Some("infer-0"));
     }

@@ -1,0 +1,517 @@
+//! gpuctld's reconcile on the shared core: the real NVML code against the fake library, a
+//! recording systemd in place of the bus (no systemd PID 1 here; the VM scenarios run the real
+//! one).
+
+mod fakehost;
+
+use fakehost::{lib_path, FakeHost};
+use gpuctl::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
+use gpuctl::daemon::reconcile::{CoreReconciler, ReconcileReport, Reconciler};
+use gpuctl::daemon::state::{AppliedState, STATE_FILE};
+use gpuctl::daemon::{load_keeping_last_good, Shared};
+use gpuctl::observe::{MpsSpec, Observed, SliceSpec};
+use gpuctl::paths::Root;
+use gpuctl::policy::Policy;
+use gpuctl::real::RealHost;
+use gpuctl::systemd::{LiveUnits, SystemdError};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// What the recording systemd holds and was told.
+#[derive(Debug, Default)]
+struct Rec {
+    slices: BTreeMap<String, SliceSpec>,
+    mps: BTreeMap<String, MpsSpec>,
+    /// Teams whose slice still has tasks.
+    busy: BTreeSet<String>,
+    /// Mutating calls, each with the fake NVML's mutating-call count at that moment, so tests
+    /// can place them relative to the MIG changes.
+    calls: Vec<(String, u64)>,
+}
+
+/// A systemd in memory; clones share the state, so the test keeps a handle.
+#[derive(Debug, Clone)]
+struct RecSystemd {
+    rec: Arc<Mutex<Rec>>,
+    nvml_state: PathBuf,
+}
+
+impl RecSystemd {
+    fn log(&self, call: String) {
+        let n = fake_nvml::control::read(&self.nvml_state)
+            .map(|s| s.mutating_calls)
+            .unwrap_or(0);
+        self.rec.lock().unwrap().calls.push((call, n));
+    }
+    fn calls(&self) -> Vec<String> {
+        self.rec
+            .lock()
+            .unwrap()
+            .calls
+            .iter()
+            .map(|c| c.0.clone())
+            .collect()
+    }
+}
+
+impl SliceEffector for RecSystemd {
+    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+        self.log(format!("set {team}"));
+        self.rec
+            .lock()
+            .unwrap()
+            .slices
+            .insert(team.into(), spec.clone());
+        Ok(())
+    }
+    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+        self.log(format!("remove {team}"));
+        let mut r = self.rec.lock().unwrap();
+        if r.busy.contains(team) {
+            return Err(SystemdError::Busy {
+                unit: format!("gpu-{team}.slice"),
+                tasks: 1,
+            }
+            .into());
+        }
+        r.slices.remove(team);
+        Ok(())
+    }
+}
+
+impl MpsEffector for RecSystemd {
+    fn start_mps(&mut self, i: &str, spec: &MpsSpec) -> Result<(), EffectError> {
+        self.log(format!("start-mps {i}"));
+        self.rec.lock().unwrap().mps.insert(i.into(), spec.clone());
+        Ok(())
+    }
+    fn stop_mps(&mut self, i: &str) -> Result<(), EffectError> {
+        self.log(format!("stop-mps {i}"));
+        self.rec.lock().unwrap().mps.remove(i);
+        Ok(())
+    }
+}
+
+impl UnitEffector for RecSystemd {
+    fn stop_units(&mut self, units: &[String], timeout: Duration) -> Result<(), EffectError> {
+        self.log(format!(
+            "stop {} within {}s",
+            units.join(" "),
+            timeout.as_secs()
+        ));
+        Ok(())
+    }
+    fn start_units(&mut self, units: &[String]) -> Result<(), EffectError> {
+        self.log(format!("start {}", units.join(" ")));
+        Ok(())
+    }
+}
+
+impl LiveUnits for RecSystemd {
+    fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
+        Ok(self.rec.lock().unwrap().slices.get(team).cloned())
+    }
+    fn list_slices(&mut self) -> Result<Vec<String>, SystemdError> {
+        Ok(self.rec.lock().unwrap().slices.keys().cloned().collect())
+    }
+    fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
+        Ok(self.rec.lock().unwrap().mps.clone().into_iter().collect())
+    }
+}
+
+/// A fake host, its reconciler and the recorder.
+struct Daemon {
+    fake: FakeHost,
+    sd: RecSystemd,
+    rec: CoreReconciler,
+}
+
+impl Daemon {
+    fn new(spec: &str) -> Daemon {
+        let fake = FakeHost::new(spec);
+        // The reconciler opens the library the environment names, as gpuctld would.
+        std::env::set_var("GPUCTL_NVML_LIBRARY", lib_path());
+        let sd = RecSystemd {
+            rec: Arc::default(),
+            nvml_state: fake.state.clone(),
+        };
+        let host = RealHost::open(Root::new(&fake.root), Some(lib_path()))
+            .with_systemd(Box::new(sd.clone()));
+        Daemon {
+            rec: CoreReconciler::new(host),
+            fake,
+            sd,
+        }
+    }
+
+    fn root(&self) -> Root {
+        Root::new(&self.fake.root)
+    }
+
+    /// Write the admin's policy file (as config management would) and load it as gpuctld does.
+    fn put(&self, name: &str, text: &str) {
+        let p = self.root().join(format!("/etc/gpuctl/policy.d/{name}"));
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    fn load(&self) -> Policy {
+        gpuctl::daemon::load_policy(&self.root()).expect("policy loads")
+    }
+
+    fn env(&self, team: &str) -> String {
+        std::fs::read_to_string(self.root().join(format!("/run/gpuctl/teams/{team}.env")))
+            .unwrap_or_default()
+    }
+
+    fn observe(&self) -> Observed {
+        self.fake.observe()
+    }
+
+    fn slice(&self, team: &str) -> SliceSpec {
+        self.sd.rec.lock().unwrap().slices[team].clone()
+    }
+}
+
+fn converged(r: &ReconcileReport) {
+    assert!(r.converged(), "{r:#?}");
+}
+
+const TWO_TEAMS: &str = r#"
+version = 1
+[teams.infer]
+memory-max = "50%"
+[teams.infer.mps]
+active-thread-percentage = 40
+[teams.train]
+tasks-max = 64
+[[gpu]]
+index = [0]
+owner = "infer"
+[[gpu]]
+index = [1]
+owner = "train"
+"#;
+
+#[test]
+fn whole_gpus_get_uuids_in_env_minors_in_device_allow_and_a_second_run_changes_nothing() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    let p = d.load();
+    let first = d.rec.reconcile(&p);
+    converged(&first);
+    assert_eq!(first.summary(), "2 teams, 2 GPUs converged");
+
+    let obs = d.observe();
+    let (g0, g1) = (&obs.gpus[0], &obs.gpus[1]);
+    let env = d.env("infer");
+    assert!(
+        env.contains(&format!("CUDA_VISIBLE_DEVICES={}\n", g0.uuid)),
+        "UUIDs, not indices: {env}"
+    );
+    assert!(g0.uuid.starts_with("GPU-"));
+    assert!(
+        env.contains("CUDA_MPS_PIPE_DIRECTORY=/run/gpuctl/mps/infer-gpus\n"),
+        "{env}"
+    );
+    let infer = d.slice("infer");
+    assert!(infer
+        .device_allow
+        .contains(&format!("/dev/nvidia{}", g0.minor)));
+    assert!(!infer
+        .device_allow
+        .contains(&format!("/dev/nvidia{}", g1.minor)));
+    assert!(infer.device_allow.contains("/dev/nvidiactl"));
+    assert_eq!(infer.memory_max, Some(2113929216 * 1024 / 2));
+    assert_eq!(d.slice("train").tasks_max, Some(64));
+    let mps = d.sd.rec.lock().unwrap().mps.clone();
+    assert_eq!(mps.keys().collect::<Vec<_>>(), ["infer-gpus"]);
+    assert_eq!(mps["infer-gpus"].devices, vec![g0.uuid.clone()]);
+    assert_eq!(mps["infer-gpus"].active_thread_percentage, Some(40));
+    assert!(first
+        .units
+        .contains(&"gpuctl-mps@infer-gpus.service".to_string()));
+
+    let state = AppliedState::load(&d.root().join(STATE_FILE)).unwrap();
+    assert_eq!(state.slices["infer"], infer);
+
+    let calls = d.sd.calls().len();
+    let nvml = d.fake.mutating_calls();
+    let second = d.rec.reconcile(&p);
+    converged(&second);
+    assert!(second.changes.is_empty(), "{second:#?}");
+    assert_eq!(
+        d.sd.calls().len(),
+        calls,
+        "no systemd call on a converged host"
+    );
+    assert_eq!(
+        d.fake.mutating_calls(),
+        nvml,
+        "no NVML mutation on a converged host"
+    );
+}
+
+#[test]
+fn mig_devices_bring_exactly_their_cap_nodes_into_device_allow() {
+    let mut d = Daemon::new("h100");
+    d.put(
+        "10-mig.toml",
+        r#"
+version = 1
+[teams.infer]
+[teams.train]
+[[gpu]]
+index = [0]
+mig = [{ profile = "1g.10gb", owner = "infer" }, { profile = "3g.40gb", owner = "train" }]
+"#,
+    );
+    let p = d.load();
+    converged(&d.rec.reconcile(&p));
+    let obs = d.observe();
+    let g = &obs.gpus[0];
+    let mig = g.mig.as_ref().unwrap();
+    let mine = |team: &str| {
+        let gi = mig
+            .instances
+            .iter()
+            .find(|i| i.owner.as_deref() == Some(team))
+            .unwrap();
+        let ci = &gi.compute[0];
+        let minor = |k: String| obs.mig_minors[&k];
+        (
+            ci.uuid.clone(),
+            [
+                minor(format!("gpu{}/gi{}/access", g.minor, gi.id)),
+                minor(format!("gpu{}/gi{}/ci{}/access", g.minor, gi.id, ci.id)),
+            ],
+        )
+    };
+    let (infer_uuid, infer_caps) = mine("infer");
+    let (_, train_caps) = mine("train");
+    let slice = d.slice("infer");
+    for m in infer_caps {
+        assert!(
+            slice
+                .device_allow
+                .contains(&format!("/dev/nvidia-caps/nvidia-cap{m}")),
+            "{slice:?}"
+        );
+        assert!(d
+            .root()
+            .join(format!("/dev/nvidia-caps/nvidia-cap{m}"))
+            .exists());
+    }
+    for m in train_caps {
+        assert!(!slice
+            .device_allow
+            .contains(&format!("/dev/nvidia-caps/nvidia-cap{m}")));
+    }
+    assert!(slice
+        .device_allow
+        .contains(&format!("/dev/nvidia{}", g.minor)));
+    assert!(
+        !slice.device_allow.iter().any(|p| p.contains('<')),
+        "no placeholder reaches the host: {slice:?}"
+    );
+    assert!(infer_uuid.starts_with("MIG-"));
+    assert!(d
+        .env("infer")
+        .contains(&format!("CUDA_VISIBLE_DEVICES={infer_uuid}\n")));
+    let calls = d.sd.calls().len();
+    assert!(d.rec.reconcile(&p).changes.is_empty());
+    assert_eq!(d.sd.calls().len(), calls);
+}
+
+#[test]
+fn mps_daemon_stops_before_its_mig_device_changes_and_starts_after() {
+    let mut d = Daemon::new("h100");
+    let geometry = |profile: &str| {
+        format!(
+            r#"
+version = 1
+[teams.infer]
+[teams.infer.mps]
+active-thread-percentage = 50
+[[gpu]]
+index = [0]
+mig = [{{ profile = "{profile}", owner = "infer" }}]
+"#
+        )
+    };
+    d.put("10-mig.toml", &geometry("1g.10gb"));
+    converged(&d.rec.reconcile(&d.load()));
+    let old_uuid =
+        d.sd.rec
+            .lock()
+            .unwrap()
+            .mps
+            .values()
+            .next()
+            .unwrap()
+            .devices[0]
+            .clone();
+    assert!(old_uuid.starts_with("MIG-"));
+
+    d.put("10-mig.toml", &geometry("2g.20gb"));
+    let before = d.fake.mutating_calls();
+    let n = d.sd.calls().len();
+    let r = d.rec.reconcile(&d.load());
+    converged(&r);
+    let after = d.fake.mutating_calls();
+    assert!(after > before, "the geometry changed through NVML");
+    let calls = d.sd.rec.lock().unwrap().calls[n..].to_vec();
+    let stop = calls
+        .iter()
+        .find(|c| c.0.starts_with("stop-mps"))
+        .expect("MPS stopped");
+    let start = calls
+        .iter()
+        .find(|c| c.0.starts_with("start-mps"))
+        .expect("MPS started again");
+    assert_eq!(
+        stop.1, before,
+        "stopped before the first MIG mutation: {calls:?}"
+    );
+    assert_eq!(
+        start.1, after,
+        "started after the last MIG mutation: {calls:?}"
+    );
+    let new =
+        d.sd.rec
+            .lock()
+            .unwrap()
+            .mps
+            .values()
+            .next()
+            .unwrap()
+            .clone();
+    assert_ne!(new.devices[0], old_uuid);
+    let obs = d.observe();
+    let ci = &obs.gpus[0].mig.as_ref().unwrap().instances[0].compute[0];
+    assert_eq!(
+        new.devices,
+        vec![ci.uuid.clone()],
+        "the new MIG device's UUID"
+    );
+}
+
+#[test]
+fn bad_policy_keeps_the_last_good_one_and_names_file_and_line() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    let shared = Mutex::new(Shared::default());
+    let mut last_good = None;
+    let good = load_keeping_last_good(&d.root(), &mut last_good, &shared).unwrap();
+    converged(&d.rec.reconcile(&good));
+    let calls = d.sd.calls().len();
+
+    d.put(
+        "20-bad.toml",
+        "version = 1\n[teams.infer]\nmemory-max = \"lots\"\n",
+    );
+    let p = load_keeping_last_good(&d.root(), &mut last_good, &shared).unwrap();
+    assert_eq!(p, good, "the last good policy stays in force");
+    let err = shared.lock().unwrap().policy_error.clone().unwrap();
+    assert!(
+        err.starts_with("/etc/gpuctl/policy.d/20-bad.toml:3:"),
+        "file:line:col first: {err}"
+    );
+    assert!(err.contains("memory-max"), "{err}");
+    assert_eq!(shared.lock().unwrap().policy_origin, Some("last-good"));
+    converged(&d.rec.reconcile(&p));
+    assert_eq!(d.sd.calls().len(), calls, "nothing changed on the host");
+
+    // After a restart the disk copy is the memory.
+    let mut fresh = None;
+    let p = load_keeping_last_good(&d.root(), &mut fresh, &shared).unwrap();
+    assert_eq!(p, good);
+
+    std::fs::remove_file(d.root().join("/etc/gpuctl/policy.d/20-bad.toml")).unwrap();
+    load_keeping_last_good(&d.root(), &mut last_good, &shared).unwrap();
+    assert_eq!(shared.lock().unwrap().policy_error, None);
+}
+
+#[test]
+fn moving_a_gpu_shrinks_the_first_team_and_plan_changes_nothing() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    converged(&d.rec.reconcile(&d.load()));
+    d.put(
+        "10-teams.toml",
+        &TWO_TEAMS.replace(
+            "index = [1]\nowner = \"train\"",
+            "index = [1]\nowner = \"infer\"",
+        ),
+    );
+    let p = d.load();
+    let calls = d.sd.calls().len();
+    let plan = d.rec.plan(&p);
+    assert_eq!(d.sd.calls().len(), calls, "plan must not mutate");
+    assert!(
+        plan.changes
+            .iter()
+            .any(|c| c.starts_with("would set gpu-train.slice")),
+        "{plan:#?}"
+    );
+    converged(&d.rec.reconcile(&p));
+    let obs = d.observe();
+    let minor1 = format!("/dev/nvidia{}", obs.gpus[1].minor);
+    assert!(d.slice("infer").device_allow.contains(&minor1));
+    assert!(
+        d.slice("train").device_allow.is_empty(),
+        "no GPU left: no nodes at all"
+    );
+    assert!(d.env("train").contains("CUDA_VISIBLE_DEVICES=\n"));
+    assert!(d.env("infer").contains(&format!(
+        "CUDA_VISIBLE_DEVICES={},{}\n",
+        obs.gpus[0].uuid, obs.gpus[1].uuid
+    )));
+    // The MPS daemon follows its share: restarted on both GPUs.
+    let mps = d.sd.rec.lock().unwrap().mps["infer-gpus"].clone();
+    assert_eq!(mps.devices.len(), 2);
+    assert!(d.rec.reconcile(&p).changes.is_empty());
+}
+
+#[test]
+fn a_removed_team_with_jobs_keeps_its_slice() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    converged(&d.rec.reconcile(&d.load()));
+    d.sd.rec.lock().unwrap().busy.insert("train".into());
+    d.put(
+        "10-teams.toml",
+        "version = 1\n[teams.infer]\n[[gpu]]\nindex = [0]\nowner = \"infer\"\n",
+    );
+    let r = d.rec.reconcile(&d.load());
+    converged(&r);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("left in place")),
+        "{r:#?}"
+    );
+    assert!(d.sd.rec.lock().unwrap().slices.contains_key("train"));
+    assert!(d.sd.calls().contains(&"stop-mps infer-gpus".to_string()));
+    assert!(!d.root().join("/run/gpuctl/teams/train.env").exists());
+}
+
+#[test]
+fn without_nvml_slices_and_env_still_converge_and_say_why() {
+    let mut d = Daemon::new("h100*2");
+    std::env::set_var(
+        "GPUCTL_NVML_LIBRARY",
+        d.fake.dir.path().join("no-such-libnvidia-ml.so"),
+    );
+    d.put("10-teams.toml", TWO_TEAMS);
+    let r = d.rec.reconcile(&d.load());
+    converged(&r);
+    assert!(
+        r.warnings.iter().any(|w| w.contains("NVML not available")),
+        "{r:#?}"
+    );
+    assert_eq!(r.gpus, 0);
+    assert!(d.slice("infer").device_allow.is_empty());
+    assert_eq!(d.slice("infer").memory_max, Some(2113929216 * 1024 / 2));
+    assert!(d.env("infer").contains("CUDA_VISIBLE_DEVICES=\n"));
+}
