@@ -153,11 +153,15 @@ fn apply_local_converges_and_check_agrees() {
 }
 
 #[test]
-fn apply_on_the_real_host_needs_local() {
+fn apply_on_the_real_host_goes_to_the_daemon() {
     let e = Env::new();
     let o = e.run("h100", &fakehost::lib_path(), &["apply"], &mig_policy(""));
-    assert_eq!(o.status.code(), Some(2));
+    // No system bus here: the daemon cannot be reached, nothing is applied in-process, and
+    // the way without the daemon is named.
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+    assert!(text(&o).contains("gpuctld"), "{}", text(&o));
     assert!(text(&o).contains("--local"), "{}", text(&o));
+    assert_eq!(e.mutating_calls(), 0);
 }
 
 #[test]

@@ -280,6 +280,11 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
 fn apply_by_daemon(_a: &ApplyArgs) -> i32 {
     let json = match super::shell::with_agent("Apply", async |p| p.apply().await) {
         Ok(j) => j,
+        Err(f) if f.code == exit::NO_DAEMON => {
+            let code = f.report();
+            eprintln!("gpuctl: without the daemon, as root: gpuctl apply --local");
+            return code;
+        }
         Err(f) => return f.report(),
     };
     let v: serde_json::Value = match serde_json::from_str(&json) {
