@@ -72,17 +72,19 @@ if [ ! -f "$POLICY_MAN" ]; then
 fi
 
 # ---- 2. staged tree (shared by both formats) ----------------------------------------------------
-# $1: staging root; $2: zsh completion dir (Debian and Fedora differ).
+# $1: staging root; $2: zsh completion dir; $3: systemd's unit/preset base dir (Debian bookworm
+# ships units under /lib/systemd, which dpkg does not see as /usr/lib/systemd; Fedora under
+# /usr/lib/systemd).
 stage() {
-    local d=$1 zsh_dir=$2
+    local d=$1 zsh_dir=$2 sd=$3
     rm -rf "$d"
     install -D -m 755 "$BIN/gpuctl" "$d/usr/bin/gpuctl"
     install -D -m 755 "$BIN/gpuctld" "$d/usr/sbin/gpuctld"
     # Debug builds carry ~100 MB of DWARF; the package needs none of it.
     strip --strip-debug "$d/usr/bin/gpuctl" "$d/usr/sbin/gpuctld"
     local u
-    for u in units/*; do install -D -m 644 "$u" "$d/usr/lib/systemd/system/${u##*/}"; done
-    install -D -m 644 packaging/files/90-gpuctl.preset "$d/usr/lib/systemd/system-preset/90-gpuctl.preset"
+    for u in units/*; do install -D -m 644 "$u" "$d$sd/system/${u##*/}"; done
+    install -D -m 644 packaging/files/90-gpuctl.preset "$d$sd/system-preset/90-gpuctl.preset"
     install -D -m 644 packaging/files/gpuctl.tmpfiles "$d/usr/lib/tmpfiles.d/gpuctl.conf"
     install -D -m 644 packaging/files/org.gpuctl.Agent1.conf "$d/usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf"
     install -D -m 644 packaging/files/policy.toml "$d/etc/gpuctl/policy.toml"
@@ -114,7 +116,7 @@ DEB_ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
 DEB_VERSION=$VERSION-$RELEASE
 DR=$OUT/deb-root
 log "staging $DR"
-stage "$DR" /usr/share/zsh/vendor-completions
+stage "$DR" /usr/share/zsh/vendor-completions /lib/systemd
 install -D -m 644 packaging/deb/copyright "$DR/usr/share/doc/gpuctl/copyright"
 mkdir -p "$DR/DEBIAN"
 SHLIBS="libc6"
@@ -146,7 +148,7 @@ if [ "$RPM" = 1 ]; then
     command -v rpmbuild >/dev/null || die "rpmbuild not found (apt-get install rpm), or pass --no-rpm"
     RR=$OUT/rpm-root
     log "staging $RR"
-    stage "$RR" /usr/share/zsh/site-functions
+    stage "$RR" /usr/share/zsh/site-functions /usr/lib/systemd
     install -D -m 644 packaging/deb/copyright "$RR/usr/share/licenses/gpuctl/copyright"
     # %files: every file; directories only where the package is their only owner.
     files=$(

@@ -10,11 +10,11 @@ check_output "dpkg -i printed no warnings" sh -c '! grep -i "warn\|error" "$VMTE
 expected=(
     /usr/bin/gpuctl
     /usr/sbin/gpuctld
-    /usr/lib/systemd/system/gpuctld.service
-    /usr/lib/systemd/system/gpu.slice
-    /usr/lib/systemd/system/gpuctl-ready.target
-    /usr/lib/systemd/system/gpuctl-mps@.service
-    /usr/lib/systemd/system-preset/90-gpuctl.preset
+    /lib/systemd/system/gpuctld.service
+    /lib/systemd/system/gpu.slice
+    /lib/systemd/system/gpuctl-ready.target
+    /lib/systemd/system/gpuctl-mps@.service
+    /lib/systemd/system-preset/90-gpuctl.preset
     /usr/lib/tmpfiles.d/gpuctl.conf
     /usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf
     /etc/gpuctl/policy.toml
@@ -47,7 +47,7 @@ check "binaries are executable" test -x /usr/bin/gpuctl -a -x /usr/sbin/gpuctld
 check_output "gpuctl --version runs" gpuctl --version
 
 # Maintainer scripts: daemon-reload, preset, tmpfiles.
-check_output "systemd knows the unit from /usr/lib" systemctl show -P FragmentPath gpuctld.service
+check_output "systemd loads the unit from the package" systemctl show -P FragmentPath gpuctld.service
 check "the unit is loaded (daemon-reload ran)" test "$(systemctl show -P LoadState gpuctld.service)" = loaded
 check_output "gpuctld.service enabled by the preset" systemctl is-enabled gpuctld.service
 check "tmpfiles made /run/gpuctl" test -d /run/gpuctl

@@ -6,7 +6,7 @@
 # The MPS template runs the driver's nvidia-cuda-mps-control; verify checks that it exists.
 fake_mps_control
 
-units=$(dpkg -L gpuctl | grep '^/usr/lib/systemd/system/[^/]*$')
+units=$(dpkg -L gpuctl | grep -E '^(/usr)?/lib/systemd/system/[^/]*$')
 [ -n "$units" ] && pass "package ships units: $(echo "$units" | xargs -n1 basename | xargs)"
 for u in $units; do
     name=${u##*/}
