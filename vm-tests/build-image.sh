@@ -1,0 +1,149 @@
+#!/bin/bash
+# build-image.sh - build the minimal Debian bookworm guest of gpuctl's vm-tests (systemd PID 1,
+# pure cgroup v2). Boot it with run-vm.sh; vm-tests/run calls both and caches the image keyed by a
+# hash of this file and image-packages.txt. Started from the recipe in ../shared/vm/.
+#
+# Usage: build-image.sh [OUTDIR]          (default OUTDIR: /var/tmp/vm-image)
+# Env:   VM_EXTRA_PACKAGES="pkg1,pkg2"  extra Debian packages to put into the guest
+#        VM_IMAGE_SIZE=2G               size of the (sparse) ext4 root image
+#        DEBIAN_MIRROR=http://deb.debian.org   (same host apt uses)
+#        VM_CUSTOMIZE='cmd'             extra mmdebstrap --customize-hook ($1 = guest root dir),
+#                                       e.g. 'cp ./agent "$1/usr/local/bin/"'
+#
+# Produces in OUTDIR:  vmlinuz  initrd.img  rootfs.img (raw ext4, sparse)  build-info.txt
+# Needs root (mmdebstrap --mode=root, chroot, mounts). Debian 12 host, x86_64.
+set -euo pipefail
+
+OUT=${1:-/var/tmp/vm-image}
+SIZE=${VM_IMAGE_SIZE:-2G}
+MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org}
+SUITE=bookworm
+EXTRA=${VM_EXTRA_PACKAGES:-}
+# Packages the scenarios need beyond the base system, one per line (part of the cache key).
+PKG_LIST=$(dirname "$0")/image-packages.txt
+if [ -r "$PKG_LIST" ]; then
+  listed=$(sed 's/#.*//' "$PKG_LIST" | tr -s ' \n' '\n' | sed '/^$/d' | paste -sd, -)
+  [ -n "$listed" ] && EXTRA=${EXTRA:+$EXTRA,}$listed
+fi
+
+t0=$(date +%s%N)
+log() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '[recipe %4d.%03ds] %s\n' $((ms/1000)) $((ms%1000)) "$*" >&2; }
+
+[ "$(id -u)" = 0 ] || { echo "build-image.sh: must run as root" >&2; exit 1; }
+
+# ---- 1. host tools -----------------------------------------------------------
+need=()
+command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+command -v mmdebstrap          >/dev/null || need+=(mmdebstrap)
+command -v mke2fs              >/dev/null || need+=(e2fsprogs)
+if [ ${#need[@]} -gt 0 ]; then
+  log "installing host packages: ${need[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+# ---- 2. root filesystem --------------------------------------------------------
+mkdir -p "$OUT"
+ROOT=$(mktemp -d "$OUT/rootdir.XXXXXX")
+cleanup() {  # never follow a mount left behind by an interrupted mmdebstrap
+  set +e
+  findmnt -rno TARGET | grep -F "$ROOT/" | sort -r | xargs -r -n1 umount -l 2>/dev/null
+  rm -rf --one-file-system "$ROOT"
+}
+trap cleanup EXIT
+
+PKGS=systemd,systemd-sysv,dbus,udev,libpam-systemd,procps,iproute2,kmod,util-linux,bash,coreutils,tar,tiny-initramfs,linux-image-cloud-amd64
+[ -n "$EXTRA" ] && PKGS="$PKGS,$EXTRA"
+
+# The guest-side test runner: started by vmtest.service when the kernel
+# command line contains vmtest=1. Input: a tar archive on the virtio disk with
+# serial "vmtest-in" (must contain run.sh). Output: a tar archive written to
+# the disk with serial "vmtest-out"; live output also goes to /dev/ttyS1.
+read -r -d '' RUNNER <<'EOF' || true
+#!/bin/bash
+set -u
+IN=/dev/disk/by-id/virtio-vmtest-in
+OUT=/dev/disk/by-id/virtio-vmtest-out
+R=/run/vmtest-results
+mkdir -p /test "$R"
+echo "runner_start_uptime $(cut -d' ' -f1 /proc/uptime)" > "$R/timing"
+for i in $(seq 300); do [ -b "$IN" ] && [ -b "$OUT" ] && break; sleep 0.1; done
+# live output goes to the 2nd serial port (host: RESULTS_DIR/output.log)
+LIVE=/dev/ttyS1; stty -F "$LIVE" raw -echo 2>/dev/null || LIVE=/dev/null
+if ! tar -xf "$IN" -C /test; then
+  echo "vmtest: cannot unpack $IN" | tee "$LIVE"
+  rc=125
+else
+  cd /test
+  chmod +x run.sh 2>/dev/null || true
+  echo "script_start_uptime $(cut -d' ' -f1 /proc/uptime)" >> "$R/timing"
+  # run.sh may write extra files into $VMTEST_RESULTS; they come back to the host.
+  VMTEST_RESULTS=$R/files; mkdir -p "$VMTEST_RESULTS"; export VMTEST_RESULTS
+  set -o pipefail
+  ./run.sh 2>&1 | tee "$R/output.log" > "$LIVE"
+  rc=$?
+  set +o pipefail
+  echo "script_end_uptime $(cut -d' ' -f1 /proc/uptime)" >> "$R/timing"
+fi
+echo "$rc" > "$R/exit_code"
+systemd-analyze time > "$R/systemd-analyze.txt" 2>&1 || true
+journalctl -b --no-pager -o short-monotonic > "$R/journal.txt" 2>&1 || true
+tar -cf "$OUT" -C "$R" . && sync && blockdev --flushbufs "$OUT"
+echo "vmtest: done rc=$rc"
+exit 0
+EOF
+
+read -r -d '' UNIT <<'EOF' || true
+[Unit]
+Description=vm-tests runner (/test/run.sh from virtio disk vmtest-in)
+ConditionKernelCommandLine=vmtest=1
+After=multi-user.target
+SuccessAction=poweroff-force
+FailureAction=poweroff-force
+
+[Service]
+# Type=exec: the boot transaction completes as soon as the runner is started,
+# so "systemctl is-system-running --wait" works inside tests.
+Type=exec
+ExecStart=/usr/local/sbin/vmtest-runner
+StandardOutput=journal+console
+StandardError=journal+console
+
+[Install]
+WantedBy=multi-user.target
+EOF
+
+export RUNNER UNIT
+HOOKS=()
+[ -n "${VM_CUSTOMIZE:-}" ] && HOOKS+=(--customize-hook="$VM_CUSTOMIZE")
+log "mmdebstrap $SUITE -> $ROOT"
+mmdebstrap --mode=root --variant=minbase --include="$PKGS" \
+  --dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
+  --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+  --essential-hook='mkdir -p "$1/etc/tiny-initramfs"; printf "MICROCODE=no\nAUTO_MODULES=no\nINCLUDE_MODULES=\"virtio_pci,virtio_blk\"\n" > "$1/etc/tiny-initramfs/tiny-initramfs.conf"' \
+  --customize-hook='echo vmtest > "$1/etc/hostname"; printf "127.0.0.1 localhost\n127.0.1.1 vmtest\n" > "$1/etc/hosts"' \
+  --customize-hook='printf "/dev/vda / ext4 rw,noatime 0 0\n" > "$1/etc/fstab"' \
+  --customize-hook='chroot "$1" passwd --delete root >/dev/null' \
+  --customize-hook='printf "%s\n" "$RUNNER" > "$1/usr/local/sbin/vmtest-runner"; chmod 755 "$1/usr/local/sbin/vmtest-runner"' \
+  --customize-hook='printf "%s\n" "$UNIT" > "$1/etc/systemd/system/vmtest.service"; chroot "$1" systemctl enable vmtest.service' \
+  --customize-hook='rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap" "$1/var/lib/man-db/auto-update"' \
+  --customize-hook='chroot "$1" systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer e2scrub_reap.service systemd-pstore.service getty@tty1.service' \
+  --customize-hook='cp -L "$1/vmlinuz" "'"$OUT"'/vmlinuz"; cp -L "$1/initrd.img" "'"$OUT"'/initrd.img"; chmod 644 "'"$OUT"'/initrd.img"' \
+  --customize-hook='chroot "$1" dpkg-query -W -f="\${Package} \${Version}\n" systemd linux-image-cloud-amd64 dbus udev > "'"$OUT"'/build-info.txt"; readlink "$1/vmlinuz" >> "'"$OUT"'/build-info.txt"' \
+  "${HOOKS[@]}" \
+  "$SUITE" "$ROOT" \
+  "deb $MIRROR/debian $SUITE main" \
+  "deb $MIRROR/debian $SUITE-updates main" \
+  "deb $MIRROR/debian-security $SUITE-security main" >"$OUT/mmdebstrap.log" 2>&1 \
+  || { tail -30 "$OUT/mmdebstrap.log" >&2; exit 1; }
+
+# mmdebstrap empties /etc/machine-id at cleanup; give the image a fixed one so
+# boots are not "first boot" (ConditionFirstBoot units, systemd-firstboot).
+tr -d - < /proc/sys/kernel/random/uuid > "$ROOT/etc/machine-id"
+
+# ---- 3. ext4 image -----------------------------------------------------------
+log "mke2fs -d ($(du -sh "$ROOT" | cut -f1) of files) -> $OUT/rootfs.img ($SIZE sparse)"
+rm -f "$OUT/rootfs.img"
+mke2fs -q -t ext4 -L vmroot -E root_owner=0:0 -d "$ROOT" "$OUT/rootfs.img" "$SIZE"
+log "done: $(du -h --apparent-size "$OUT/rootfs.img" | cut -f1) apparent, $(du -h "$OUT/rootfs.img" | cut -f1) on disk"
+cat "$OUT/build-info.txt" >&2

@@ -1,0 +1,104 @@
+# shellcheck shell=bash
+# vm-tests/lib/common.sh - sourced by every scenario, inside the guest (bash, as root, cwd /test).
+#
+# What the guest has when a scenario starts:
+#   /test/scenario.sh      the scenario itself
+#   /test/lib/             this library and fake-hw.sh
+#   /test/pkg/*.deb        the package under test (already installed unless the scenario says
+#                          "# vmtest: no-install")
+#   /test/policies/        the repository's example policies (when the repository has them)
+#   /test/fakes/           test fakes built on the host (libfake_nvml.so, ...) when present
+#   $VMTEST_RESULTS        files written here come back to the host (vm-tests/results/<scenario>/files)
+#
+# Checks print "ok - ..." or "not ok - ..." with the evidence, and `finish` ends the scenario:
+# exit 0 when every check passed, 1 otherwise.
+
+VMTEST_CHECKS_OK=0
+VMTEST_CHECKS_FAILED=0
+VMTEST_DIR=${VMTEST_DIR:-/test}
+
+_vm_pass() { VMTEST_CHECKS_OK=$((VMTEST_CHECKS_OK + 1)); echo "ok - $*"; }
+_vm_fail() { VMTEST_CHECKS_FAILED=$((VMTEST_CHECKS_FAILED + 1)); echo "not ok - $*"; }
+# Indent captured output so the report shows it under the check it belongs to.
+_vm_show() { [ -n "$1" ] && printf '%s\n' "$1" | tail -n "${2:-15}" | sed 's/^/    | /'; return 0; }
+
+# check DESC CMD...: CMD exits 0. Its output is shown when it fails.
+check() {
+    local desc=$1 out rc
+    shift
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ]; then
+        _vm_pass "$desc"
+    else
+        _vm_fail "$desc (exit $rc: $*)"
+        _vm_show "$out"
+    fi
+    return $rc
+}
+
+# check_output DESC CMD...: like check, and always shows CMD's output (the evidence).
+check_output() {
+    local desc=$1 out rc
+    shift
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ]; then _vm_pass "$desc"; else _vm_fail "$desc (exit $rc: $*)"; fi
+    _vm_show "$out" "${VMTEST_SHOW_LINES:-8}"
+    return $rc
+}
+
+# check_not DESC CMD...: CMD exits non-zero.
+check_not() {
+    local desc=$1 out rc
+    shift
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        _vm_pass "$desc"
+    else
+        _vm_fail "$desc (expected failure, got exit 0: $*)"
+        _vm_show "$out"
+    fi
+    [ $rc -ne 0 ]
+}
+
+# check_empty DESC CMD...: CMD succeeds and prints nothing (e.g. "no leftover files").
+check_empty() {
+    local desc=$1 out rc
+    shift
+    out=$("$@" 2>&1)
+    rc=$?
+    if [ $rc -eq 0 ] && [ -z "$out" ]; then
+        _vm_pass "$desc"
+    else
+        _vm_fail "$desc (exit $rc, output follows)"
+        _vm_show "$out" 30
+        return 1
+    fi
+}
+
+# fail DESC: record a failed check without a command (for conditions computed by the scenario).
+fail() { _vm_fail "$*"; }
+pass() { _vm_pass "$*"; }
+
+# The package under test.
+vm_deb() { find "$VMTEST_DIR/pkg" -maxdepth 1 -name 'gpuctl_*.deb' | head -n1; }
+
+# Install the package as an admin would. Output goes to $VMTEST_RESULTS/dpkg-install.log.
+vm_install_package() {
+    local deb
+    deb=$(vm_deb)
+    [ -n "$deb" ] || { echo "vm_install_package: no .deb in $VMTEST_DIR/pkg" >&2; return 1; }
+    DEBIAN_FRONTEND=noninteractive dpkg -i "$deb" >"$VMTEST_RESULTS/dpkg-install.log" 2>&1
+}
+
+# Wait until systemd finished the boot transaction (degraded is fine: tests inspect units).
+vm_wait_booted() { systemctl is-system-running --wait >/dev/null 2>&1 || true; }
+
+# End the scenario: summary line and exit status.
+finish() {
+    echo "-- $VMTEST_CHECKS_OK checks passed, $VMTEST_CHECKS_FAILED failed"
+    [ "$VMTEST_CHECKS_FAILED" -eq 0 ] && [ "$VMTEST_CHECKS_OK" -gt 0 ]
+    exit $?
+}

@@ -1,0 +1,30 @@
+#!/bin/bash
+# `systemd-analyze verify` is clean on every unit the package ships, and the units load.
+. lib/common.sh
+. lib/fake-hw.sh
+
+# The MPS template runs the driver's nvidia-cuda-mps-control; verify checks that it exists.
+fake_mps_control
+
+units=$(dpkg -L gpuctl | grep -E '^(/usr)?/lib/systemd/system/[^/]*$')
+[ -n "$units" ] && pass "package ships units: $(echo "$units" | xargs -n1 basename | xargs)"
+for u in $units; do
+    name=${u##*/}
+    if [[ $name == *@.* ]]; then
+        # A template is verified through an instance of it.
+        inst=${name/@./@infer.}
+        check_empty "systemd-analyze verify $inst" systemd-analyze verify "$inst"
+    else
+        check_empty "systemd-analyze verify $name" systemd-analyze verify "$u"
+    fi
+    check "$name loads" test "$(systemctl show -P LoadState "${name/@./@infer.}")" = loaded
+done
+check_output "gpu-infer.slice nests under gpu.slice" \
+    sh -c 'systemctl show -P Slice gpu-infer.slice | grep -x gpu.slice'
+check_output "gpuctl-mps@infer.service runs in gpu-infer.slice" \
+    sh -c 'systemctl show -P Slice gpuctl-mps@infer.service | grep -x gpu-infer.slice'
+check_output "gpuctld.service is Type=notify with a watchdog" \
+    sh -c 'systemctl show -p Type -p WatchdogUSec gpuctld.service | tr "\n" " " | grep "Type=notify WatchdogUSec=1min"'
+# Evidence only: systemd's own exposure score of the agent's sandbox.
+systemd-analyze security --no-pager gpuctld.service 2>&1 | tail -n 1 | sed 's/^/    | security: /'
+finish
