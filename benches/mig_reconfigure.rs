@@ -2,9 +2,9 @@
 //! strategy (destroy every instance of the configured GPUs, create the whole layout again),
 //! both run in this process through the real nvml-wrapper against the fake libnvidia-ml.
 //!
-//! For each scenario it prints the NVML mutating calls (from the fake's counter), the size of
-//! the planned diff (GI/CI creates and destroys), wall time (median of several runs) and the
-//! baseline/gpuctl ratios. It asserts that gpuctl's mutating calls equal the diff size.
+//! For each scenario it prints the NVML mutating calls (from the fake's call log), the NVML
+//! queries (the fake's per-process counter), the size of the planned diff (GI/CI creates and
+//! destroys), wall time (median of several runs) and the baseline/gpuctl ratios. It asserts that gpuctl's mutating calls equal the diff size.
 //!
 //! Run: `cargo bench --bench mig_reconfigure`.
 
@@ -158,13 +158,28 @@ fn median(mut v: Vec<Duration>) -> Duration {
 
 fn main() {
     println!(
-        "{:<52} {:>5} {:>7} {:>8} {:>7} {:>10} {:>10} {:>7}",
-        "scenario", "diff", "gpuctl", "baseline", "calls×", "gpuctl", "baseline", "time×"
+        "{:<52} {:>5} {:>13} {:>7} {:>13} {:>7} {:>21} {:>7}",
+        "", "", "mutating", "", "queries", "", "time", ""
+    );
+    println!(
+        "{:<52} {:>5} {:>6} {:>6} {:>7} {:>6} {:>6} {:>7} {:>10} {:>10} {:>7}",
+        "scenario",
+        "diff",
+        "gpuctl",
+        "base",
+        "calls×",
+        "gpuctl",
+        "base",
+        "query×",
+        "gpuctl",
+        "baseline",
+        "time×"
     );
     for s in scenarios() {
         let mut ours_t = Vec::new();
         let mut base_t = Vec::new();
         let (mut ours_calls, mut base_calls, mut diff) = (0, 0, 0);
+        let (mut ours_q, mut base_q) = (0, 0);
         for _ in 0..RUNS {
             // gpuctl
             let fake = FakeHost::new(s.spec);
@@ -191,9 +206,11 @@ fn main() {
                 })
                 .count() as u64;
             let c0 = fake.mutating_calls();
+            let q0 = fake.query_calls();
             let t = Instant::now();
             let r = fake.apply(&to);
             ours_t.push(t.elapsed());
+            ours_q = fake.query_calls() - q0;
             assert!(r.failed.is_empty(), "{}: {:?}", s.name, r.failed);
             ours_calls = fake.mutating_calls() - c0;
             assert_eq!(
@@ -206,9 +223,11 @@ fn main() {
             std::fs::write(&fake.state, &snapshot).unwrap();
             std::fs::write(&owners, &owners_snap).unwrap();
             let c0 = fake.mutating_calls();
+            let q0 = fake.query_calls();
             let t = Instant::now();
             baseline(&fake, &to);
             base_t.push(t.elapsed());
+            base_q = fake.query_calls() - q0;
             base_calls = fake.mutating_calls() - c0;
         }
         let (o, b) = (median(ours_t), median(base_t));
@@ -218,21 +237,26 @@ fn main() {
             format!("{:.1}", base_calls as f64 / ours_calls as f64)
         };
         println!(
-            "{:<52} {:>5} {:>7} {:>8} {:>7} {:>8.1}ms {:>8.1}ms {:>7.2}",
+            "{:<52} {:>5} {:>6} {:>6} {:>7} {:>6} {:>6} {:>7.2} {:>8.1}ms {:>8.1}ms {:>7.2}",
             s.name,
             diff,
             ours_calls,
             base_calls,
             calls_ratio,
+            ours_q,
+            base_q,
+            base_q as f64 / ours_q as f64,
             o.as_secs_f64() * 1e3,
             b.as_secs_f64() * 1e3,
             b.as_secs_f64() / o.as_secs_f64()
         );
     }
     println!(
-        "calls: NVML mutating calls (GI/CI create/destroy, MIG mode); time: wall time of the \
-         whole apply in this process against the fake, median of {RUNS} runs. On the fake a \
-         mutating call costs about what a query costs; on real GPUs GI/CI create/destroy are \
-         the slow part (not measured here)."
+        "mutating: NVML mutating calls (GI/CI create/destroy, MIG mode), from the fake's call \
+         log; queries: read-only NVML calls (nvmlInit included), from the fake's per-process \
+         counter; ×: baseline/gpuctl; time: wall time of the whole apply (open NVML, observe, \
+         plan, execute) in this process against the fake, median of {RUNS} runs. On the fake \
+         every call, query or mutation, locks and parses the JSON state file; on real GPUs \
+         GI/CI create/destroy are the slow part (not measured here)."
     );
 }

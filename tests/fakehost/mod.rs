@@ -109,6 +109,12 @@ impl FakeHost {
         self.fake().mutating_calls
     }
 
+    /// Read-only NVML calls this process made so far (`nvmlInit` included), from the loaded
+    /// fake's own counter (the rlib copy of fake-nvml linked into the test has a separate one).
+    pub fn query_calls(&self) -> u64 {
+        query_calls()
+    }
+
     /// (function, result) of the logged calls.
     pub fn log(&self) -> Vec<(String, String, serde_json::Value)> {
         self.fake()
@@ -135,6 +141,24 @@ impl FakeHost {
         let p = self.root.join(format!("proc/{pid}/cgroup"));
         std::fs::create_dir_all(p.parent().unwrap()).unwrap();
         std::fs::write(&p, format!("0::/system.slice/{unit}\n")).unwrap();
+    }
+}
+
+/// See [`FakeHost::query_calls`].
+pub fn query_calls() -> u64 {
+    // Held open for the whole process: otherwise the last backend's dlclose could unload the
+    // library and restart its counter.
+    static LIB: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
+    // SAFETY: the library nvml-wrapper loads (dlopen returns the same handle);
+    // fakeNvmlQueryCallCount has the C signature `nvmlReturn_t (unsigned long long *)`.
+    unsafe {
+        let lib = LIB.get_or_init(|| libloading::Library::new(lib_path()).expect("load fake NVML"));
+        let f: libloading::Symbol<unsafe extern "C" fn(*mut u64) -> u32> = lib
+            .get(b"fakeNvmlQueryCallCount\0")
+            .expect("fakeNvmlQueryCallCount");
+        let mut n = 0u64;
+        assert_eq!(f(&mut n), 0, "fakeNvmlQueryCallCount");
+        n
     }
 }
 

@@ -117,6 +117,7 @@ fn nth_fault(st: &State, seq: u64) -> Option<NvmlReturn> {
 
 /// A read-only call: no write-back.
 fn query(name: &str, f: impl FnOnce(&mut State) -> NvmlReturn) -> NvmlReturn {
+    control::count_query();
     if !initialized() {
         return NVML_ERROR_UNINITIALIZED;
     }
@@ -289,6 +290,7 @@ fn mig_devices(st: &State, gpu: usize) -> Vec<(usize, usize)> {
 /// writes `mig-minors` under `FAKE_NVML_ROOT`. Reference-counted like the real library.
 #[no_mangle]
 pub extern "C" fn nvmlInit_v2() -> NvmlReturn {
+    control::count_query();
     let Some(path) = control::state_path() else {
         return NVML_ERROR_DRIVER_NOT_LOADED;
     };

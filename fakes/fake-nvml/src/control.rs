@@ -12,11 +12,26 @@ use crate::state::{self, FailAt, Process, State, StateError};
 use crate::types::*;
 use std::ffi::{c_char, c_uint, c_ulonglong, CStr};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
 /// `nvmlInit` reference count (process-wide, like the real library).
 pub(crate) static INIT_COUNT: Mutex<u32> = Mutex::new(0);
 static PATH_OVERRIDE: Mutex<Option<PathBuf>> = Mutex::new(None);
+/// Read-only NVML calls (`nvmlInit` included) made by this process. Kept in memory, not in the
+/// state file: counting there would turn every query into a write.
+static QUERY_CALLS: AtomicU64 = AtomicU64::new(0);
+
+pub(crate) fn count_query() {
+    QUERY_CALLS.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Read-only NVML calls this process made through this copy of the library (each one locks
+/// and reads the state file). Callers that `dlopen` the library use
+/// `fakeNvmlQueryCallCount`: an rlib copy linked into a test has its own counter.
+pub fn query_calls() -> u64 {
+    QUERY_CALLS.load(Ordering::Relaxed)
+}
 
 /// The state file in use: the `fakeNvmlSetStatePath` override, else `$FAKE_NVML_STATE`
 /// (read at every call).
@@ -267,4 +282,15 @@ pub unsafe extern "C" fn fakeNvmlMutatingCallCount(count: *mut c_ulonglong) -> N
         unsafe { count.write(st.mutating_calls) };
         NVML_SUCCESS
     })
+}
+
+/// Number of read-only NVML calls (queries, `nvmlInit` included) this process made so far.
+#[no_mangle]
+pub unsafe extern "C" fn fakeNvmlQueryCallCount(count: *mut c_ulonglong) -> NvmlReturn {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    // SAFETY: non-null, points to an unsigned long long (caller contract).
+    unsafe { count.write(query_calls()) };
+    NVML_SUCCESS
 }

@@ -227,6 +227,19 @@ fn c_control_exports_act_on_the_current_state() {
         let mut n = 0u64;
         assert_eq!(calls(&mut n), SUCCESS);
         assert_eq!(n, 1);
+        // Queries are counted per process, and only queries.
+        let queries: libloading::Symbol<unsafe extern "C" fn(*mut u64) -> u32> =
+            lib.get(b"fakeNvmlQueryCallCount").unwrap();
+        let (mut q0, mut q1, mut q2) = (0u64, 0u64, 0u64);
+        assert_eq!(queries(&mut q0), SUCCESS);
+        a100.mig_mode().unwrap();
+        a100.running_compute_processes().unwrap();
+        assert_eq!(queries(&mut q1), SUCCESS);
+        assert!(q1 >= q0 + 2, "{q0} -> {q1}");
+        assert_eq!(reset(0), SUCCESS);
+        assert_eq!(queries(&mut q2), SUCCESS);
+        assert_eq!(q2, q1);
+        assert_eq!(queries(std::ptr::null_mut()), INVALID_ARGUMENT);
     }
     assert_eq!(a100.mig_mode().unwrap().current, 1);
     let log = fake.log_functions();
