@@ -300,34 +300,32 @@ impl RealHost {
     }
 }
 
-impl Observer for RealHost {
-    fn observe(&mut self) -> Result<Observed, EffectError> {
-        let mut obs = Observed {
-            host: host_info(&self.root),
-            ..Default::default()
-        };
-        match &self.nvml {
-            Ok(b) => obs.gpus = b.observe_gpus()?,
-            Err(why) => obs.nvml_unavailable = Some(why.clone()),
+impl RealHost {
+    /// Cgroup and unit of every process of `g`, from `/proc/<pid>/cgroup` under the root.
+    fn resolve_pids(&self, g: &mut GpuState) {
+        let procs = g.processes.iter_mut().chain(
+            g.mig
+                .iter_mut()
+                .flat_map(|m| m.instances.iter_mut())
+                .flat_map(|i| i.compute.iter_mut())
+                .flat_map(|c| c.processes.iter_mut()),
+        );
+        for p in procs {
+            let (cg, unit) = pid_cgroup(&self.root, p.pid);
+            p.cgroup = cg;
+            p.unit = unit;
         }
-        for g in &mut obs.gpus {
-            let procs = g.processes.iter_mut().chain(
-                g.mig
-                    .iter_mut()
-                    .flat_map(|m| m.instances.iter_mut())
-                    .flat_map(|i| i.compute.iter_mut())
-                    .flat_map(|c| c.processes.iter_mut()),
-            );
-            for p in procs {
-                let (cg, unit) = pid_cgroup(&self.root, p.pid);
-                p.cgroup = cg;
-                p.unit = unit;
-            }
-        }
+    }
+
+    /// Everything but the GPUs' driver state: owner labels (on `obs.gpus`), MIG minors, team
+    /// env files, slices and MPS daemons, capability nodes.
+    fn observe_rest(&mut self, obs: &mut Observed) -> Result<(), EffectError> {
         self.apply_owners(&mut obs.gpus)?;
+        obs.mig_minors.clear();
         if let Ok(t) = std::fs::read_to_string(self.root.join(MIG_MINORS)) {
             obs.mig_minors = parse_mig_minors(&t);
         }
+        obs.env_files.clear();
         let teams = self.root.join(RUN_DIR).join(TEAMS_DIR);
         if let Ok(rd) = std::fs::read_dir(&teams) {
             for e in rd.flatten() {
@@ -341,6 +339,8 @@ impl Observer for RealHost {
                 }
             }
         }
+        obs.slices.clear();
+        obs.mps.clear();
         if let Some(sd) = self.systemd.as_mut() {
             // Only slices gpuctl controls (DevicePolicy=closed) count as existing: any other
             // gpu-<team>.slice is planned to be set, which is what it needs.
@@ -351,6 +351,7 @@ impl Observer for RealHost {
             }
             obs.mps = sd.list_mps()?.into_iter().collect();
         }
+        obs.cap_nodes.clear();
         if let Ok(rd) = std::fs::read_dir(self.root.join(CAPS_DIR)) {
             for e in rd.flatten() {
                 if let Some(n) = e
@@ -363,7 +364,59 @@ impl Observer for RealHost {
                 }
             }
         }
+        Ok(())
+    }
+}
+
+impl Observer for RealHost {
+    fn observe(&mut self) -> Result<Observed, EffectError> {
+        let mut obs = Observed {
+            host: host_info(&self.root),
+            ..Default::default()
+        };
+        match &mut self.nvml {
+            Ok(b) => obs.gpus = b.observe_gpus()?,
+            Err(why) => obs.nvml_unavailable = Some(why.clone()),
+        }
+        let mut gpus = std::mem::take(&mut obs.gpus);
+        for g in &mut gpus {
+            self.resolve_pids(g);
+        }
+        obs.gpus = gpus;
+        self.observe_rest(&mut obs)?;
         Ok(obs)
+    }
+
+    /// Only the GPUs in `gpus` go to NVML, through [`NvmlBackend::observe_gpu`]; without
+    /// NVML, or for a GPU `prev` does not know, this is a full observation.
+    fn refresh(
+        &mut self,
+        prev: &Observed,
+        gpus: &BTreeSet<String>,
+    ) -> Result<Observed, EffectError> {
+        let known = gpus.iter().all(|u| prev.gpus.iter().any(|g| &g.uuid == u));
+        if self.nvml.is_err() || prev.nvml_unavailable.is_some() || !known {
+            return self.observe();
+        }
+        let mut obs = prev.clone();
+        for g in &mut obs.gpus {
+            if gpus.contains(&g.uuid) {
+                let mut fresh = self.backend(&g.uuid)?.observe_gpu(g)?;
+                self.resolve_pids(&mut fresh);
+                *g = fresh;
+            }
+        }
+        self.observe_rest(&mut obs)?;
+        Ok(obs)
+    }
+
+    fn refresh_processes(&mut self, obs: &mut Observed, gpu: &str) -> Result<(), EffectError> {
+        let Some(g) = obs.gpus.iter_mut().find(|g| g.uuid == gpu) else {
+            return Ok(());
+        };
+        self.backend(gpu)?.refresh_processes(g)?;
+        self.resolve_pids(g);
+        Ok(())
     }
 }
 

@@ -319,6 +319,16 @@ mod delegate {
         fn observe(&mut self) -> Result<Observed, EffectError> {
             self.inner.observe()
         }
+        fn refresh(
+            &mut self,
+            prev: &Observed,
+            gpus: &std::collections::BTreeSet<String>,
+        ) -> Result<Observed, EffectError> {
+            self.inner.refresh(prev, gpus)
+        }
+        fn refresh_processes(&mut self, obs: &mut Observed, gpu: &str) -> Result<(), EffectError> {
+            self.inner.refresh_processes(obs, gpu)
+        }
     }
     impl GpuEffector for Crashing {
         fn set_mig_mode(&mut self, g: &str, e: bool) -> Result<bool, EffectError> {
@@ -521,4 +531,99 @@ fn observes_through_nvml_with_minors_and_processes() {
     assert!(e.to_string().contains(&o.gpus[0].uuid), "{e}");
     assert!(matches!(e, EffectError::Other { .. }));
     assert!(h.observe().is_ok());
+}
+
+#[test]
+fn a_job_started_after_the_observation_is_seen_before_its_instance_is_destroyed() {
+    use gpuctl::apply::execute_observed;
+    use gpuctl::apply::journal::FileJournal;
+    use gpuctl::paths::Root;
+    let fake = FakeHost::new("h100");
+    let p1 = policy(fake.dir.path(), "p1.toml", &seven("1g.10gb"));
+    assert!(fake.apply(&p1).failed.is_empty());
+    let p2 = policy(fake.dir.path(), "p2.toml", &seven("1g.10gb+me"));
+    let mut h = fake.host();
+    let obs = h.observe().unwrap();
+    let pl = plan::plan(&p2, &obs);
+    // The plan releases g's idle instance; a job lands on it before the executor gets there.
+    let g = obs.gpus[0]
+        .mig
+        .as_ref()
+        .unwrap()
+        .instances
+        .iter()
+        .find(|i| i.owner.as_deref() == Some("g"))
+        .unwrap()
+        .clone();
+    fake.add_process(0, g.id, g.compute[0].id, 4242, "late.service");
+    let before = fake.log().len();
+    let mut j = FileJournal::new(&Root::new(&fake.root));
+    let r = execute_observed(&p2, &pl, obs, &mut h, &mut j, None).unwrap();
+    let destroys: Vec<_> = fake.log()[before..]
+        .iter()
+        .filter(|(f, _, _)| f.contains("Destroy"))
+        .cloned()
+        .collect();
+    assert!(destroys.is_empty(), "{destroys:?}");
+    let refused = r
+        .failed
+        .iter()
+        .map(|(_, e)| e.to_string())
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert!(refused.contains("pid 4242 (late.service)"), "{refused}");
+    assert!(layout(&fake.observe(), 0)
+        .iter()
+        .any(|x| x.3.as_deref() == Some("g")));
+}
+
+#[test]
+fn an_apply_queries_only_the_gpus_it_changed_and_sees_what_a_full_observation_sees() {
+    let fake = FakeHost::new("h100*3");
+    let three = |last: &str| {
+        let one = seven(last);
+        let geo = &one[one.find("mig = [").unwrap()..];
+        let head = &one[..one.find("[[gpu]]").unwrap()];
+        let seven_1g = seven("1g.10gb");
+        let geo_1g = &seven_1g[seven_1g.find("mig = [").unwrap()..];
+        format!(
+            "{head}[[gpu]]\nindex = [0]\n{geo_1g}[[gpu]]\nindex = [1]\n{geo_1g}\
+             [[gpu]]\nindex = [2]\n{geo}"
+        )
+    };
+    let p1 = policy(fake.dir.path(), "p1.toml", &three("1g.10gb"));
+    assert!(fake.apply(&p1).failed.is_empty());
+
+    // Converged: no query after the observation the plan was made from.
+    let mut h = fake.host();
+    let obs = h.observe().unwrap();
+    let q0 = fake.query_calls();
+    let r = fake.apply_observed(&p1, &mut h, obs);
+    assert_eq!(fake.query_calls(), q0, "a converged apply queried NVML");
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert!(mig_part(&plan::plan(&p1, &fake.observe())).is_empty());
+
+    // One GPU changes: the other two are not queried again, and the executor's picture of
+    // the host afterwards is the one a full observation gives.
+    let p2 = policy(fake.dir.path(), "p2.toml", &three("1g.10gb+me"));
+    let obs = h.observe().unwrap();
+    let full = {
+        let q = fake.query_calls();
+        h.observe().unwrap();
+        fake.query_calls() - q
+    };
+    let q0 = fake.query_calls();
+    let r = fake.apply_observed(&p2, &mut h, obs);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    assert!(mig_part(&r.remaining).is_empty(), "{:?}", r.remaining);
+    let used = fake.query_calls() - q0;
+    assert!(
+        used < full / 2,
+        "{used} queries for one GPU of three (a full observation is {full})"
+    );
+    let after = fake.observe();
+    assert_eq!(plan::plan(&p2, &after), r.remaining);
+    assert!(layout(&after, 2)
+        .iter()
+        .any(|x| x.0 == "1g.10gb+me" && x.3.as_deref() == Some("g")));
 }

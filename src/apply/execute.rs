@@ -202,7 +202,17 @@ fn run_one<H: Host + ?Sized>(
     k: &ActionKind,
 ) -> Result<(), EffectError> {
     // Busy instances are refused here, before the journal and the effector: the driver would
-    // refuse too (IN_USE), but gpuctl must never even try to take an instance from a job.
+    // refuse too (IN_USE), but gpuctl must never even try to take an instance from a job. The
+    // processes are read again first (that GPU only): a job may have started, or a drain
+    // ended one, since the last observation.
+    if let ActionKind::DestroyCi {
+        ci: CiRef { gi, .. },
+        ..
+    }
+    | ActionKind::DestroyGi { gi, .. } = k
+    {
+        host.refresh_processes(&mut ctx.live, &gi.gpu)?;
+    }
     match k {
         ActionKind::DestroyCi { ci, .. } => {
             let h = gi_holders(&ctx.live, &ci.gi.gpu, ci.gi.placement);
@@ -317,10 +327,6 @@ fn run_all<'a, H: Host + ?Sized>(
             }
         }
     }
-}
-
-fn is_mig_round(p: Phase) -> bool {
-    matches!(p, Phase::Drain | Phase::MigMode | Phase::MigInstances)
 }
 
 /// What exists on one GPU while its transaction runs: GI placement → (profile id, CI
@@ -703,8 +709,25 @@ pub fn execute_with<H: Host + ?Sized>(
     store: &mut dyn JournalStore,
     phases: Option<&BTreeSet<Phase>>,
 ) -> Result<Report, EffectError> {
+    let before = host.observe()?;
+    execute_observed(policy, plan, before, host, store, phases)
+}
+
+/// [`execute_with`] for a caller that has just observed the host and made `plan` from that
+/// observation, `before`: the host is not observed again at the start. After the MIG phases
+/// only the GPUs whose MIG state this run changed are queried again ([`super::Observer::refresh`]);
+/// a run that changed no MIG state queries no GPU again; the busy checks read the processes
+/// of the GPU concerned right before each destroy.
+pub fn execute_observed<H: Host + ?Sized>(
+    policy: &Policy,
+    plan: &Plan,
+    before: Observed,
+    host: &mut H,
+    store: &mut dyn JournalStore,
+    phases: Option<&BTreeSet<Phase>>,
+) -> Result<Report, EffectError> {
     let mut report = Report::default();
-    let mut before = host.observe()?;
+    let mut before = before;
     let journal = store.load()?.unwrap_or(Journal {
         version: JOURNAL_VERSION,
         ..Default::default()
@@ -752,7 +775,7 @@ pub fn execute_with<H: Host + ?Sized>(
             ctx.journal.gpus.remove(u);
         }
         if changed {
-            before = host.observe()?;
+            before = host.refresh(&before, &back.iter().cloned().collect())?;
             ctx.ids = Ids::from(&before);
             ctx.live = before.clone();
             plan = Cow::Owned(plan::plan(policy, &before));
@@ -790,14 +813,8 @@ pub fn execute_with<H: Host + ?Sized>(
         &mut failed_gpus,
         &mut report,
     );
-    if report
-        .done
-        .iter()
-        .any(|a| matches!(a.kind, ActionKind::StopUnits { .. }))
-    {
-        // The busy checks must see the processes the drain ended as gone, and only those.
-        ctx.live = host.observe()?;
-    }
+    // No observation after a drain: every destroy reads the processes of its GPU first, so the
+    // busy checks see the processes the drain ended as gone, and only those.
     let mode: Vec<&Action> = plan
         .actions
         .iter()
@@ -857,16 +874,28 @@ pub fn execute_with<H: Host + ?Sized>(
         }
     }
 
-    let first: Vec<&Action> = plan
+    // GPUs whose MIG state this run may have changed: a failed step may have changed it too.
+    let touched: BTreeSet<String> = report
+        .done
+        .iter()
+        .chain(report.failed.iter().map(|(a, _)| a))
+        .chain(&report.restored)
+        .filter(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances))
+        .filter(|a| is_mutating_mig(&a.kind))
+        .filter_map(|a| gpu_of(&a.kind).map(str::to_string))
+        .collect();
+    let ran_mig = plan
         .actions
         .iter()
-        .filter(|a| is_mig_round(a.phase))
-        .collect();
-    let ran_mig = first
-        .iter()
         .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
+    // The host as it is now, as far as this run can tell without querying GPUs it left alone.
+    let mut now = if ran_mig || plan.replan_after_mig {
+        host.refresh(&ctx.live, &touched)?
+    } else {
+        ctx.live.clone()
+    };
     let second = if ran_mig || plan.replan_after_mig {
-        plan::plan(policy, &host.observe()?)
+        plan::plan(policy, &now)
     } else {
         plan.clone().into_owned()
     };
@@ -884,7 +913,10 @@ pub fn execute_with<H: Host + ?Sized>(
     let resume = plan.actions.iter().filter(|a| a.phase == Phase::Resume);
     run_all(&mut ctx, host, resume, &mut failed_gpus, &mut report);
 
-    let end = host.observe()?;
+    // The device, slice, MPS and resume phases change no GPU: the files and systemd are read
+    // again, the GPUs are taken from `now`.
+    now = host.refresh(&now, &BTreeSet::new())?;
+    let end = now;
     report.remaining = plan::plan(policy, &end);
 
     // A GPU's transaction ends when nothing MIG-related remains for it.

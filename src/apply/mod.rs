@@ -7,12 +7,13 @@
 
 use crate::observe::{MpsSpec, Observed, SliceSpec};
 use crate::profiles::Placement;
+use std::collections::BTreeSet;
 use std::time::Duration;
 use thiserror::Error;
 
 mod execute;
 pub mod journal;
-pub use execute::{execute, execute_with, PendingMode, Report};
+pub use execute::{execute, execute_observed, execute_with, PendingMode, Report};
 
 /// A failed effector call, carrying what it concerned.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
@@ -67,9 +68,40 @@ pub trait GpuEffector {
 }
 
 /// Takes a fresh snapshot of the host.
+///
+/// Only [`Observer::observe`] is required. The two narrower calls let a backend whose queries
+/// cost something (NVML) do only the work the executor needs; their defaults observe the
+/// whole host, which is always correct.
 pub trait Observer {
     /// Observe everything the planner reads.
     fn observe(&mut self) -> Result<Observed, EffectError>;
+
+    /// `prev`, brought up to date after this process itself changed the MIG state of `gpus`
+    /// (UUIDs): those GPUs are queried again (MIG mode, instances, MIG UUIDs, processes), the
+    /// others are kept as in `prev`, and the parts that are not GPUs (files, MIG minors, owner
+    /// labels, slices, MPS daemons) are read again. Facts that never change (model, memory,
+    /// minor, profile tables) need not be read again.
+    fn refresh(
+        &mut self,
+        prev: &Observed,
+        gpus: &BTreeSet<String>,
+    ) -> Result<Observed, EffectError> {
+        let _ = (prev, gpus);
+        self.observe()
+    }
+
+    /// Read the processes of GPU `gpu` in `obs` again, placed on its instances (with their
+    /// cgroups and units): what a busy check needs right before a destroy.
+    fn refresh_processes(&mut self, obs: &mut Observed, gpu: &str) -> Result<(), EffectError> {
+        let fresh = self.observe()?;
+        if let (Some(slot), Some(g)) = (
+            obs.gpus.iter_mut().find(|g| g.uuid == gpu),
+            fresh.gpus.into_iter().find(|g| g.uuid == gpu),
+        ) {
+            *slot = g;
+        }
+        Ok(())
+    }
 }
 
 /// gpuctl's own record of which team owns which GPU instance (the driver has no such notion).

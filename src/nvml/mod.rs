@@ -70,12 +70,28 @@ impl ResetCommand {
     }
 }
 
+/// Driver facts about one GPU that do not change while the driver is loaded: read at most
+/// once per full observation (an apply), then reused by targeted observations and creates.
+#[derive(Debug, Clone, Default)]
+struct Statics {
+    /// GI profiles the GPU supports (only read while MIG is on: the driver answers
+    /// NOT_SUPPORTED otherwise).
+    gi_profiles: Option<Vec<raw::GiProfileInfo>>,
+    /// CI profiles (id, instance count) of a GI, by GI profile id: they depend on the profile,
+    /// not on the instance.
+    ci_profiles: BTreeMap<u32, Vec<(u32, u32)>>,
+    /// Placements the driver offers for a GI profile, by profile id.
+    placements: BTreeMap<u32, Vec<Placement>>,
+}
+
 /// An open NVML library.
 pub struct NvmlBackend {
     nvml: Nvml,
     /// What was loaded (for the fake reset and for messages).
     lib_path: Option<PathBuf>,
     reset: ResetCommand,
+    /// [`Statics`] by GPU UUID; emptied at every full observation.
+    statics: BTreeMap<String, Statics>,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -112,6 +128,7 @@ impl NvmlBackend {
             nvml,
             lib_path,
             reset,
+            statics: BTreeMap::new(),
         })
     }
 
@@ -127,27 +144,22 @@ impl NvmlBackend {
     }
 
     fn raw_err(&self, what: String, code: raw::Code) -> EffectError {
-        match code {
-            raw::IN_USE => EffectError::InUse { what },
-            raw::INSUFFICIENT_RESOURCES => EffectError::InsufficientResources { what },
-            c => EffectError::Other {
-                what,
-                message: raw::error_string(self.nvml.lib(), c),
-            },
-        }
+        raw_err(self.nvml.lib(), what, code)
     }
 
     /// Observe every GPU: identity, MIG mode, instances with MIG UUIDs, and compute processes
-    /// (without cgroups: the caller resolves PIDs under its root).
-    pub fn observe_gpus(&self) -> Result<Vec<GpuState>, EffectError> {
+    /// (without cgroups: the caller resolves PIDs under its root). Driver facts that never
+    /// change (profile tables) are read again here, once, and reused until the next call.
+    pub fn observe_gpus(&mut self) -> Result<Vec<GpuState>, EffectError> {
+        self.statics.clear();
         let count = self
             .nvml
             .device_count()
             .map_err(|e| nvml_err("device count", e))?;
-        (0..count).map(|i| self.observe_gpu(i)).collect()
+        (0..count).map(|i| self.observe_index(i)).collect()
     }
 
-    fn observe_gpu(&self, index: u32) -> Result<GpuState, EffectError> {
+    fn observe_index(&mut self, index: u32) -> Result<GpuState, EffectError> {
         let dev = self
             .nvml
             .device_by_index(index)
@@ -164,18 +176,6 @@ impl NvmlBackend {
             .total
             >> 20;
         let model = Catalog::get().by_nvml_name(&name);
-        let procs = dev
-            .running_compute_processes()
-            .map_err(|e| nvml_err(what("processes"), e))?;
-        // SAFETY: the handle lives as long as self.nvml, which outlives this call.
-        let d = unsafe { dev.handle() };
-        let mig = match dev.mig_mode() {
-            Ok(m) => {
-                Some(self.observe_mig(d, &uuid, index, model, m.current != 0, m.pending != 0)?)
-            }
-            Err(NvmlError::NotSupported) => None,
-            Err(e) => return Err(nvml_err(what("MIG mode"), e)),
-        };
         let mut gpu = GpuState {
             index,
             uuid: uuid.clone(),
@@ -183,105 +183,72 @@ impl NvmlBackend {
             model: model.map(|m| m.key.clone()),
             minor,
             memory_mib,
-            mig,
+            mig: None,
             processes: vec![],
         };
-        for p in procs {
-            let gp = GpuProcess {
-                pid: p.pid,
-                used_memory: match p.used_gpu_memory {
-                    UsedGpuMemory::Used(b) => b,
-                    UsedGpuMemory::Unavailable => 0,
-                },
-                unit: None,
-                cgroup: None,
-            };
-            let slot = match (p.gpu_instance_id, p.compute_instance_id, &mut gpu.mig) {
-                (Some(gi), Some(ci), Some(m)) => m
-                    .instances
-                    .iter_mut()
-                    .find(|g| g.id == gi)
-                    .and_then(|g| g.compute.iter_mut().find(|c| c.id == ci))
-                    .map(|c| &mut c.processes),
-                _ => None,
-            };
-            // A process whose instance is unknown is still a process on the GPU: counting it
-            // there keeps it visible as a holder rather than losing it.
-            slot.unwrap_or(&mut gpu.processes).push(gp);
-        }
+        self.observe_dynamic(&mut gpu)?;
         Ok(gpu)
     }
 
-    fn observe_mig(
-        &self,
-        d: nvmlDevice_t,
-        uuid: &str,
-        index: u32,
-        model: Option<&GpuModel>,
-        current: bool,
-        pending: bool,
-    ) -> Result<MigState, EffectError> {
-        let mut st = MigState {
-            current,
-            pending,
-            instances: vec![],
+    /// Observe GPU `prev.uuid` again: MIG mode, instances, MIG UUIDs and processes (without
+    /// cgroups). Its identity (index, name, minor, memory, model) is taken from `prev` and the
+    /// profile tables from the last full observation, so a GPU the executor just changed costs
+    /// only the queries of what can have changed.
+    pub fn observe_gpu(&mut self, prev: &GpuState) -> Result<GpuState, EffectError> {
+        let mut gpu = GpuState {
+            mig: None,
+            processes: vec![],
+            ..prev.clone()
         };
-        if !current {
-            return Ok(st);
-        }
-        let lib = self.nvml.lib();
-        let err = |w: String, c| self.raw_err(format!("GPU {index} ({uuid}) {w}"), c);
-        let uuids: BTreeMap<(u32, u32), String> = raw::mig_devices(lib, d)
-            .map_err(|c| err("MIG devices".into(), c))?
-            .into_iter()
-            .map(|(g, c, u)| ((g, c), u))
-            .collect();
-        for p in raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))? {
-            for h in raw::gpu_instances(lib, d, &p)
-                .map_err(|c| err(format!("GIs of profile {}", p.id), c))?
-            {
-                let (id, profile_id, placement) =
-                    raw::gi_info(lib, h).map_err(|c| err("GI info".into(), c))?;
-                let gi_name = model
-                    .and_then(|m| m.gi_profile_by_id(profile_id))
-                    .map(|g| g.name.clone())
-                    .unwrap_or_else(|| format!("profile-{profile_id}"));
-                let mut compute = Vec::new();
-                for (cp, n) in
-                    raw::ci_profiles(lib, h).map_err(|c| err(format!("gi{id} CI profiles"), c))?
-                {
-                    for ch in raw::compute_instances(lib, h, cp, n)
-                        .map_err(|c| err(format!("gi{id} CIs"), c))?
-                    {
-                        let (cid, cpid, cpl) =
-                            raw::ci_info(lib, ch).map_err(|c| err(format!("gi{id} CI"), c))?;
-                        let profile = model
-                            .and_then(|m| m.ci_profiles(&gi_name).iter().find(|x| x.id == cpid))
-                            .map(|x| x.name.clone())
-                            .unwrap_or_else(|| format!("ci-profile-{cpid}"));
-                        compute.push(ComputeInstance {
-                            id: cid,
-                            profile_id: cpid,
-                            profile,
-                            placement: cpl,
-                            uuid: uuids.get(&(id, cid)).cloned().unwrap_or_default(),
-                            processes: vec![],
-                        });
-                    }
-                }
-                compute.sort_by_key(|c| c.id);
-                st.instances.push(GpuInstance {
-                    id,
-                    profile_id,
-                    profile: gi_name,
-                    placement,
-                    owner: None,
-                    compute,
-                });
+        self.observe_dynamic(&mut gpu)?;
+        Ok(gpu)
+    }
+
+    /// MIG state and processes of `gpu` (whose identity fields are filled).
+    fn observe_dynamic(&mut self, gpu: &mut GpuState) -> Result<(), EffectError> {
+        let (index, uuid) = (gpu.index, gpu.uuid.clone());
+        let what = |w: &str| format!("GPU {index} ({uuid}) {w}");
+        let model = Catalog::get().by_nvml_name(&gpu.name);
+        let dev = self
+            .nvml
+            .device_by_uuid(uuid.as_str())
+            .map_err(|e| nvml_err(what("handle"), e))?;
+        // SAFETY: the handle lives as long as self.nvml, which outlives this call.
+        let d = unsafe { dev.handle() };
+        gpu.mig = match dev.mig_mode() {
+            Ok(m) => {
+                let st = self.statics.entry(uuid.clone()).or_default();
+                Some(observe_mig(
+                    &self.nvml,
+                    st,
+                    d,
+                    &uuid,
+                    index,
+                    model,
+                    m.current != 0,
+                    m.pending != 0,
+                )?)
             }
-        }
-        st.instances.sort_by_key(|g| g.id);
-        Ok(st)
+            Err(NvmlError::NotSupported) => None,
+            Err(e) => return Err(nvml_err(what("MIG mode"), e)),
+        };
+        let procs = dev
+            .running_compute_processes()
+            .map_err(|e| nvml_err(what("processes"), e))?;
+        place_processes(gpu, procs);
+        Ok(())
+    }
+
+    /// Read the compute processes of `gpu` again (one GPU, one query) and place them on its
+    /// instances as observed: what a busy check needs right before a destroy. Without cgroups.
+    pub fn refresh_processes(&self, gpu: &mut GpuState) -> Result<(), EffectError> {
+        let what = |w: &str| format!("GPU {} ({}) {w}", gpu.index, gpu.uuid);
+        let procs = self
+            .device(&gpu.uuid)?
+            .running_compute_processes()
+            .map_err(|e| nvml_err(what("processes"), e))?;
+        place_processes(gpu, procs);
+        Ok(())
     }
 
     /// Profile id and placement of GI `gi` on `gpu` (owner labels key on these, not on ids).
@@ -328,6 +295,152 @@ impl NvmlBackend {
             c => Err(self.raw_err(what, c)),
         }
     }
+}
+
+/// Replace the processes of `gpu` (whole-GPU and per CI) by `procs`, each placed on its CI by
+/// GI/CI id.
+fn place_processes(
+    gpu: &mut GpuState,
+    procs: Vec<nvml_wrapper::struct_wrappers::device::ProcessInfo>,
+) {
+    gpu.processes.clear();
+    for c in gpu
+        .mig
+        .iter_mut()
+        .flat_map(|m| m.instances.iter_mut())
+        .flat_map(|g| g.compute.iter_mut())
+    {
+        c.processes.clear();
+    }
+    for p in procs {
+        let gp = GpuProcess {
+            pid: p.pid,
+            used_memory: match p.used_gpu_memory {
+                UsedGpuMemory::Used(b) => b,
+                UsedGpuMemory::Unavailable => 0,
+            },
+            unit: None,
+            cgroup: None,
+        };
+        let slot = match (p.gpu_instance_id, p.compute_instance_id, &mut gpu.mig) {
+            (Some(gi), Some(ci), Some(m)) => m
+                .instances
+                .iter_mut()
+                .find(|g| g.id == gi)
+                .and_then(|g| g.compute.iter_mut().find(|c| c.id == ci))
+                .map(|c| &mut c.processes),
+            _ => None,
+        };
+        // A process whose instance is unknown is still a process on the GPU: counting it
+        // there keeps it visible as a holder rather than losing it.
+        slot.unwrap_or(&mut gpu.processes).push(gp);
+    }
+}
+
+fn raw_err(
+    lib: &nvml_wrapper_sys::bindings::NvmlLib,
+    what: String,
+    code: raw::Code,
+) -> EffectError {
+    match code {
+        raw::IN_USE => EffectError::InUse { what },
+        raw::INSUFFICIENT_RESOURCES => EffectError::InsufficientResources { what },
+        c => EffectError::Other {
+            what,
+            message: raw::error_string(lib, c),
+        },
+    }
+}
+
+/// GPU and compute instances of one GPU, with MIG UUIDs. Profile tables come from `st` when
+/// it has them, and are read into it otherwise.
+#[allow(clippy::too_many_arguments)]
+fn observe_mig(
+    nvml: &Nvml,
+    st: &mut Statics,
+    d: nvmlDevice_t,
+    uuid: &str,
+    index: u32,
+    model: Option<&GpuModel>,
+    current: bool,
+    pending: bool,
+) -> Result<MigState, EffectError> {
+    let mut mig = MigState {
+        current,
+        pending,
+        instances: vec![],
+    };
+    if !current {
+        return Ok(mig);
+    }
+    let lib = nvml.lib();
+    let err = |w: String, c| raw_err(lib, format!("GPU {index} ({uuid}) {w}"), c);
+    let uuids: BTreeMap<(u32, u32), String> = raw::mig_devices(lib, d)
+        .map_err(|c| err("MIG devices".into(), c))?
+        .into_iter()
+        .map(|(g, c, u)| ((g, c), u))
+        .collect();
+    let gi_profiles = match &st.gi_profiles {
+        Some(p) => p.clone(),
+        None => {
+            let p = raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))?;
+            st.gi_profiles = Some(p.clone());
+            p
+        }
+    };
+    for p in gi_profiles {
+        for h in raw::gpu_instances(lib, d, &p)
+            .map_err(|c| err(format!("GIs of profile {}", p.id), c))?
+        {
+            let (id, profile_id, placement) =
+                raw::gi_info(lib, h).map_err(|c| err("GI info".into(), c))?;
+            let gi_name = model
+                .and_then(|m| m.gi_profile_by_id(profile_id))
+                .map(|g| g.name.clone())
+                .unwrap_or_else(|| format!("profile-{profile_id}"));
+            let ci_profiles = match st.ci_profiles.get(&profile_id) {
+                Some(c) => c.clone(),
+                None => {
+                    let c = raw::ci_profiles(lib, h)
+                        .map_err(|c| err(format!("gi{id} CI profiles"), c))?;
+                    st.ci_profiles.insert(profile_id, c.clone());
+                    c
+                }
+            };
+            let mut compute = Vec::new();
+            for (cp, n) in ci_profiles {
+                for ch in raw::compute_instances(lib, h, cp, n)
+                    .map_err(|c| err(format!("gi{id} CIs"), c))?
+                {
+                    let (cid, cpid, cpl) =
+                        raw::ci_info(lib, ch).map_err(|c| err(format!("gi{id} CI"), c))?;
+                    let profile = model
+                        .and_then(|m| m.ci_profiles(&gi_name).iter().find(|x| x.id == cpid))
+                        .map(|x| x.name.clone())
+                        .unwrap_or_else(|| format!("ci-profile-{cpid}"));
+                    compute.push(ComputeInstance {
+                        id: cid,
+                        profile_id: cpid,
+                        profile,
+                        placement: cpl,
+                        uuid: uuids.get(&(id, cid)).cloned().unwrap_or_default(),
+                        processes: vec![],
+                    });
+                }
+            }
+            compute.sort_by_key(|c| c.id);
+            mig.instances.push(GpuInstance {
+                id,
+                profile_id,
+                profile: gi_name,
+                placement,
+                owner: None,
+                compute,
+            });
+        }
+    }
+    mig.instances.sort_by_key(|g| g.id);
+    Ok(mig)
 }
 
 impl GpuEffector for NvmlBackend {
@@ -405,8 +518,25 @@ impl GpuEffector for NvmlBackend {
             placement.start, placement.size
         );
         // Checked first so that a placement the driver does not offer costs no mutating call.
-        let legal = raw::gi_possible_placements(lib, d, profile_id)
-            .map_err(|c| self.raw_err(what.clone(), c))?;
+        // The offer is a property of the GPU and profile, not of what exists.
+        let cached = self
+            .statics
+            .get(gpu)
+            .and_then(|s| s.placements.get(&profile_id))
+            .cloned();
+        let legal = match cached {
+            Some(l) => l,
+            None => {
+                let l = raw::gi_possible_placements(lib, d, profile_id)
+                    .map_err(|c| raw_err(lib, what.clone(), c))?;
+                self.statics
+                    .entry(gpu.to_string())
+                    .or_default()
+                    .placements
+                    .insert(profile_id, l.clone());
+                l
+            }
+        };
         if !legal.contains(&placement) {
             return Err(EffectError::Other {
                 what,

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use gpuctl::apply::journal::FileJournal;
-use gpuctl::apply::{execute_with, Observer, Report};
+use gpuctl::apply::{execute_observed, Observer, Report};
 use gpuctl::observe::Observed;
 use gpuctl::paths::Root;
 use gpuctl::plan::{self, ActionKind, Phase, Plan};
@@ -80,7 +80,8 @@ impl FakeHost {
         self.host().observe().expect("observe")
     }
 
-    /// What `gpuctl apply --local` does: observe, plan, execute with the file journal.
+    /// What `gpuctl apply --local` does: observe, plan, execute with the file journal (the
+    /// executor reuses the observation the plan was made from).
     pub fn apply(&self, p: &Policy) -> Report {
         let mut h = self.host();
         self.apply_on(p, &mut h)
@@ -88,11 +89,21 @@ impl FakeHost {
 
     pub fn apply_on<H: gpuctl::apply::Host>(&self, p: &Policy, h: &mut H) -> Report {
         let obs = h.observe().expect("observe");
+        self.apply_observed(p, h, obs)
+    }
+
+    /// [`FakeHost::apply_on`] from an observation the caller made.
+    pub fn apply_observed<H: gpuctl::apply::Host>(
+        &self,
+        p: &Policy,
+        h: &mut H,
+        obs: Observed,
+    ) -> Report {
         let pl = plan::plan(p, &obs);
         let mut j = FileJournal::new(&Root::new(&self.root));
         // No systemd here: the phases `gpuctl apply --local` runs without a system bus.
         let phases = [Phase::MigMode, Phase::MigInstances, Phase::Devices].into();
-        execute_with(p, &pl, h, &mut j, Some(&phases)).expect("execute")
+        execute_observed(p, &pl, obs, h, &mut j, Some(&phases)).expect("execute")
     }
 
     pub fn journal_path(&self) -> PathBuf {
