@@ -6,7 +6,8 @@
 //! Applying happens in two rounds because the later phases depend on things that only exist
 //! after the MIG phases (MIG UUIDs, GI/CI ids and so capability minors):
 //! 1. run the plan's drain, MIG-mode and MIG-instance actions;
-//! 2. if any of those ran, observe again and plan again, then run the device, slice and MPS
+//! 2. if any of those ran, observe again (only the GPUs whose MIG state changed: see
+//!    [`super::Observer::refresh`]) and plan again, then run the device, slice and MPS
 //!    actions of that new plan (its MIG actions, if some remain because a step failed, are not
 //!    retried in the same run); finally run the original plan's resume actions.
 //!
@@ -15,8 +16,8 @@
 //!   target and the step;
 //! - creates that fit next to the existing instances run before the destroys (so a GPU is
 //!   never emptier than it must be), the others after;
-//! - an instance with processes is never destroyed: the executor checks the latest observation
-//!   (taken after a drain) and refuses without calling the effector;
+//! - an instance with processes is never destroyed: right before each destroy the executor reads
+//!   the processes of that GPU again and refuses without calling the effector;
 //! - a failed step stops the remaining MIG steps of that GPU only (other GPUs proceed) and
 //!   restores the destroyed instances of the last good geometry that still have room;
 //! - a journal left by an earlier run (crash, failed step) is rolled forward by running the
@@ -152,7 +153,8 @@ struct Ctx<'a> {
     ids: Ids,
     journal: Journal,
     store: &'a mut dyn JournalStore,
-    /// The latest observation: busy checks before destroys read it.
+    /// The latest observation; the processes of a GPU are read into it right before each
+    /// destroy on that GPU, and the busy check reads them there.
     live: Observed,
     /// Phases the host can run; `None`: all.
     phases: Option<&'a BTreeSet<Phase>>,

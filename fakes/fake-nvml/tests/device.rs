@@ -236,7 +236,7 @@ fn c_control_exports_act_on_the_current_state() {
         a100.running_compute_processes().unwrap();
         assert_eq!(queries(&mut q1), SUCCESS);
         assert!(q1 >= q0 + 2, "{q0} -> {q1}");
-        assert_eq!(reset(0), SUCCESS);
+        assert_eq!(remove(77), NOT_FOUND);
         assert_eq!(queries(&mut q2), SUCCESS);
         assert_eq!(q2, q1);
         assert_eq!(queries(std::ptr::null_mut()), INVALID_ARGUMENT);
