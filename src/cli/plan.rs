@@ -9,7 +9,7 @@
 //! skipped).
 use super::{exit, Cli};
 use crate::apply::journal::FileJournal;
-use crate::apply::{execute, execute_with, Observer, Report};
+use crate::apply::{execute, execute_observed, Observer, Report};
 use crate::observe::Observed;
 use crate::paths::Root;
 use crate::plan::{self, desired, Action, Desired, Plan};
@@ -247,7 +247,9 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
         Target::Real(mut h) => {
             let mut journal = FileJournal::new(h.root());
             let phases = h.phases();
-            let r = execute_with(&p, &pl, h.as_mut(), &mut journal, phases.as_ref())
+            // The plan was made from `obs`; the executor starts from it rather than asking NVML
+            // for the whole host again.
+            let r = execute_observed(&p, &pl, obs, h.as_mut(), &mut journal, phases.as_ref())
                 .with_context(|| format!("applying on {}", cli.root.display()))?;
             remaining_filter = Some(h);
             r

@@ -152,7 +152,14 @@ impl CoreReconciler {
             obs
         } else {
             let phases = self.host.phases();
-            match apply::execute_with(policy, &pl, &mut self.host, &mut journal, phases.as_ref()) {
+            match apply::execute_observed(
+                policy,
+                &pl,
+                obs,
+                &mut self.host,
+                &mut journal,
+                phases.as_ref(),
+            ) {
                 Ok(rep) => absorb(&rep, &mut r),
                 Err(e) => r.errors.push(format!("apply: {e}")),
             }
