@@ -14,6 +14,7 @@ expected=(
     /lib/systemd/system/gpu.slice
     /lib/systemd/system/gpuctl-ready.target
     /lib/systemd/system/gpuctl-mps@.service
+    /lib/systemd/system-generators/gpuctl-generator
     /lib/systemd/system-preset/90-gpuctl.preset
     /usr/lib/tmpfiles.d/gpuctl.conf
     /usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf
@@ -43,7 +44,7 @@ extra=$(dpkg -L gpuctl | while read -r p; do
 done)
 check_empty "the package ships no file outside the check list" echo -n "$extra"
 check "/etc/gpuctl/policy.toml is a conffile" sh -c 'dpkg-query -W -f="\${Conffiles}\n" gpuctl | grep -q "^ /etc/gpuctl/policy.toml "'
-check "binaries are executable" test -x /usr/bin/gpuctl -a -x /usr/sbin/gpuctld
+check "binaries are executable" test -x /usr/bin/gpuctl -a -x /usr/sbin/gpuctld -a -x /lib/systemd/system-generators/gpuctl-generator
 check_output "gpuctl --version runs" gpuctl --version
 
 # Maintainer scripts: daemon-reload, preset, tmpfiles.
