@@ -1,10 +1,11 @@
 #!/bin/bash
 # The package installs with dpkg -i (done by the harness) and puts its files where packaging/
 # says; the maintainer scripts enabled the agent per preset and created its directories.
+# vmtest: group=pkg
 . lib/common.sh
 
 check_output "dpkg reports gpuctl installed" dpkg-query -W -f='${Package} ${Version} ${Status}\n' gpuctl
-check_output "dpkg -i printed no warnings" sh -c '! grep -i "warn\|error" "$VMTEST_RESULTS/dpkg-install.log"'
+check_output "dpkg -i printed no warnings" sh -c '! grep -i "warn\|error" "$VMTEST_DPKG_LOG"'
 
 # The check list: every path the package must ship (packaging/build.sh stages them).
 expected=(

@@ -1,5 +1,6 @@
 #!/bin/bash
 # `systemd-analyze verify` is clean on every unit the package ships, and the units load.
+# vmtest: group=pkg
 . lib/common.sh
 . lib/fake-hw.sh
 
