@@ -13,18 +13,18 @@ for u in $units; do
     name=${u##*/}
     if [[ $name == *@.* ]]; then
         # A template is verified through an instance of it.
-        inst=${name/@./@infer-0.}
+        inst=${name/@./@infer-gpus.}
         check_empty "systemd-analyze verify $inst" systemd-analyze verify "$inst"
     else
         check_empty "systemd-analyze verify $name" systemd-analyze verify "$u"
     fi
-    check "$name loads" test "$(systemctl show -P LoadState "${name/@./@infer-0.}")" = loaded
+    check "$name loads" test "$(systemctl show -P LoadState "${name/@./@infer-gpus.}")" = loaded
 done
 check_output "gpu-infer.slice nests under gpu.slice" \
     sh -c 'systemctl show -P Slice gpu-infer.slice | grep -x gpu.slice'
-check_output "gpuctl-mps@infer-0.service runs in gpu-infer-0.slice, nested in gpu-infer.slice" \
-    sh -c 'systemctl show -P Slice gpuctl-mps@infer-0.service | grep -x gpu-infer-0.slice &&
-        systemctl show -P Slice gpu-infer-0.slice | grep -x gpu-infer.slice'
+check_output "gpuctl-mps@infer-gpus.service runs in gpu-infer-gpus.slice, nested in gpu-infer.slice" \
+    sh -c 'systemctl show -P Slice gpuctl-mps@infer-gpus.service | grep -x gpu-infer-gpus.slice &&
+        systemctl show -P Slice gpu-infer-gpus.slice | grep -x gpu-infer.slice'
 check_output "gpuctld.service is Type=notify with a watchdog" \
     sh -c 'systemctl show -p Type -p WatchdogUSec gpuctld.service | tr "\n" " " | grep "Type=notify WatchdogUSec=1min"'
 # Evidence only: systemd's own exposure score of the agent's sandbox.

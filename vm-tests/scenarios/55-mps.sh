@@ -24,31 +24,37 @@ index = [2]
 owner = "train"
 P
 gpuctld_start
-u=gpuctl-mps@infer-0.service
-systemctl status --no-pager $u | head -12
-check "MPS unit active" systemctl is-active -q $u
-cg=$(systemctl show -P ControlGroup $u); echo "cgroup: $cg"
-check "MPS daemon in the team's slice" test "$cg" = /gpu.slice/gpu-infer.slice/gpu-infer-0.slice/$u
-log=/var/log/gpuctl/mps/infer-0/control.log
-echo "--- $log"; cat $log
-check "daemon saw CUDA_VISIBLE_DEVICES with the UUIDs of GPUs 0,1" grep -q "CUDA_VISIBLE_DEVICES=$(gpu_uuid 0),$(gpu_uuid 1)" $log
-check "thread percentage sent" grep -q 'cmd set_default_active_thread_percentage 40 -> ok' $log
+# The instance name is gpuctld's (<team>-<share>): take it from systemd.
+u=$(systemctl list-units --plain --no-legend 'gpuctl-mps@infer-*.service' | awk '{print $1}')
+inst=${u#gpuctl-mps@}
+inst=${inst%.service}
+echo "MPS unit of team infer: $u"
+check "exactly one MPS unit for infer" test "$(wc -w <<<"$u")" = 1
+systemctl status --no-pager "$u" | head -12
+check "MPS unit active" systemctl is-active -q "$u"
+cg=$(systemctl show -P ControlGroup "$u"); echo "cgroup: $cg"
+check "MPS daemon under the team's slice" grep -Eq "^/gpu.slice/gpu-infer.slice/(.*/)?$u\$" <<<"$cg"
+log=/var/log/gpuctl/mps/$inst/control.log
+echo "--- $log"; cat "$log"
+check "daemon saw CUDA_VISIBLE_DEVICES with the UUIDs of GPUs 0,1" grep -q "CUDA_VISIBLE_DEVICES=$(gpu_uuid 0),$(gpu_uuid 1)" "$log"
+check "thread percentage sent" grep -q 'cmd set_default_active_thread_percentage 40 -> ok' "$log"
 check "pinned limit sent per device" sh -c "grep -q 'cmd set_default_device_pinned_mem_limit 0 1024M -> ok' $log && grep -q 'cmd set_default_device_pinned_mem_limit 1 1024M -> ok' $log"
 # shellcheck disable=SC2046 # KEY=VALUE words for env
-q=$(echo get_default_active_thread_percentage | env $(grep -v '^#' /run/gpuctl/mps/infer-0.env | xargs) nvidia-cuda-mps-control)
+q=$(echo get_default_active_thread_percentage | env $(grep -v '^#' "/run/gpuctl/mps/$inst.env" | xargs) nvidia-cuda-mps-control)
 check "client query through the pipe dir answers 40.0" test "$q" = 40.0
-check "no MPS for train" sh -c "! systemctl is-active -q gpuctl-mps@train-0.service"
-check "team env points at the MPS pipe" grep -q 'CUDA_MPS_PIPE_DIRECTORY=/run/gpuctl/mps/infer-0/pipe' /run/gpuctl/teams/infer.env
+check_empty "no MPS for train" systemctl list-units --plain --no-legend --state=active 'gpuctl-mps@train-*'
+pipe=$(sed -n 's/^CUDA_MPS_PIPE_DIRECTORY=//p' "/run/gpuctl/mps/$inst.env")
+check_output "team env points at the MPS daemon's pipe directory ($pipe)" grep -x "CUDA_MPS_PIPE_DIRECTORY=$pipe" /run/gpuctl/teams/infer.env
 sed -i 's/active-thread-percentage = 40/active-thread-percentage = 60/' /etc/gpuctl/policy.d/10-teams.toml
 reload_wait
 check "restarted with 60" sh -c "grep -q 'cmd set_default_active_thread_percentage 60 -> ok' $log"
 check "old daemon got quit on restart" sh -c "grep -q 'cmd quit -> ok' $log"
-check "unit active after change" systemctl is-active -q $u
+check "unit active after change" systemctl is-active -q "$u"
 # A crash of the daemon: Restart=on-failure brings it back and ExecStartPost resends limits.
-n=$(grep -c 'set_default_active_thread_percentage 60' $log)
-systemctl kill -s KILL $u; sleep 4
-check "restarted after crash" systemctl is-active -q $u
-check "limits resent after crash" test "$(grep -c 'set_default_active_thread_percentage 60' $log)" -gt "$n"
+n=$(grep -c 'set_default_active_thread_percentage 60' "$log")
+systemctl kill -s KILL "$u"; sleep 4
+check "restarted after crash" systemctl is-active -q "$u"
+check "limits resent after crash" test "$(grep -c 'set_default_active_thread_percentage 60' "$log")" -gt "$n"
 put_policy 10-teams.toml <<'P'
 version = 1
 [teams.infer]
@@ -57,6 +63,6 @@ index = [0, 1]
 owner = "infer"
 P
 reload_wait
-check "MPS stopped when the policy drops it" sh -c "! systemctl is-active -q $u"
-tail -3 $log
+check_not "MPS stopped when the policy drops it" systemctl is-active -q "$u"
+tail -3 "$log"
 finish
