@@ -75,9 +75,10 @@ test_users() {
 status_text() { systemctl show -P StatusText gpuctld.service; }
 
 wait_for() {
-    local t=$1 i
+    local end=$((SECONDS + $1))
     shift
-    for ((i = 0; i < t * 10; i++)); do
+    # A deadline, not a count of tries: under TCG one try (a jq, a busctl) can take a second.
+    while [ $SECONDS -lt $end ]; do
         "$@" && return 0
         sleep 0.1
     done
