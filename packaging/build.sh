@@ -54,8 +54,9 @@ RELEASE=${GPUCTL_PKG_RELEASE:-1}
 # ---- 1. binaries and generated assets -----------------------------------------------------------
 cargo_flags=()
 [ "$PROFILE" = release ] && cargo_flags+=(--release)
-log "cargo build ($PROFILE): gpuctl, gpuctld, gen-assets"
-cargo build --locked -q "${cargo_flags[@]}" --bin gpuctl --bin gpuctld --example gen-assets
+log "cargo build ($PROFILE): gpuctl, gpuctld, gpuctl-generator, gen-assets"
+cargo build --locked -q "${cargo_flags[@]}" --bin gpuctl --bin gpuctld --bin gpuctl-generator \
+    --example gen-assets
 BIN=$ROOT/target/$PROFILE
 GEN=$OUT/generated
 rm -rf "$GEN"
@@ -80,8 +81,10 @@ stage() {
     rm -rf "$d"
     install -D -m 755 "$BIN/gpuctl" "$d/usr/bin/gpuctl"
     install -D -m 755 "$BIN/gpuctld" "$d/usr/sbin/gpuctld"
+    # systemd runs it at boot and on every daemon-reload: team slices from the last applied state.
+    install -D -m 755 "$BIN/gpuctl-generator" "$d$sd/system-generators/gpuctl-generator"
     # Debug builds carry ~100 MB of DWARF; the package needs none of it.
-    strip --strip-debug "$d/usr/bin/gpuctl" "$d/usr/sbin/gpuctld"
+    strip --strip-debug "$d/usr/bin/gpuctl" "$d/usr/sbin/gpuctld" "$d$sd/system-generators/gpuctl-generator"
     local u
     for u in units/*; do install -D -m 644 "$u" "$d$sd/system/${u##*/}"; done
     install -D -m 644 packaging/files/90-gpuctl.preset "$d$sd/system-preset/90-gpuctl.preset"
@@ -124,7 +127,8 @@ if command -v dpkg-shlibdeps >/dev/null; then
     tmp=$(mktemp -d)
     mkdir "$tmp/debian"
     printf 'Source: gpuctl\n\nPackage: gpuctl\nArchitecture: any\n' >"$tmp/debian/control"
-    SHLIBS=$(cd "$tmp" && dpkg-shlibdeps -O --warnings=0 "$DR/usr/bin/gpuctl" "$DR/usr/sbin/gpuctld" |
+    SHLIBS=$(cd "$tmp" && dpkg-shlibdeps -O --warnings=0 "$DR/usr/bin/gpuctl" "$DR/usr/sbin/gpuctld" \
+        "$DR/lib/systemd/system-generators/gpuctl-generator" |
         sed -n 's/^shlibs:Depends=//p')
     rm -rf "$tmp"
 fi

@@ -53,9 +53,12 @@ gpuctl_purge() {
     [ -n "${GPUCTL_KEEP_ETC:-}" ] || rm -rf /etc/gpuctl
     rm -rf /var/lib/gpuctl /run/gpuctl /var/log/gpuctl
     # Unit files, drop-ins and `set-property` settings gpuctld may have written for team slices
-    # and MPS units.
+    # and MPS units, and gpuctl-generator's output (its binary went with the package's files
+    # and its input, /var/lib/gpuctl/slices.json, just above; the daemon-reload below would
+    # empty the generator directories anyway, but not on a host where systemd is not running).
     for d in /etc/systemd/system /run/systemd/system /etc/systemd/system.control \
-        /run/systemd/system.control /run/systemd/transient; do
+        /run/systemd/system.control /run/systemd/transient /run/systemd/generator \
+        /run/systemd/generator.early /run/systemd/generator.late; do
         [ -d "$d" ] || continue
         for f in "$d"/gpu.slice "$d"/gpu.slice.d "$d"/gpu-*.slice "$d"/gpu-*.slice.d \
             "$d"/gpuctld.service.d "$d"/gpuctl-mps@*; do

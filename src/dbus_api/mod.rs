@@ -15,7 +15,7 @@
 //! Root-only methods ask the bus daemon for the caller's uid (`GetConnectionUnixUser` on the
 //! message's sender), never trusting anything the client sends. The join methods ([`join`])
 //! take uid, groups and pid from `GetConnectionCredentials` the same way. The bus policy file
-//! (`docs/units-draft/org.gpuctl.Agent1.conf`) lets only root own the name and lets other users
+//! (`packaging/files/org.gpuctl.Agent1.conf`) lets only root own the name and lets other users
 //! send only the read and join methods.
 
 use crate::daemon::reconcile::ReconcileReport;

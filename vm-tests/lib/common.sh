@@ -102,3 +102,24 @@ finish() {
     [ "$VMTEST_CHECKS_FAILED" -eq 0 ] && [ "$VMTEST_CHECKS_OK" -gt 0 ]
     exit $?
 }
+
+# Between the scenarios of a group (one boot): put gpuctl's run-time state back to "package just
+# installed, agent started": stop the agent, its MPS daemons and everything in the team slices,
+# drop policy files, state, env files, runtime properties, scenario drop-ins and units, then
+# start the agent again (as the preset did at install). Users, fake devices and the fake MPS
+# control binary stay.
+vm_group_reset() {
+    systemctl stop gpuctld.service 'gpuctl-mps@*.service' 'gpuctl-run-*.scope' gpu.slice
+    rm -rf /etc/gpuctl/policy.d /run/gpuctl/policy.d /run/gpuctl/teams /run/gpuctl/mps
+    mkdir -p /etc/gpuctl/policy.d
+    find /var/lib/gpuctl -mindepth 1 -maxdepth 1 ! -name '.preset-applied' -exec rm -rf {} +
+    rm -rf /run/systemd/system.control/gpu* /run/systemd/system/gpuctl-mps@* \
+        /etc/systemd/system/gpuctld.service.d /var/lib/vmtest-nvml
+    # Units a scenario wrote for itself (e.g. a team service).
+    find /etc/systemd/system -maxdepth 1 -type f -name '*.service' -newer /run/vmtest-start -delete
+    systemctl daemon-reload
+    systemctl reset-failed
+    systemctl start gpuctld.service
+    # Journal queries use --since at second granularity: start the next scenario in a new second.
+    sleep 1
+}

@@ -1,10 +1,11 @@
 #!/bin/bash
 # The package installs with dpkg -i (done by the harness) and puts its files where packaging/
 # says; the maintainer scripts enabled the agent per preset and created its directories.
+# vmtest: group=pkg
 . lib/common.sh
 
 check_output "dpkg reports gpuctl installed" dpkg-query -W -f='${Package} ${Version} ${Status}\n' gpuctl
-check_output "dpkg -i printed no warnings" sh -c '! grep -i "warn\|error" "$VMTEST_RESULTS/dpkg-install.log"'
+check_output "dpkg -i printed no warnings" sh -c '! grep -i "warn\|error" "$VMTEST_DPKG_LOG"'
 
 # The check list: every path the package must ship (packaging/build.sh stages them).
 expected=(
@@ -14,6 +15,7 @@ expected=(
     /lib/systemd/system/gpu.slice
     /lib/systemd/system/gpuctl-ready.target
     /lib/systemd/system/gpuctl-mps@.service
+    /lib/systemd/system-generators/gpuctl-generator
     /lib/systemd/system-preset/90-gpuctl.preset
     /usr/lib/tmpfiles.d/gpuctl.conf
     /usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf
@@ -43,7 +45,7 @@ extra=$(dpkg -L gpuctl | while read -r p; do
 done)
 check_empty "the package ships no file outside the check list" echo -n "$extra"
 check "/etc/gpuctl/policy.toml is a conffile" sh -c 'dpkg-query -W -f="\${Conffiles}\n" gpuctl | grep -q "^ /etc/gpuctl/policy.toml "'
-check "binaries are executable" test -x /usr/bin/gpuctl -a -x /usr/sbin/gpuctld
+check "binaries are executable" test -x /usr/bin/gpuctl -a -x /usr/sbin/gpuctld -a -x /lib/systemd/system-generators/gpuctl-generator
 check_output "gpuctl --version runs" gpuctl --version
 
 # Maintainer scripts: daemon-reload, preset, tmpfiles.

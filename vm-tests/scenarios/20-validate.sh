@@ -1,6 +1,7 @@
 #!/bin/bash
 # `gpuctl validate` accepts the shipped default policy and every example in policies/, and rejects
 # a broken file naming it (so a validate that accepts everything does not pass).
+# vmtest: group=pkg
 . lib/common.sh
 
 check_output "gpuctl validate (the host's policy directories)" gpuctl validate

@@ -1,6 +1,7 @@
 #!/bin/bash
 # `gpuctl plan --simulate` runs on the installed binary: on the default policy, and on example D
 # (8 GPUs, 5 teams) placed as /etc/gpuctl/policy.toml of a test root; then apply + check converge.
+# vmtest: group=pkg
 . lib/common.sh
 
 check_output "gpuctl plan --simulate 'h100-80gb*8' (default policy)" gpuctl plan --simulate 'h100-80gb*8'

@@ -1,5 +1,6 @@
 #!/bin/bash
 # `systemd-analyze verify` is clean on every unit the package ships, and the units load.
+# vmtest: group=pkg
 . lib/common.sh
 . lib/fake-hw.sh
 
@@ -12,17 +13,18 @@ for u in $units; do
     name=${u##*/}
     if [[ $name == *@.* ]]; then
         # A template is verified through an instance of it.
-        inst=${name/@./@infer.}
+        inst=${name/@./@infer-gpus.}
         check_empty "systemd-analyze verify $inst" systemd-analyze verify "$inst"
     else
         check_empty "systemd-analyze verify $name" systemd-analyze verify "$u"
     fi
-    check "$name loads" test "$(systemctl show -P LoadState "${name/@./@infer.}")" = loaded
+    check "$name loads" test "$(systemctl show -P LoadState "${name/@./@infer-gpus.}")" = loaded
 done
 check_output "gpu-infer.slice nests under gpu.slice" \
     sh -c 'systemctl show -P Slice gpu-infer.slice | grep -x gpu.slice'
-check_output "gpuctl-mps@infer.service runs in gpu-infer.slice" \
-    sh -c 'systemctl show -P Slice gpuctl-mps@infer.service | grep -x gpu-infer.slice'
+check_output "gpuctl-mps@infer-gpus.service runs in gpu-infer-gpus.slice, nested in gpu-infer.slice" \
+    sh -c 'systemctl show -P Slice gpuctl-mps@infer-gpus.service | grep -x gpu-infer-gpus.slice &&
+        systemctl show -P Slice gpu-infer-gpus.slice | grep -x gpu-infer.slice'
 check_output "gpuctld.service is Type=notify with a watchdog" \
     sh -c 'systemctl show -p Type -p WatchdogUSec gpuctld.service | tr "\n" " " | grep "Type=notify WatchdogUSec=1min"'
 # Evidence only: systemd's own exposure score of the agent's sandbox.

@@ -14,9 +14,17 @@ systemctl set-property --runtime gpu-infer.slice MemoryMax=1G "DeviceAllow=/dev/
 mkdir -p /run/gpuctl/teams /var/log/gpuctl/mps/infer /etc/gpuctl/policy.d
 echo CUDA_VISIBLE_DEVICES=0 >/run/gpuctl/teams/infer.env
 echo '{}' >/var/lib/gpuctl/last-good.json
+# The last applied state: the generator turns it into unit files on every daemon-reload.
+cat >/var/lib/gpuctl/slices.json <<'J'
+{"version": 1, "slices": {"infer": {"memory_max": 1073741824, "memory_high": null,
+ "cpu_weight": null, "allowed_cpus": null, "tasks_max": 64, "io_weight": null,
+ "device_allow": ["/dev/nvidia0", "/dev/nvidiactl"]}}}
+J
+systemctl daemon-reload
 echo '# local edit' >>/etc/gpuctl/policy.toml
 echo 'version = 1' >/etc/gpuctl/policy.d/10-local.toml
 check_output "setup: team job runs in gpu-infer.slice" systemctl show -P ControlGroup team-job.service
+check_output "setup: the generator wrote team slices" ls /run/systemd/generator/gpu.slice /run/systemd/generator/gpu-infer.slice
 
 check_output "dpkg -r gpuctl" dpkg -r gpuctl
 check "after remove: /etc/gpuctl/policy.toml kept (conffile)" grep -q '# local edit' /etc/gpuctl/policy.toml

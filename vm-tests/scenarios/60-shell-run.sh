@@ -6,71 +6,10 @@
 # both sides; a team without devices 5; daemon stopped 6; the bus policy keeps Apply/Reload
 # from users.
 # vmtest: timeout=420
+# vmtest: group=shell
 . lib/common.sh
 . lib/fake-hw.sh
-# --- gpuctl shell scenarios: common setup (copied into each 6x scenario; lib/ belongs to the harness) ---
-# Uses the installed package; before packaging lands on main, binaries from /test/bin and units
-# from /test/units-draft (local runs of this branch).
-shell_setup() {
-    local b
-    if ! command -v gpuctld >/dev/null; then
-        for b in gpuctl gpuctld; do install -m755 /test/bin/$b /usr/bin/$b; done
-        install -m644 /test/units-draft/gpuctld.service /etc/systemd/system/gpuctld.service
-        install -m644 /test/units-draft/gpuctl-ready.target /etc/systemd/system/gpuctl-ready.target
-    fi
-    if [ -r /test/units-draft/org.gpuctl.Agent1.conf ] &&
-        ! grep -q 'send_member="Join"' /usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf 2>/dev/null; then
-        install -D -m644 /test/units-draft/org.gpuctl.Agent1.conf /usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf
-        systemctl reload dbus.service
-    fi
-    fake_gpus 4
-    getent group ml-infer >/dev/null || groupadd ml-infer
-    getent group ml-train >/dev/null || groupadd ml-train
-    id alice >/dev/null 2>&1 || useradd -m -s /bin/bash -G ml-infer alice
-    id bob >/dev/null 2>&1 || useradd -m -s /bin/bash bob
-    id carol >/dev/null 2>&1 || useradd -m -s /bin/bash -G ml-train carol
-    mkdir -p /etc/gpuctl/policy.d
-    cat >/etc/gpuctl/policy.d/.60-shell.tmp <<'P'
-version = 1
-[teams.infer]
-members = ["@ml-infer"]
-memory-max = "256M"
-tasks-max = 512
-[teams.train]
-members = ["@ml-train", "alice"]
-[teams.empty]
-members = ["alice"]
-[[gpu]]
-index = [0]
-owner = "infer"
-[[gpu]]
-index = [1]
-owner = "train"
-P
-    mv /etc/gpuctl/policy.d/.60-shell.tmp /etc/gpuctl/policy.d/60-shell.toml
-    systemctl daemon-reload
-    systemctl restart gpuctld.service
-    local i
-    for i in $(seq 100); do
-        systemctl show -P StatusText gpuctld.service | grep -q converged && break
-        sleep 0.2
-    done
-    echo "gpuctld: $(systemctl show -P StatusText gpuctld.service)"
-}
-# as USER CMD: run CMD (a shell string) as USER through a login-less su; prints output, keeps rc.
-as() { local u=$1; shift; su -s /bin/sh "$u" -c "$*"; }
-# probe_in TEAM USER NODE: open NODE from `gpuctl run` as USER; prints ENXIO/EPERM/OK/other
-probe_in() {
-    local out
-    out=$(as "$2" "gpuctl run --team $1 -- bash -c 'exec 3<>$3'" 2>&1)
-    case $out in
-        *"No such device or address"*) echo ENXIO ;;
-        *"Operation not permitted"*) echo EPERM ;;
-        "") echo OK ;;
-        *) echo "other: $out" ;;
-    esac
-}
-# --- end of common setup ---
+. lib/gpuctld.sh
 shell_setup
 
 out=$(as alice 'gpuctl run --team infer -- cat /proc/self/cgroup')
@@ -80,10 +19,10 @@ check "alice's command runs in a scope in gpu-infer.slice" \
 
 env_out=$(as alice 'CUDA_VISIBLE_DEVICES=evil NVIDIA_VISIBLE_DEVICES=all GPUCTL_TEAM=train gpuctl run --team infer -- env' | grep -E '^(CUDA|NVIDIA|GPUCTL)_' | sort)
 check_output "the daemon's environment wins over an inherited one" \
-    test "$(grep -c . <<<"$env_out")" -ge 4 -a -n "$(grep -x 'CUDA_VISIBLE_DEVICES=0' <<<"$env_out")" \
+    test "$(grep -c . <<<"$env_out")" -ge 4 -a -n "$(grep -x "CUDA_VISIBLE_DEVICES=$(gpu_uuid 0)" <<<"$env_out")" \
     -a -n "$(grep -x 'GPUCTL_TEAM=infer' <<<"$env_out")" -a -z "$(grep evil <<<"$env_out")" \
-    -a -n "$(grep -x 'NVIDIA_VISIBLE_DEVICES=0' <<<"$env_out")"
-echo "$env_out" | sed 's/^/    env: /'
+    -a -n "$(grep -x "NVIDIA_VISIBLE_DEVICES=$(gpu_uuid 0)" <<<"$env_out")"
+while IFS= read -r l; do echo "    env: $l"; done <<<"$env_out"
 
 r=$(probe_in infer alice /dev/nvidia0); echo "alice in infer -> /dev/nvidia0: $r"
 check "own GPU allowed inside the scope (ENXIO)" test "$r" = ENXIO
@@ -128,9 +67,9 @@ msg=$(as alice 'gpuctl run --team empty -- true' 2>&1); rc=$?
 echo "team without devices: rc=$rc: $msg"
 check "a team without devices: exit 5" test $rc = 5
 
-out=$(as alice 'gpuctl env --team infer --format systemd'); echo "$out" | sed 's/^/    alice env: /'
+out=$(as alice 'gpuctl env --team infer --format systemd'); while IFS= read -r l; do echo "    alice env: $l"; done <<<"$out"
 check "gpuctl env (systemd format) matches the env file" test "$out" = "$(LC_ALL=C sort /run/gpuctl/teams/infer.env)"
-check "gpuctl env --format shell evals" as alice 'eval "$(gpuctl env --team infer)"; test "$CUDA_VISIBLE_DEVICES" = 0'
+check "gpuctl env --format shell evals" as alice "eval \"\$(gpuctl env --team infer)\"; test \"\$CUDA_VISIBLE_DEVICES\" = $(gpu_uuid 0)"
 as bob 'gpuctl env --team infer' >/dev/null 2>&1; rc=$?
 check "bob may not read infer's env through gpuctl (3)" test $rc = 3
 check_output "gpuctl teams (alice) lists infer and train, not empty's devices" \

@@ -1,0 +1,169 @@
+# shellcheck shell=bash
+# vm-tests/lib/gpuctld.sh - helpers for scenarios that run the installed gpuctld (guest side,
+# sourced after common.sh and fake-hw.sh, as root).
+#
+#   gpuctld_setup [N]       N fake GPUs (default 4) known to the device files *and* to gpuctld
+#                           through the fake NVML, the fake MPS control daemon, /etc/gpuctl/policy.d
+#   gpu_uuid I              the UUID the fake NVML reports for GPU I
+#   put_policy NAME <TEXT   drop a policy file into /etc/gpuctl/policy.d atomically (rename)
+#   gpuctld_start           (re)start gpuctld and wait for READY=1
+#   reload_wait             SIGHUP, then wait until a reconcile that started after it finished
+#   status_text             gpuctld's StatusText
+#   wait_for SECS CMD...    poll CMD every 0.1 s (the product may not poll; a test may)
+#   probe SLICE NODE        open NODE from a service in SLICE: ENXIO (allowed, no driver),
+#                           EPERM (denied by the device filter), OK, or other: ...
+#   gpuctld_journal [ARGS]  gpuctld's journal (-o cat) since this scenario started: scenarios
+#                           that share a boot (# vmtest: group=...) see only their own lines
+#   test_users              alice (group ml-infer), bob (no team), carol (group ml-train)
+
+# The fake NVML's state: written by the scenario (known UUIDs), read and updated by every
+# process that loads the library (gpuctld, gpuctl).
+VMTEST_NVML_DIR=/var/lib/vmtest-nvml
+FAKE_NVML_STATE=$VMTEST_NVML_DIR/state.json
+export FAKE_NVML_STATE
+
+gpu_uuid() { printf 'GPU-00000000-1111-2222-3333-%012d\n' "$1"; }
+
+# fake_nvml_state MODEL N: a state file with N GPUs of MODEL (fake-nvml model key), MIG off,
+# UUIDs from gpu_uuid.
+fake_nvml_state() {
+    local model=$1 n=$2 i sep=
+    mkdir -p "$VMTEST_NVML_DIR"
+    {
+        printf '{"gpus": ['
+        for ((i = 0; i < n; i++)); do
+            printf '%s{"model": "%s", "uuid": "%s"}' "$sep" "$model" "$(gpu_uuid "$i")"
+            sep=', '
+        done
+        printf ']}\n'
+    } >"$FAKE_NVML_STATE"
+}
+
+# gpuctld_use_fake_nvml: point gpuctld (drop-in) and gpuctl (environment) at the fake NVML.
+gpuctld_use_fake_nvml() {
+    local lib
+    lib=$(fake_nvml) || { fail "no fake NVML library (the harness copies target/*/libfake_nvml.so)"; return 1; }
+    export GPUCTL_NVML_LIBRARY=$lib GPUCTL_GPU_RESET_CMD=fake:
+    mkdir -p /etc/systemd/system/gpuctld.service.d
+    cat >/etc/systemd/system/gpuctld.service.d/50-vmtest-nvml.conf <<EOF
+# vm-tests: the fake NVML instead of the driver's libnvidia-ml.
+[Service]
+Environment=GPUCTL_NVML_LIBRARY=$lib FAKE_NVML_STATE=$FAKE_NVML_STATE GPUCTL_GPU_RESET_CMD=fake:
+ReadWritePaths=$VMTEST_NVML_DIR
+EOF
+}
+
+# shellcheck disable=SC2120 # N is optional
+gpuctld_setup() {
+    local n=${1:-4}
+    fake_gpus "$n"
+    fake_mps_control
+    fake_nvml_state H100-SXM5-80GB "$n"
+    gpuctld_use_fake_nvml
+    mkdir -p /etc/gpuctl/policy.d
+    systemctl daemon-reload
+}
+
+test_users() {
+    getent group ml-infer >/dev/null || groupadd ml-infer
+    getent group ml-train >/dev/null || groupadd ml-train
+    id alice >/dev/null 2>&1 || useradd -m -s /bin/bash -G ml-infer alice
+    id bob >/dev/null 2>&1 || useradd -m -s /bin/bash bob
+    id carol >/dev/null 2>&1 || useradd -m -s /bin/bash -G ml-train carol
+}
+
+status_text() { systemctl show -P StatusText gpuctld.service; }
+
+wait_for() {
+    local end=$((SECONDS + $1))
+    shift
+    # A deadline, not a count of tries: under TCG one try (a jq, a busctl) can take a second.
+    while [ $SECONDS -lt $end ]; do
+        "$@" && return 0
+        sleep 0.1
+    done
+    "$@"
+}
+
+probe() {
+    local out
+    out=$(systemd-run --wait --pipe -q --slice="$1" bash -c "exec 3<>$2" 2>&1)
+    case $out in
+        *"No such device or address"*) echo ENXIO ;;
+        *"Operation not permitted"*) echo EPERM ;;
+        "") echo OK ;;
+        *) echo "other: $out" ;;
+    esac
+}
+
+put_policy() {
+    cat >"/etc/gpuctl/policy.d/.$1.tmp" && mv "/etc/gpuctl/policy.d/.$1.tmp" "/etc/gpuctl/policy.d/$1"
+}
+
+gpuctld_start() {
+    systemctl restart gpuctld.service
+}
+
+# systemd 252 ends the reload job when ExecReload's kill returns, before the reconcile ran.
+_agent_prop() {
+    busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 "$1" | cut -d' ' -f2
+}
+_reconciled_since() { [ "$(_agent_prop LastReconcileStartUsec)" -gt "$1" ] && [ "$(_agent_prop Reconciling)" = false ]; }
+reload_wait() {
+    local t
+    t=$(date +%s%6N)
+    systemctl reload gpuctld.service
+    wait_for 30 _reconciled_since "$t"
+}
+
+# shellcheck disable=SC2120 # extra journalctl matches are optional
+gpuctld_journal() {
+    journalctl -u gpuctld.service -o cat --no-pager --since "@${VMTEST_SCENARIO_START:-0}" "$@"
+}
+
+# shell_setup: the gpuctl shell/run scenarios' host: 4 fake GPUs, alice/bob/carol, teams infer
+# (@ml-infer, GPU 0), train (@ml-train and alice, GPU 1) and empty (alice, no GPU); gpuctld
+# restarted on it.
+shell_setup() {
+    gpuctld_setup 4
+    test_users
+    put_policy 60-shell.toml <<'P'
+version = 1
+[teams.infer]
+members = ["@ml-infer"]
+memory-max = "256M"
+tasks-max = 512
+[teams.train]
+members = ["@ml-train", "alice"]
+[teams.empty]
+members = ["alice"]
+[[gpu]]
+index = [0]
+owner = "infer"
+[[gpu]]
+index = [1]
+owner = "train"
+P
+    gpuctld_start
+    wait_for 20 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+    echo "gpuctld: $(status_text)"
+}
+
+# as USER CMD: run CMD (a shell string) as USER through a login-less su; prints output, keeps rc.
+as() {
+    local u=$1
+    shift
+    su -s /bin/sh "$u" -c "$*"
+}
+
+# probe_in TEAM USER NODE: open NODE from `gpuctl run` as USER; prints ENXIO/EPERM/OK/other
+probe_in() {
+    local out
+    out=$(as "$2" "gpuctl run --team $1 -- bash -c 'exec 3<>$3'" 2>&1)
+    case $out in
+        *"No such device or address"*) echo ENXIO ;;
+        *"Operation not permitted"*) echo EPERM ;;
+        "") echo OK ;;
+        *) echo "other: $out" ;;
+    esac
+}

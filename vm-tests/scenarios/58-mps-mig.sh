@@ -1,0 +1,76 @@
+#!/bin/bash
+# 58: MPS around a MIG change. One H100 (fake NVML) split 3g.40gb for infer (with MPS, one
+# daemon per MIG device as NVIDIA requires) and 3g.40gb for train. infer's share then grows to
+# 4g.40gb: gpuctld stops infer's MPS daemon (`quit`) before it destroys the GPU instance under
+# it, creates the new one, and starts MPS again on the new MIG device's UUID; train's instance
+# and its jobs are untouched.
+# vmtest: timeout=240
+# vmtest: group=daemon
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+
+gpuctld_setup 1
+policy() { # policy INFER_PROFILE
+    put_policy 10-mig.toml <<P
+version = 1
+[teams.infer]
+[teams.infer.mps]
+active-thread-percentage = 50
+[teams.train]
+[[gpu]]
+index = [0]
+mig = [
+  { profile = "$1", owner = "infer" },
+  { profile = "3g.40gb", owner = "train" },
+]
+P
+}
+policy 3g.40gb
+gpuctld_start
+echo "StatusText: $(status_text)"
+S=$FAKE_NVML_STATE
+mig_uuid() { jq -r --argjson p "$1" '.gpus[0].gpu_instances[] | select(.profile_id == $p) | .compute_instances[0].uuid' "$S"; }
+mps_unit() { systemctl list-units --plain --no-legend --state=active 'gpuctl-mps@infer-*.service' | awk '{print $1}'; }
+old_uuid=$(mig_uuid 9)
+u1=$(mps_unit)
+i1=${u1#gpuctl-mps@}
+i1=${i1%.service}
+echo "before: infer's MIG device $old_uuid, MPS unit $u1"
+check "one MPS daemon for infer's MIG device" test "$(wc -w <<<"$u1")" = 1
+check_output "it serves exactly that MIG device" grep "CUDA_VISIBLE_DEVICES=$old_uuid\$" "/var/log/gpuctl/mps/$i1/control.log"
+train_gi=$(jq -c '.gpus[0].gpu_instances[] | select(.profile_id == 9 and (.compute_instances[0].uuid != "'"$old_uuid"'")) | {id, start}' "$S")
+echo "train's GI: $train_gi"
+systemd-run -q --unit=train-job --slice=gpu-train.slice sleep 600
+
+t_change=$(date +%s)
+policy 4g.40gb
+wait_for 60 sh -c "jq -e '[.gpus[0].gpu_instances[].profile_id] | index(5)' $S >/dev/null && systemctl show -P StatusText gpuctld.service | grep -q converged"
+new_uuid=$(mig_uuid 5)
+u2=$(mps_unit)
+i2=${u2#gpuctl-mps@}
+i2=${i2%.service}
+echo "after: infer's MIG device $new_uuid, MPS unit $u2; StatusText: $(status_text)"
+check "infer now has a 4g.40gb instance with a new MIG device" test -n "$new_uuid" -a "$new_uuid" != null -a "$new_uuid" != "$old_uuid"
+check "the old daemon was told quit" grep -q 'cmd quit -> ok' "/var/log/gpuctl/mps/$i1/control.log"
+check_output "MPS runs again, on the new MIG device" grep "CUDA_VISIBLE_DEVICES=$new_uuid\$" "/var/log/gpuctl/mps/$i2/control.log"
+check "the new daemon got the thread percentage" grep -q 'cmd set_default_active_thread_percentage 50 -> ok' "/var/log/gpuctl/mps/$i2/control.log"
+check "exactly one MPS daemon for infer" test "$(wc -w <<<"$u2")" = 1
+
+# Order, from the journal (systemd's and gpuctld's lines interleaved by time): the daemon was
+# stopped before the GI went, and started after the new one was made.
+journalctl --since "@$t_change" -o cat --no-pager >/tmp/j.txt
+line() { grep -n -m1 -E "$1" /tmp/j.txt | cut -d: -f1; }
+stopped=$(line "^Stopped .*share $i1|^gpuctl-mps@$i1.service: Deactivated")
+destroyed=$(line '^destroy GI 3g.40gb')
+created=$(line '^create GI 4g.40gb')
+started=$(line "^start MPS daemon $i2")
+grep -n -E "share $i1|share $i2|^(stop|start) MPS|^(destroy|create) GI|^(destroy|create) CI" /tmp/j.txt | head -n 20 | sed 's/^/    | /'
+echo "journal lines: MPS stopped $stopped, GI destroyed $destroyed, GI created $created, MPS started $started"
+check "MPS stopped before the GPU instance was destroyed" test -n "$stopped" -a -n "$destroyed" -a "${stopped:-0}" -lt "${destroyed:-0}"
+check "MPS started after the new GPU instance was created" test -n "$created" -a -n "$started" -a "${created:-0}" -lt "${started:-0}"
+
+check_output "train's GPU instance untouched" test "$(jq -c '.gpus[0].gpu_instances[] | select(.compute_instances[0].uuid != "'"$new_uuid"'") | {id, start}' "$S")" = "$train_gi"
+check "train's job lives on" systemctl is-active -q train-job.service
+systemctl stop train-job.service
+finish

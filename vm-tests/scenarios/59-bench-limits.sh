@@ -1,0 +1,109 @@
+#!/bin/bash
+# 59 (benchmark): how long a policy change takes to be live in cgroupfs, and what gpuctld costs
+# when idle. Figures are printed (BENCH lines, collected by the harness), not asserted: the
+# scenario passes when it measured.
+#  - policy to live limits: a drop-in with a new memory-max is renamed into /etc/gpuctl/policy.d
+#    (as config management does); the time until memory.max of gpu-bench.slice shows it
+#    (inotify, 300 ms debounce, reconcile, SetUnitProperties). Median of N, interleaved in the
+#    same run with the hand-written way: `systemctl set-property --runtime gpu-bench.slice
+#    MemoryMax=...` until memory.max shows the value. Ratio printed.
+#  - idle cost: VmRSS of gpuctld, and its wakeups per second over 30 s idle, counted as the
+#    growth of voluntary + involuntary context switches summed over its threads.
+# vmtest: timeout=300
+# vmtest: group=daemon
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+
+N=${BENCH_N:-7}
+gpuctld_setup 2
+policy_mem() { # policy_mem MiB
+    put_policy 10-bench.toml <<P
+version = 1
+[teams.bench]
+memory-max = "${1}M"
+tasks-max = 256
+[[gpu]]
+index = [0]
+owner = "bench"
+P
+}
+policy_mem 400
+gpuctld_start
+echo "gpuctld: $(status_text)"
+cg=/sys/fs/cgroup/gpu.slice/gpu-bench.slice/memory.max
+check_output "gpu-bench.slice live with memory.max" cat "$cg"
+
+# Poll memory.max without forking: `read` from the file, and a 2 ms pause that is a `read -t`
+# on a pipe nobody writes to.
+exec 9<> <(:)
+now_us() { local t=${EPOCHREALTIME/./}; echo "$t"; }
+# wait_mem BYTES START_US: prints the microseconds from START_US until memory.max = BYTES
+# (or "timeout" after 20 s).
+wait_mem() {
+    local want=$1 start=$2 v t
+    while :; do
+        read -r v <"$cg"
+        t=${EPOCHREALTIME/./}
+        [ "$v" = "$want" ] && { echo $((t - start)); return 0; }
+        [ $((t - start)) -gt 20000000 ] && { echo timeout; return 1; }
+        read -r -t 0.002 -u 9 || true
+    done
+}
+rm -f /tmp/b-gpuctld.txt /tmp/b-setprop.txt
+fails=0
+for ((i = 1; i <= N; i++)); do
+    mib=$((500 + i))
+    t=$(now_us)
+    policy_mem "$mib"
+    r=$(wait_mem $((mib << 20)) "$t") || fails=$((fails + 1))
+    echo "$r" >>/tmp/b-gpuctld.txt
+    # Let gpuctld finish its run before the hand-written change, so they do not overlap.
+    wait_for 10 sh -c "busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Reconciling | grep -q false"
+    mib=$((700 + i))
+    t=$(now_us)
+    systemctl set-property --runtime gpu-bench.slice MemoryMax=${mib}M
+    r=$(wait_mem $((mib << 20)) "$t") || fails=$((fails + 1))
+    echo "$r" >>/tmp/b-setprop.txt
+done
+echo "gpuctld (us):      $(xargs </tmp/b-gpuctld.txt)"
+echo "set-property (us): $(xargs </tmp/b-setprop.txt)"
+median() { sort -n "$1" | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : int((a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+g=$(median /tmp/b-gpuctld.txt) s=$(median /tmp/b-setprop.txt)
+check "every change reached cgroupfs ($((2 * N)) changes)" test "$fails" = 0
+check "both measured $N times" test "$(grep -c '^[0-9]' /tmp/b-gpuctld.txt)" = "$N" -a "$(grep -c '^[0-9]' /tmp/b-setprop.txt)" = "$N"
+ratio=$(awk -v g="$g" -v s="$s" 'BEGIN {printf "%.1f", g / s}')
+echo "BENCH policy drop-in -> memory.max live, gpuctld (inotify, 300 ms debounce): median $((g / 1000)) ms over $N"
+echo "BENCH systemctl set-property --runtime -> memory.max live: median $((s / 1000)) ms over $N"
+echo "BENCH ratio gpuctld/set-property: ${ratio}x (of which 300 ms is the debounce)"
+# The state is a policy again, so the drift check does not count as idle work below.
+policy_mem 400
+wait_for 20 sh -c "test \$(cat $cg) = $((400 << 20))"
+
+# Idle cost. Context switches are counted per thread: a thread that starts in the window counts
+# with all it did, and the blocking-pool threads of the last reconcile get time to retire first
+# (tokio keeps them 10 s), so that none exits inside the window and takes its count with it.
+pid=$(systemctl show -P MainPID gpuctld.service)
+switches() { # "TID COUNT" per thread
+    local st tid
+    for st in /proc/"$pid"/task/*/status; do
+        tid=${st%/status}
+        awk -v t="${tid##*/}" '/^(voluntary|nonvoluntary)_ctxt_switches:/ {n += $2} END {print t, n}' "$st" 2>/dev/null
+    done
+}
+sleep 12
+rss=$(awk '/^VmRSS:/ {print $2}' /proc/"$pid"/status)
+switches >/tmp/sw0.txt
+t0=$(now_us)
+sleep 30
+switches >/tmp/sw1.txt
+t1=$(now_us)
+threads="$(wc -l </tmp/sw0.txt) -> $(wc -l </tmp/sw1.txt)"
+woke=$(awk 'NR == FNR {c0[$1] = $2; next} {n += $2 - ($1 in c0 ? c0[$1] : 0)} END {print n + 0}' /tmp/sw0.txt /tmp/sw1.txt)
+wps=$(awk -v c="$woke" -v t="$((t1 - t0))" 'BEGIN {printf "%.2f", c / (t / 1e6)}')
+echo "BENCH gpuctld idle: VmRSS ${rss} kB, threads $threads, $woke wakeups in $(((t1 - t0) / 1000000)) s = ${wps}/s"
+printf 'gpuctld_ms %s\nset_property_ms %s\nratio %s\nrss_kb %s\nwakeups_per_s %s\n' \
+    "$((g / 1000))" "$((s / 1000))" "$ratio" "$rss" "$wps" >"$VMTEST_RESULTS/bench.txt"
+check "idle figures measured (pid $pid still gpuctld's)" \
+    test -n "$rss" -a "$pid" = "$(systemctl show -P MainPID gpuctld.service)"
+finish
