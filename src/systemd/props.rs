@@ -108,6 +108,16 @@ pub fn slice_properties(
         Some(s) => cpus_to_mask(&parse_cpu_list(s)?),
         None => Vec::new(),
     };
+    // The planner writes a placeholder where a MIG device's cap node is not known yet (the
+    // instance is new, or its minor is missing from mig-minors); systemd answers such an entry
+    // only with "requires device node or pattern", so name it and what to look at instead.
+    if let Some(p) = spec.device_allow.iter().find(|p| !p.starts_with("/dev/")) {
+        return Err(format!(
+            "DeviceAllow {p:?} is not a device node: a MIG device's cap node is unknown \
+             (is {} readable by gpuctld?)",
+            crate::paths::MIG_MINORS
+        ));
+    }
     let devices: Vec<(String, String)> = spec
         .device_allow
         .iter()
@@ -249,6 +259,16 @@ mod tests {
         assert!(parse_cpu_list("3-1").is_err());
         assert!(parse_cpu_list("x").is_err());
         assert!(cpus_to_mask(&BTreeSet::new()).is_empty());
+    }
+
+    #[test]
+    fn a_placeholder_device_is_refused_by_name_before_systemd_sees_it() {
+        let mut s = spec();
+        let hole = "<cap of gpu0/gi2/access: not in mig-minors>";
+        s.device_allow.insert(hole.into());
+        let e = slice_properties("infer", &s).unwrap_err();
+        assert!(e.contains(hole) && e.contains("mig-minors"), "{e}");
+        assert!(slice_properties("infer", &spec()).is_ok());
     }
 
     #[test]

@@ -50,6 +50,9 @@ gpuctld_use_fake_nvml() {
 [Service]
 Environment=GPUCTL_NVML_LIBRARY=$lib FAKE_NVML_STATE=$FAKE_NVML_STATE GPUCTL_GPU_RESET_CMD=fake:
 ReadWritePaths=$VMTEST_NVML_DIR
+# gpuctld's sandbox gets a fresh /proc, without fake_gpus' overlays: bind them in, as the
+# driver's own files would be there.
+BindReadOnlyPaths=/proc/driver /proc/devices
 EOF
 }
 

@@ -53,8 +53,8 @@ ls /run/systemd/system.control/gpu-infer.slice.d/ 2>/dev/null && cat /run/system
 check "state file for the generator" grep -q '"infer"' /var/lib/gpuctl/slices.json
 # The devices by NVML UUID, as the fake NVML reports them.
 check_output "team env file names GPU 0 by UUID" grep -x "CUDA_VISIBLE_DEVICES=$(gpu_uuid 0)" /run/gpuctl/teams/infer.env
-j=$(journalctl --since "@$VMTEST_SCENARIO_START" -o verbose GPUCTL_TEAM=infer GPUCTL_ACTION=set-slice --no-pager | grep -c 'GPUCTL_TEAM=infer')
-echo "journal entries with GPUCTL_TEAM=infer GPUCTL_ACTION=set-slice: $j"
+j=$(journalctl --since "@$VMTEST_SCENARIO_START" -o verbose GPUCTL_TEAM=infer GPUCTL_ACTION=slices --no-pager | grep -c 'GPUCTL_TEAM=infer')
+echo "journal entries with GPUCTL_TEAM=infer GPUCTL_ACTION=slices: $j"
 check "journald structured fields" test "$j" -ge 1
 # Idempotent: a second reconcile changes nothing.
 before=$(gpuctld_journal | grep -c '^set gpu-')

@@ -35,6 +35,9 @@ gpuctld_start
 echo "gpuctld start (first reconcile, MIG applied) took $((($(date +%s%N) - t0) / 1000000)) ms"
 st=$(status_text)
 echo "StatusText: $st"
+# What gpuctld's mount namespace sees of the faked driver files (its sandbox is its own).
+gpuctl plan 2>&1 | grep -E 'devices:|error' | sed 's/^/    plan| /'
+echo "mig-minors as gpuctld sees it: $(nsenter -t "$(systemctl show -P MainPID gpuctld.service)" -m sh -c 'grep -c access /proc/driver/nvidia-caps/mig-minors' 2>&1)"
 check "gpuctld converged" grep -q converged <<<"$st"
 
 S=$FAKE_NVML_STATE
@@ -51,7 +54,7 @@ echo "nvidia-caps major from /proc/devices: $caps_major"
 caps_of() {
     local want gi ci
     want=$(printf '%s,' "$@")
-    for gi in $(jq -r --arg w ",$want" '.gpus[0].gpu_instances[] | select($w | contains("," + (.profile_id | tostring) + ",")) | .id' "$S"); do
+    for gi in $(jq -r --arg w ",$want" '.gpus[0].gpu_instances[] | select(.profile_id as $p | $w | contains("," + ($p | tostring) + ",")) | .id' "$S"); do
         echo "/dev/nvidia-caps/nvidia-cap$(awk -v k="gpu0/gi$gi/access" '$1 == k {print $2}' /proc/driver/nvidia-caps/mig-minors)"
         for ci in $(jq -r --argjson g "$gi" '.gpus[0].gpu_instances[] | select(.id == $g) | .compute_instances[].id' "$S"); do
             echo "/dev/nvidia-caps/nvidia-cap$(awk -v k="gpu0/gi$gi/ci$ci/access" '$1 == k {print $2}' /proc/driver/nvidia-caps/mig-minors)"
@@ -61,7 +64,7 @@ caps_of() {
 mig_uuids_of() {
     local want
     want=$(printf '%s,' "$@")
-    jq -r --arg w ",$want" '.gpus[0].gpu_instances[] | select($w | contains("," + (.profile_id | tostring) + ",")) | .compute_instances[].uuid' "$S" | sort
+    jq -r --arg w ",$want" '.gpus[0].gpu_instances[] | select(.profile_id as $p | $w | contains("," + ($p | tostring) + ",")) | .compute_instances[].uuid' "$S" | sort
 }
 infer_caps=$(caps_of 9)
 train_caps=$(caps_of 14 19)

@@ -32,13 +32,15 @@ echo "StatusText: $(status_text)"
 S=$FAKE_NVML_STATE
 mig_uuid() { jq -r --argjson p "$1" '.gpus[0].gpu_instances[] | select(.profile_id == $p) | .compute_instances[0].uuid' "$S"; }
 mps_unit() { systemctl list-units --plain --no-legend --state=active 'gpuctl-mps@infer-*.service' | awk '{print $1}'; }
-old_uuid=$(mig_uuid 9)
+# Both shares are 3g.40gb (profile 9): infer's MIG device is the one its env names.
+old_uuid=$(sed -n 's/^CUDA_VISIBLE_DEVICES=//p' /run/gpuctl/teams/infer.env)
 u1=$(mps_unit)
 i1=${u1#gpuctl-mps@}
 i1=${i1%.service}
 echo "before: infer's MIG device $old_uuid, MPS unit $u1"
 check "one MPS daemon for infer's MIG device" test "$(wc -w <<<"$u1")" = 1
-check_output "it serves exactly that MIG device" grep "CUDA_VISIBLE_DEVICES=$old_uuid\$" "/var/log/gpuctl/mps/$i1/control.log"
+check "infer's env names one MIG device" grep -Eqx 'MIG-[0-9a-f-]+' <<<"$old_uuid"
+check_output "it serves exactly that MIG device" grep -E "CUDA_VISIBLE_DEVICES=$old_uuid( |\$)" "/var/log/gpuctl/mps/$i1/control.log"
 train_gi=$(jq -c '.gpus[0].gpu_instances[] | select(.profile_id == 9 and (.compute_instances[0].uuid != "'"$old_uuid"'")) | {id, start}' "$S")
 echo "train's GI: $train_gi"
 systemd-run -q --unit=train-job --slice=gpu-train.slice sleep 600
@@ -53,7 +55,7 @@ i2=${i2%.service}
 echo "after: infer's MIG device $new_uuid, MPS unit $u2; StatusText: $(status_text)"
 check "infer now has a 4g.40gb instance with a new MIG device" test -n "$new_uuid" -a "$new_uuid" != null -a "$new_uuid" != "$old_uuid"
 check "the old daemon was told quit" grep -q 'cmd quit -> ok' "/var/log/gpuctl/mps/$i1/control.log"
-check_output "MPS runs again, on the new MIG device" grep "CUDA_VISIBLE_DEVICES=$new_uuid\$" "/var/log/gpuctl/mps/$i2/control.log"
+check_output "MPS runs again, on the new MIG device" grep -E "CUDA_VISIBLE_DEVICES=$new_uuid( |\$)" "/var/log/gpuctl/mps/$i2/control.log"
 check "the new daemon got the thread percentage" grep -q 'cmd set_default_active_thread_percentage 50 -> ok' "/var/log/gpuctl/mps/$i2/control.log"
 check "exactly one MPS daemon for infer" test "$(wc -w <<<"$u2")" = 1
 

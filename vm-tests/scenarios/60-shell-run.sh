@@ -68,7 +68,7 @@ echo "team without devices: rc=$rc: $msg"
 check "a team without devices: exit 5" test $rc = 5
 
 out=$(as alice 'gpuctl env --team infer --format systemd'); while IFS= read -r l; do echo "    alice env: $l"; done <<<"$out"
-check "gpuctl env (systemd format) matches the env file" test "$out" = "$(LC_ALL=C sort /run/gpuctl/teams/infer.env)"
+check "gpuctl env (systemd format) matches the env file" test "$out" = "$(grep -v '^#' /run/gpuctl/teams/infer.env | LC_ALL=C sort)"
 check "gpuctl env --format shell evals" as alice "eval \"\$(gpuctl env --team infer)\"; test \"\$CUDA_VISIBLE_DEVICES\" = $(gpu_uuid 0)"
 as bob 'gpuctl env --team infer' >/dev/null 2>&1; rc=$?
 check "bob may not read infer's env through gpuctl (3)" test $rc = 3
