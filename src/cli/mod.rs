@@ -71,7 +71,13 @@ pub enum Command {
 
 /// Parse the command line and run; returns the process exit code.
 pub fn run() -> i32 {
-    let cli = Cli::parse();
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    match run::parse_fast(&argv) {
+        Some(run::Fast::Run(a)) => return run::run(&a),
+        Some(run::Fast::Shell(a)) => return shell::run(&a),
+        None => {}
+    }
+    let cli = Cli::parse_from(argv);
     let result = match &cli.command {
         Command::Validate(a) => validate::run(&cli, a),
         Command::Plan(a) => plan::run_plan(&cli, a),

@@ -3,7 +3,7 @@
 //! Same placement as `gpuctl shell` ([`super::shell`]); the command replaces gpuctl in place,
 //! so its exit status, signals, terminal and stdin are its own.
 
-use super::shell::{exec_with, exit_table, join_team, Failure};
+use super::shell::{exec_with, exit_table, join_team, Failure, ShellArgs};
 use clap::Args;
 use std::ffi::OsString;
 
@@ -27,6 +27,43 @@ stdin and signals, and its exit status is gpuctl's.\n\n",
     exit_table!("CMD")
 );
 
+/// `gpuctl run --team T -- CMD…` and `gpuctl shell --team T` in their plain spellings
+/// (`--team T`, `--team=T`, `-t T`), recognized without building clap's command tree: in the
+/// VM benchmark clap's parse alone was a tenth of a `gpuctl run`. Anything else (other options,
+/// `--help`, no `--`, a team value that looks like an option) returns `None` and goes to clap,
+/// which parses these spellings to the same result (tested).
+pub fn parse_fast(argv: &[OsString]) -> Option<Fast> {
+    let sub = argv.get(1)?.to_str()?;
+    if sub != "run" && sub != "shell" {
+        return None;
+    }
+    let (team, used) = match argv.get(2)?.to_str()? {
+        "--team" | "-t" => (argv.get(3)?.to_str()?, 2),
+        a => (a.strip_prefix("--team=")?, 1),
+    };
+    if team.is_empty() || team.starts_with('-') {
+        return None;
+    }
+    let rest = &argv[2 + used..];
+    match sub {
+        "shell" if rest.is_empty() => Some(Fast::Shell(ShellArgs { team: team.into() })),
+        "run" if rest.len() >= 2 && rest[0] == "--" => Some(Fast::Run(RunArgs {
+            team: team.into(),
+            command: rest[1..].to_vec(),
+        })),
+        _ => None,
+    }
+}
+
+/// A command line [`parse_fast`] recognized.
+#[derive(Debug)]
+pub enum Fast {
+    /// `gpuctl run`.
+    Run(RunArgs),
+    /// `gpuctl shell`.
+    Shell(ShellArgs),
+}
+
 /// Run `gpuctl run`.
 pub fn run(args: &RunArgs) -> i32 {
     let Some((program, rest)) = args.command.split_first() else {
@@ -39,5 +76,65 @@ pub fn run(args: &RunArgs) -> i32 {
     match join_team(&args.team) {
         Ok(env) => exec_with(program, rest, &env),
         Err(f) => f.report(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cli::{Cli, Command};
+    use clap::Parser;
+
+    fn argv(s: &[&str]) -> Vec<OsString> {
+        std::iter::once("gpuctl")
+            .chain(s.iter().copied())
+            .map(OsString::from)
+            .collect()
+    }
+
+    #[test]
+    fn fast_path_agrees_with_clap_wherever_it_answers() {
+        let cases: &[&[&str]] = &[
+            &["run", "--team", "infer", "--", "true"],
+            &["run", "--team=infer", "--", "cat", "/proc/self/cgroup"],
+            &["run", "-t", "infer", "--", "sh", "-c", "exit 3", "--", "-x"],
+            &["run", "--team", "infer", "--", "--", "x"],
+            &["shell", "--team", "infer"],
+            &["shell", "-t", "a_b-c"],
+            &["shell", "--team=infer"],
+        ];
+        for c in cases {
+            let a = argv(c);
+            let fast = parse_fast(&a).unwrap_or_else(|| panic!("{c:?} takes the fast path"));
+            let slow = Cli::try_parse_from(&a).unwrap_or_else(|e| panic!("{c:?}: {e}"));
+            match (fast, slow.command) {
+                (Fast::Run(f), Command::Run(s)) => {
+                    assert_eq!((f.team, f.command), (s.team, s.command), "{c:?}")
+                }
+                (Fast::Shell(f), Command::Shell(s)) => assert_eq!(f.team, s.team, "{c:?}"),
+                (f, s) => panic!("{c:?}: fast {f:?}, clap {s:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn anything_unusual_is_left_to_clap() {
+        let cases: &[&[&str]] = &[
+            &["run", "--help"],
+            &["run", "--team", "infer", "true"],
+            &["run", "--team", "infer", "--"],
+            &["run", "--team", "-x", "--", "true"],
+            &["run", "--team="],
+            &["run", "--team"],
+            &["--root", "/x", "run", "--team", "infer", "--", "true"],
+            &["shell", "--team", "infer", "extra"],
+            &["shell", "--team", "infer", "--root", "/"],
+            &["shell"],
+            &["status"],
+            &[],
+        ];
+        for c in cases {
+            assert!(parse_fast(&argv(c)).is_none(), "{c:?} must go to clap");
+        }
     }
 }

@@ -10,6 +10,7 @@
 
 use super::exit;
 use crate::dbus_api::client::Agent1Proxy;
+use crate::dbus_api::wire;
 use crate::join::{self, check_team_name, compose_env, Refusal};
 use clap::Args;
 use std::collections::BTreeMap;
@@ -96,34 +97,57 @@ impl From<Refusal> for Failure {
     }
 }
 
+/// Map a D-Bus error reply (its name and message) to an exit code.
+fn method_failure(name: &str, msg: String) -> Failure {
+    let code = match name {
+        "org.freedesktop.DBus.Error.ServiceUnknown"
+        | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
+            return Failure::new(
+                exit::NO_DAEMON,
+                "gpuctld is not running (start it with: systemctl start gpuctld)",
+            )
+        }
+        "org.gpuctl.Agent1.Error.NotMember" => exit::NOT_MEMBER,
+        "org.gpuctl.Agent1.Error.UnknownTeam" | "org.gpuctl.Agent1.Error.InvalidTeamName" => {
+            exit::UNKNOWN_TEAM
+        }
+        "org.gpuctl.Agent1.Error.NoDevices" => exit::NO_DEVICES,
+        "org.gpuctl.Agent1.Error.NoPolicy" => exit::NO_DAEMON,
+        "org.gpuctl.Agent1.Error.PlacementFailed" | "org.gpuctl.Agent1.Error.NotYourProcess" => {
+            exit::PLACEMENT
+        }
+        // The bus policy refused the call (an old policy file or a method not meant for this
+        // user), or anything else.
+        _ => exit::UNREADABLE,
+    };
+    Failure::new(code, msg)
+}
+
+fn no_bus(e: impl std::fmt::Display) -> Failure {
+    Failure::new(
+        exit::NO_DAEMON,
+        format!("cannot reach the system bus ({e}); is gpuctld running? (systemctl start gpuctld)"),
+    )
+}
+
 /// Map a bus error to an exit code; `what` names the call for the message.
 pub fn bus_failure(e: zbus::Error, what: &str) -> Failure {
     if let zbus::Error::MethodError(name, msg, _) = &e {
         let msg = msg.clone().unwrap_or_else(|| name.to_string());
-        let code = match name.as_str() {
-            "org.freedesktop.DBus.Error.ServiceUnknown"
-            | "org.freedesktop.DBus.Error.NameHasNoOwner" => {
-                return Failure::new(
-                    exit::NO_DAEMON,
-                    "gpuctld is not running (start it with: systemctl start gpuctld)",
-                )
-            }
-            "org.gpuctl.Agent1.Error.NotMember" => exit::NOT_MEMBER,
-            "org.gpuctl.Agent1.Error.UnknownTeam" | "org.gpuctl.Agent1.Error.InvalidTeamName" => {
-                exit::UNKNOWN_TEAM
-            }
-            "org.gpuctl.Agent1.Error.NoDevices" => exit::NO_DEVICES,
-            "org.gpuctl.Agent1.Error.NoPolicy" => exit::NO_DAEMON,
-            "org.gpuctl.Agent1.Error.PlacementFailed"
-            | "org.gpuctl.Agent1.Error.NotYourProcess" => exit::PLACEMENT,
-            // The bus policy refused the call: an old policy file or a method not meant for
-            // this user.
-            "org.freedesktop.DBus.Error.AccessDenied" => exit::UNREADABLE,
-            _ => exit::UNREADABLE,
-        };
-        return Failure::new(code, msg);
+        return method_failure(name.as_str(), msg);
     }
     Failure::new(exit::UNREADABLE, format!("{what}: {e}"))
+}
+
+fn wire_failure(e: wire::WireError) -> Failure {
+    match e {
+        wire::WireError::Connect { .. } => no_bus(e),
+        wire::WireError::Method { name, message } => {
+            let msg = message.unwrap_or_else(|| name.clone());
+            method_failure(&name, msg)
+        }
+        e => Failure::new(exit::UNREADABLE, format!("Join: {e}")),
+    }
 }
 
 /// Run `f` with a proxy of gpuctld on the system bus, on a private single-thread runtime.
@@ -136,15 +160,7 @@ pub fn with_agent<T>(
         .build()
         .map_err(|e| Failure::new(exit::UNREADABLE, format!("tokio runtime: {e}")))?;
     rt.block_on(async {
-        let conn = zbus::Connection::system().await.map_err(|e| {
-            Failure::new(
-                exit::NO_DAEMON,
-                format!(
-                    "cannot reach the system bus ({e}); is gpuctld running? \
-                     (systemctl start gpuctld)"
-                ),
-            )
-        })?;
+        let conn = zbus::Connection::system().await.map_err(no_bus)?;
         let proxy = Agent1Proxy::new(&conn)
             .await
             .map_err(|e| bus_failure(e, what))?;
@@ -157,8 +173,14 @@ pub fn with_agent<T>(
 pub fn join_team(team: &str) -> Result<BTreeMap<String, String>, Failure> {
     // Client-side too, so a hostile name never even travels to the daemon.
     check_team_name(team)?;
-    let (env, scope) = with_agent("Join", async |p| p.join(team).await)?;
-    let mut env: BTreeMap<String, String> = env.into_iter().collect();
+    // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
+    let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
+        Some(socket) => wire::join(&socket, team).map_err(wire_failure)?,
+        None => {
+            let (env, scope) = with_agent("Join", async |p| p.join(team).await)?;
+            (env.into_iter().collect(), scope)
+        }
+    };
     env.insert("GPUCTL_SCOPE".into(), scope);
     Ok(env)
 }

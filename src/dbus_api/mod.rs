@@ -30,6 +30,7 @@ use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
 pub mod join;
+pub mod wire;
 
 /// Well-known bus name.
 pub const BUS_NAME: &str = "org.gpuctl.Agent1";

@@ -1,0 +1,505 @@
+//! A minimal blocking D-Bus client for the one call on the path of every `gpuctl run` and
+//! `gpuctl shell`: `Join(s) -> (a{ss}, s)`.
+//!
+//! Why not zbus here: the whole point of `gpuctl run` is to get out of the way, and setting up
+//! a zbus connection (an async runtime, its reader task, the `Hello` round trip before the first
+//! call) cost more than the placement itself in the VM benchmark (`vm-tests/scenarios/63-*`).
+//! This client writes the authentication, `Hello` and the call in one go and reads until the
+//! call's reply, so the bus round trips overlap; it is the same pipelining sd-bus clients such
+//! as `systemd-run` do. Everything else in gpuctl (and any address this client does not handle)
+//! goes through zbus.
+//!
+//! What it speaks: SASL `EXTERNAL` on a `unix:path=` socket, little-endian messages out, either
+//! byte order in, header fields of the types a bus sends (`s`, `o`, `g`, `u`), and the two reply
+//! bodies it needs (`a{ss}s` and an error's leading `s`). No file descriptors, no signals
+//! (ignored), no introspection.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::{self, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// Where the system bus listens unless `DBUS_SYSTEM_BUS_ADDRESS` says otherwise.
+pub const SYSTEM_BUS_SOCKET: &str = "/run/dbus/system_bus_socket";
+
+/// Longest reply accepted: a team's environment is a handful of short variables, so anything
+/// near this is not a reply of ours.
+const MAX_MESSAGE: usize = 1 << 20;
+
+/// How long to wait for the reply. gpuctld waits up to 30 s for systemd's job itself.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// What went wrong, in terms the caller maps to exit codes.
+#[derive(Debug)]
+pub enum WireError {
+    /// The socket could not be opened (no bus, or no permission).
+    Connect {
+        /// The socket path.
+        path: PathBuf,
+        /// Why.
+        source: io::Error,
+    },
+    /// Reading or writing failed after connecting (the bus closed the connection, a timeout).
+    Io(io::Error),
+    /// The bus refused the authentication.
+    Auth(String),
+    /// Something that is not the D-Bus protocol as this client knows it.
+    Protocol(String),
+    /// The call was answered with a D-Bus error.
+    Method {
+        /// The error name, e.g. `org.gpuctl.Agent1.Error.NotMember`.
+        name: String,
+        /// Its message, when it carried one.
+        message: Option<String>,
+    },
+}
+
+impl fmt::Display for WireError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WireError::Connect { path, source } => write!(f, "{}: {source}", path.display()),
+            WireError::Io(e) => write!(f, "system bus: {e}"),
+            WireError::Auth(s) => write!(f, "system bus refused authentication: {s}"),
+            WireError::Protocol(s) => write!(f, "system bus: unexpected data: {s}"),
+            WireError::Method { name, message } => {
+                write!(f, "{}", message.as_deref().unwrap_or(name))
+            }
+        }
+    }
+}
+
+impl std::error::Error for WireError {}
+
+fn proto(s: impl Into<String>) -> WireError {
+    WireError::Protocol(s.into())
+}
+
+/// The socket of the first `unix:path=` entry of a D-Bus address list (`%xx` unescaped);
+/// `None` when the list has no such entry (abstract sockets, tcp, …: left to zbus).
+pub fn socket_of_address(address: &str) -> Option<PathBuf> {
+    address.split(';').find_map(|entry| {
+        let rest = entry.strip_prefix("unix:")?;
+        let v = rest.split(',').find_map(|kv| kv.strip_prefix("path="))?;
+        unescape(v).map(PathBuf::from)
+    })
+}
+
+fn unescape(v: &str) -> Option<String> {
+    let b = v.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// The system bus socket this process would use: from `DBUS_SYSTEM_BUS_ADDRESS` when set
+/// (`None` when it names no `unix:path=`), else [`SYSTEM_BUS_SOCKET`].
+pub fn system_bus_socket() -> Option<PathBuf> {
+    match std::env::var("DBUS_SYSTEM_BUS_ADDRESS") {
+        Ok(a) => socket_of_address(&a),
+        Err(_) => Some(PathBuf::from(SYSTEM_BUS_SOCKET)),
+    }
+}
+
+/// Call `Join(team)` on gpuctld through the bus at `socket`; returns the environment and the
+/// scope's name.
+pub fn join(socket: &Path, team: &str) -> Result<(BTreeMap<String, String>, String), WireError> {
+    let mut body = Vec::new();
+    put_string(&mut body, team);
+    let reply = call(
+        socket,
+        &Call {
+            destination: super::BUS_NAME,
+            path: super::OBJECT_PATH,
+            interface: "org.gpuctl.Agent1",
+            member: "Join",
+            signature: "s",
+            body: &body,
+        },
+    )?;
+    if reply.signature != "a{ss}s" {
+        return Err(proto(format!(
+            "Join replied with signature '{}', expected 'a{{ss}}s'",
+            reply.signature
+        )));
+    }
+    let mut r = Reader::new(&reply.body, reply.big_endian);
+    let len = r.u32()? as usize;
+    r.align(8)?;
+    let end = r
+        .pos
+        .checked_add(len)
+        .ok_or_else(|| proto("array length"))?;
+    let mut env = BTreeMap::new();
+    while r.pos < end {
+        r.align(8)?;
+        let k = r.string()?;
+        let v = r.string()?;
+        env.insert(k, v);
+    }
+    if r.pos != end {
+        return Err(proto("array overruns its length"));
+    }
+    let scope = r.string()?;
+    Ok((env, scope))
+}
+
+/// One method call.
+pub struct Call<'a> {
+    /// Destination bus name.
+    pub destination: &'a str,
+    /// Object path.
+    pub path: &'a str,
+    /// Interface.
+    pub interface: &'a str,
+    /// Method.
+    pub member: &'a str,
+    /// Body signature (empty for none).
+    pub signature: &'a str,
+    /// Body, marshalled little-endian from offset 0 (message bodies start 8-aligned).
+    pub body: &'a [u8],
+}
+
+/// A method return.
+#[derive(Debug)]
+pub struct Reply {
+    /// Body signature.
+    pub signature: String,
+    /// Body bytes; alignment is relative to their start.
+    pub body: Vec<u8>,
+    /// Whether the body is big-endian.
+    pub big_endian: bool,
+}
+
+const METHOD_CALL: u8 = 1;
+const METHOD_RETURN: u8 = 2;
+const ERROR: u8 = 3;
+
+/// Connect, authenticate, `Hello`, call; all written at once, then read until the call's
+/// reply.
+pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
+    let mut s = UnixStream::connect(socket).map_err(|source| WireError::Connect {
+        path: socket.to_path_buf(),
+        source,
+    })?;
+    s.set_read_timeout(Some(REPLY_TIMEOUT))
+        .map_err(WireError::Io)?;
+
+    let uid = nix::unistd::getuid().as_raw().to_string();
+    let hex: String = uid.bytes().map(|b| format!("{b:02x}")).collect();
+    let mut out = format!("\0AUTH EXTERNAL {hex}\r\nBEGIN\r\n").into_bytes();
+    out.extend(message(
+        1,
+        &Call {
+            destination: "org.freedesktop.DBus",
+            path: "/org/freedesktop/DBus",
+            interface: "org.freedesktop.DBus",
+            member: "Hello",
+            signature: "",
+            body: &[],
+        },
+    ));
+    out.extend(message(2, c));
+    s.write_all(&out).map_err(WireError::Io)?;
+
+    let mut buf = Vec::with_capacity(4096);
+    let line_end = loop {
+        if let Some(i) = buf.windows(2).position(|w| w == b"\r\n") {
+            break i;
+        }
+        if buf.len() > 4096 {
+            return Err(WireError::Auth("no end of line in the reply".into()));
+        }
+        fill(&mut s, &mut buf)?;
+    };
+    let line = String::from_utf8_lossy(&buf[..line_end]).into_owned();
+    if !line.starts_with("OK ") {
+        return Err(WireError::Auth(line));
+    }
+    buf.drain(..line_end + 2);
+
+    loop {
+        while buf.len() < 16 {
+            fill(&mut s, &mut buf)?;
+        }
+        let big = match buf[0] {
+            b'l' => false,
+            b'B' => true,
+            b => return Err(proto(format!("byte-order mark {b:#04x}"))),
+        };
+        let u32_at = |o: usize| {
+            let a = [buf[o], buf[o + 1], buf[o + 2], buf[o + 3]];
+            if big {
+                u32::from_be_bytes(a)
+            } else {
+                u32::from_le_bytes(a)
+            }
+        };
+        let body_len = u32_at(4) as usize;
+        let fields_len = u32_at(12) as usize;
+        let header_len = (16 + fields_len).next_multiple_of(8);
+        let total = header_len.saturating_add(body_len);
+        if total > MAX_MESSAGE {
+            return Err(proto(format!("a {total}-byte message")));
+        }
+        while buf.len() < total {
+            fill(&mut s, &mut buf)?;
+        }
+        let msg: Vec<u8> = buf.drain(..total).collect();
+        let h = parse_header(&msg, big, fields_len)?;
+        match (h.kind, h.reply_serial) {
+            (METHOD_RETURN, Some(2)) => {
+                return Ok(Reply {
+                    signature: h.signature,
+                    body: msg[header_len..].to_vec(),
+                    big_endian: big,
+                })
+            }
+            (ERROR, Some(serial @ (1 | 2))) => {
+                let name = h.error_name.unwrap_or_else(|| "unnamed error".into());
+                let message = if h.signature.starts_with('s') {
+                    Reader::new(&msg[header_len..], big).string().ok()
+                } else {
+                    None
+                };
+                let name = if serial == 1 {
+                    format!("{name} (Hello)")
+                } else {
+                    name
+                };
+                return Err(WireError::Method { name, message });
+            }
+            // Hello's reply, NameAcquired and any other signal: not what we wait for.
+            _ => {}
+        }
+    }
+}
+
+fn fill(s: &mut UnixStream, buf: &mut Vec<u8>) -> Result<(), WireError> {
+    let mut chunk = [0u8; 4096];
+    let n = s.read(&mut chunk).map_err(WireError::Io)?;
+    if n == 0 {
+        return Err(WireError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the bus closed the connection",
+        )));
+    }
+    buf.extend_from_slice(&chunk[..n]);
+    Ok(())
+}
+
+struct Header {
+    kind: u8,
+    reply_serial: Option<u32>,
+    error_name: Option<String>,
+    signature: String,
+}
+
+fn parse_header(msg: &[u8], big: bool, fields_len: usize) -> Result<Header, WireError> {
+    let mut h = Header {
+        kind: msg[1],
+        reply_serial: None,
+        error_name: None,
+        signature: String::new(),
+    };
+    let mut r = Reader::new(msg, big);
+    r.pos = 16;
+    let end = 16 + fields_len;
+    while r.pos < end {
+        r.align(8)?;
+        let code = r.u8()?;
+        let sig = r.signature()?;
+        match (code, sig.as_str()) {
+            (5, "u") => h.reply_serial = Some(r.u32()?),
+            (4, "s") => h.error_name = Some(r.string()?),
+            (8, "g") => h.signature = r.signature()?,
+            (_, "s" | "o") => {
+                r.string()?;
+            }
+            (_, "g") => {
+                r.signature()?;
+            }
+            (_, "u") => {
+                r.u32()?;
+            }
+            (c, s) => return Err(proto(format!("header field {c} of type '{s}'"))),
+        }
+    }
+    Ok(h)
+}
+
+/// A method call message, little-endian.
+fn message(serial: u32, c: &Call<'_>) -> Vec<u8> {
+    let mut m = vec![b'l', METHOD_CALL, 0, 1];
+    m.extend((c.body.len() as u32).to_le_bytes());
+    m.extend(serial.to_le_bytes());
+    m.extend([0u8; 4]); // header fields length, filled in below
+    let field = |m: &mut Vec<u8>, code: u8, sig: u8| {
+        pad(m, 8);
+        m.extend([code, 1, sig, 0]);
+    };
+    field(&mut m, 1, b'o');
+    put_string(&mut m, c.path);
+    field(&mut m, 2, b's');
+    put_string(&mut m, c.interface);
+    field(&mut m, 3, b's');
+    put_string(&mut m, c.member);
+    field(&mut m, 6, b's');
+    put_string(&mut m, c.destination);
+    if !c.signature.is_empty() {
+        field(&mut m, 8, b'g');
+        m.push(c.signature.len() as u8);
+        m.extend(c.signature.as_bytes());
+        m.push(0);
+    }
+    let fields_len = (m.len() - 16) as u32;
+    m[12..16].copy_from_slice(&fields_len.to_le_bytes());
+    pad(&mut m, 8);
+    m.extend(c.body);
+    m
+}
+
+fn pad(m: &mut Vec<u8>, to: usize) {
+    while m.len() % to != 0 {
+        m.push(0);
+    }
+}
+
+/// Marshal a string (`s` or `o`), little-endian, aligned relative to the start of `m`.
+pub fn put_string(m: &mut Vec<u8>, s: &str) {
+    pad(m, 4);
+    m.extend((s.len() as u32).to_le_bytes());
+    m.extend(s.as_bytes());
+    m.push(0);
+}
+
+struct Reader<'a> {
+    b: &'a [u8],
+    pos: usize,
+    big: bool,
+}
+
+impl<'a> Reader<'a> {
+    fn new(b: &'a [u8], big: bool) -> Self {
+        Reader { b, pos: 0, big }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], WireError> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.b.len());
+        let end = end.ok_or_else(|| proto("message ends early"))?;
+        let s = &self.b[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+
+    fn align(&mut self, n: usize) -> Result<(), WireError> {
+        let to = self.pos.next_multiple_of(n);
+        self.take(to - self.pos).map(|_| ())
+    }
+
+    fn u8(&mut self) -> Result<u8, WireError> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn u32(&mut self) -> Result<u32, WireError> {
+        self.align(4)?;
+        let a: [u8; 4] = self.take(4)?.try_into().expect("4 bytes");
+        Ok(if self.big {
+            u32::from_be_bytes(a)
+        } else {
+            u32::from_le_bytes(a)
+        })
+    }
+
+    fn text(&mut self, len: usize) -> Result<String, WireError> {
+        let s = self.take(len)?;
+        if self.take(1)? != [0] {
+            return Err(proto("string without its terminating NUL"));
+        }
+        String::from_utf8(s.to_vec()).map_err(|_| proto("string is not UTF-8"))
+    }
+
+    fn string(&mut self) -> Result<String, WireError> {
+        let len = self.u32()? as usize;
+        self.text(len)
+    }
+
+    fn signature(&mut self) -> Result<String, WireError> {
+        let len = self.u8()? as usize;
+        self.text(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_name_their_unix_path() {
+        assert_eq!(
+            socket_of_address("unix:path=/run/dbus/system_bus_socket"),
+            Some(PathBuf::from("/run/dbus/system_bus_socket"))
+        );
+        assert_eq!(
+            socket_of_address("unix:abstract=/x;unix:guid=1,path=/tmp/a%20b"),
+            Some(PathBuf::from("/tmp/a b"))
+        );
+        assert_eq!(socket_of_address("tcp:host=localhost,port=1"), None);
+        assert_eq!(socket_of_address("unix:path=/bad%zz"), None);
+    }
+
+    #[test]
+    fn a_call_round_trips_through_zbus_parser() {
+        let mut body = Vec::new();
+        put_string(&mut body, "infer");
+        let bytes = message(
+            7,
+            &Call {
+                destination: "org.gpuctl.Agent1",
+                path: "/org/gpuctl/Agent1",
+                interface: "org.gpuctl.Agent1",
+                member: "Join",
+                signature: "s",
+                body: &body,
+            },
+        );
+        let data = zbus::zvariant::serialized::Data::new(
+            bytes,
+            zbus::zvariant::serialized::Context::new_dbus(zbus::zvariant::LE, 0),
+        );
+        // SAFETY: the bytes carry no file descriptors.
+        let msg = unsafe { zbus::Message::from_bytes(data) }.expect("zbus parses our call");
+        let h = msg.header();
+        assert_eq!(h.primary().serial_num().get(), 7);
+        assert_eq!(h.member().map(|m| m.as_str()), Some("Join"));
+        assert_eq!(h.interface().map(|m| m.as_str()), Some("org.gpuctl.Agent1"));
+        assert_eq!(h.path().map(|m| m.as_str()), Some("/org/gpuctl/Agent1"));
+        assert_eq!(
+            h.destination().map(|m| m.to_string()),
+            Some("org.gpuctl.Agent1".to_string())
+        );
+        let team: String = msg.body().deserialize().expect("body is one string");
+        assert_eq!(team, "infer");
+    }
+
+    #[test]
+    fn truncated_or_unterminated_strings_are_protocol_errors() {
+        let mut r = Reader::new(&[5, 0, 0, 0, b'a', b'b'], false);
+        assert!(matches!(r.string(), Err(WireError::Protocol(_))));
+        let mut r = Reader::new(&[1, 0, 0, 0, b'a', b'b'], false);
+        assert!(matches!(r.string(), Err(WireError::Protocol(_))));
+        let mut r = Reader::new(&[0, 0, 0, 1, b'a', 0], true);
+        assert_eq!(r.string().unwrap(), "a");
+    }
+}
