@@ -113,6 +113,7 @@ impl Fake {
             .map_err(|e| JoinError::ZBus(e.into()))?;
         let mut env = HashMap::new();
         env.insert("GPUCTL_TEAM".into(), team.to_string());
+        env.insert("CUDA_VISIBLE_DEVICES".into(), "GPU-from-the-daemon".into());
         env.insert("PID".into(), creds.process_id().unwrap().to_string());
         env.insert("UID".into(), creds.unix_user_id().unwrap().to_string());
         env.insert("EMPTY".into(), String::new());
@@ -166,7 +167,7 @@ fn join_through_a_real_bus_returns_the_services_reply_and_our_own_credentials() 
     assert_eq!(env["EMPTY"], "");
     assert_eq!(env["ODD"], "ünï côdé = \"q\" \n");
     assert_eq!(env["K19"], "v".repeat(19));
-    assert_eq!(env.len(), 25);
+    assert_eq!(env.len(), 26);
 }
 
 #[test]
@@ -213,4 +214,47 @@ fn a_missing_bus_is_a_connect_error_naming_the_socket() {
         }
         other => panic!("expected a connect error, got {other:?}"),
     }
+}
+
+#[test]
+fn gpuctl_run_execs_the_command_with_the_daemons_environment_and_maps_refusals() {
+    let Some(bus) = start_bus() else { return };
+    serve(&bus.socket);
+    let run = |team: &str, script: &str| {
+        Command::new(env!("CARGO_BIN_EXE_gpuctl"))
+            .args(["run", "--team", team, "--", "sh", "-c", script])
+            .env(
+                "DBUS_SYSTEM_BUS_ADDRESS",
+                format!("unix:path={}", bus.socket.display()),
+            )
+            .env("CUDA_VISIBLE_DEVICES", "inherited-must-not-win")
+            .env("GPUCTL_SCOPE", "forged")
+            .output()
+            .unwrap()
+    };
+    let o = run(
+        "infer",
+        "echo \"$GPUCTL_TEAM|$CUDA_VISIBLE_DEVICES|$GPUCTL_SCOPE|$PID|$$\"; exit 7",
+    );
+    assert_eq!(
+        o.status.code(),
+        Some(7),
+        "the command's own status passes through"
+    );
+    let out = String::from_utf8_lossy(&o.stdout);
+    let f: Vec<&str> = out.trim().split('|').collect();
+    assert_eq!(
+        f[..3],
+        ["infer", "GPU-from-the-daemon", "gpuctl-run-infer-1.scope"],
+        "{out}"
+    );
+    // The pid the bus vouched for is the shell's own: gpuctl replaced itself in place.
+    assert_eq!(f[3], f[4], "{out}");
+    let o = run("nope", "echo ran");
+    assert_eq!(o.status.code(), Some(3), "not a member");
+    assert!(o.stdout.is_empty(), "the command never ran");
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        "gpuctl: you are not a member of team \"nope\" (members: @ml)"
+    );
 }

@@ -2,7 +2,8 @@
 # 63 (benchmark): median wall time of `gpuctl run --team infer -- true` against
 # `systemd-run --scope --slice=gpu-infer.slice true`, both as root, interleaved in the same run;
 # prints both medians and the ratio (goal <= 1.1x). Checks only that both ran every time:
-# speed is reported, not asserted.
+# speed is reported, not asserted. `.ci/run` installs the release package (as shipped); a
+# `vm-tests/run` of a debug build measures mostly the debug binary's start-up.
 # vmtest: timeout=420
 # vmtest: group=shell
 . lib/common.sh
