@@ -46,8 +46,18 @@ echo "train's GI: $train_gi"
 systemd-run -q --unit=train-job --slice=gpu-train.slice sleep 600
 
 t_change=$(date +%s)
+t_us=$(date +%s%6N)
+# Done means: the 4g instance exists *and* a reconcile that started after the change has
+# finished. The instance alone is not enough: it appears mid-reconcile, before MPS is started
+# again, while StatusText still says "converged" from the run before (the release build hit
+# that window).
+# shellcheck disable=SC2317 # called through wait_for
+changed() {
+    jq -e '[.gpus[0].gpu_instances[].profile_id] | index(5)' "$S" >/dev/null &&
+        _reconciled_since "$t_us" && status_text | grep -q converged
+}
 policy 4g.40gb
-wait_for 60 sh -c "jq -e '[.gpus[0].gpu_instances[].profile_id] | index(5)' $S >/dev/null && systemctl show -P StatusText gpuctld.service | grep -q converged"
+wait_for 60 changed
 new_uuid=$(mig_uuid 5)
 u2=$(mps_unit)
 i2=${u2#gpuctl-mps@}
