@@ -445,6 +445,8 @@ impl<'a> Reader<'a> {
 mod tests {
     use super::*;
 
+    use std::collections::HashMap;
+
     #[test]
     fn addresses_name_their_unix_path() {
         assert_eq!(
@@ -501,5 +503,126 @@ mod tests {
         assert!(matches!(r.string(), Err(WireError::Protocol(_))));
         let mut r = Reader::new(&[0, 0, 0, 1, b'a', 0], true);
         assert_eq!(r.string().unwrap(), "a");
+    }
+
+    /// A stand-in bus on a socket: reads the client's authentication and two messages, checks
+    /// them, and answers with `answer(join_call)`'s bytes after `OK`.
+    fn fake_bus(
+        answer: impl FnOnce(&zbus::Message) -> Vec<zbus::Message> + Send + 'static,
+    ) -> (tempfile::TempDir, PathBuf, std::thread::JoinHandle<()>) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("bus");
+        let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut buf = Vec::new();
+            let begin = loop {
+                if let Some(i) = buf.windows(7).position(|w| w == b"BEGIN\r\n") {
+                    break i + 7;
+                }
+                fill(&mut s, &mut buf).unwrap();
+            };
+            assert!(buf.starts_with(b"\0AUTH EXTERNAL "), "{buf:?}");
+            buf.drain(..begin);
+            let mut msgs = Vec::new();
+            while msgs.len() < 2 {
+                while buf.len() < 16 {
+                    fill(&mut s, &mut buf).unwrap();
+                }
+                let le = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) as usize;
+                let total = (16 + le(12)).next_multiple_of(8) + le(4);
+                while buf.len() < total {
+                    fill(&mut s, &mut buf).unwrap();
+                }
+                let bytes: Vec<u8> = buf.drain(..total).collect();
+                let ctx = zbus::zvariant::serialized::Context::new_dbus(zbus::zvariant::LE, 0);
+                let data = zbus::zvariant::serialized::Data::new(bytes, ctx);
+                // SAFETY: no file descriptors travel here.
+                msgs.push(unsafe { zbus::Message::from_bytes(data) }.unwrap());
+            }
+            assert_eq!(msgs[0].header().member().unwrap().as_str(), "Hello");
+            assert_eq!(msgs[1].header().member().unwrap().as_str(), "Join");
+            let mut out = b"OK 0123456789abcdef0123456789abcdef\r\n".to_vec();
+            for m in answer(&msgs[1]) {
+                out.extend_from_slice(m.data().bytes());
+            }
+            s.write_all(&out).unwrap();
+        });
+        (dir, path, t)
+    }
+
+    #[test]
+    fn big_endian_replies_after_signals_and_hellos_reply_are_read() {
+        use zbus::zvariant::Endian;
+        let (_d, path, t) = fake_bus(|join| {
+            let hello = zbus::Message::method_call("/org/freedesktop/DBus", "Hello")
+                .unwrap()
+                .serial(std::num::NonZeroU32::new(1).unwrap())
+                .build(&())
+                .unwrap();
+            let env: HashMap<&str, &str> = [
+                ("CUDA_VISIBLE_DEVICES", "MIG-1"),
+                ("GPUCTL_TEAM", "infer"),
+                ("E", ""),
+            ]
+            .into();
+            vec![
+                zbus::Message::signal(
+                    "/org/freedesktop/DBus",
+                    "org.freedesktop.DBus",
+                    "NameAcquired",
+                )
+                .unwrap()
+                .endian(Endian::Big)
+                .build(&":1.9")
+                .unwrap(),
+                zbus::Message::method_return(&hello.header())
+                    .unwrap()
+                    .endian(Endian::Big)
+                    .build(&":1.9")
+                    .unwrap(),
+                zbus::Message::method_return(&join.header())
+                    .unwrap()
+                    .endian(Endian::Big)
+                    .build(&(env, "gpuctl-run-infer-9.scope"))
+                    .unwrap(),
+            ]
+        });
+        let (env, scope) = join(&path, "infer").unwrap();
+        t.join().unwrap();
+        assert_eq!(scope, "gpuctl-run-infer-9.scope");
+        assert_eq!(env.len(), 3);
+        assert_eq!(env["CUDA_VISIBLE_DEVICES"], "MIG-1");
+        assert_eq!(env["GPUCTL_TEAM"], "infer");
+        assert_eq!(env["E"], "");
+    }
+
+    #[test]
+    fn a_big_endian_error_keeps_its_name_and_message_and_a_wrong_signature_is_refused() {
+        let (_d, path, t) = fake_bus(|join| {
+            vec![
+                zbus::Message::error(&join.header(), "org.gpuctl.Agent1.Error.NoDevices")
+                    .unwrap()
+                    .endian(zbus::zvariant::Endian::Big)
+                    .build(&"team \"x\" has no GPU")
+                    .unwrap(),
+            ]
+        });
+        match join(&path, "x") {
+            Err(WireError::Method { name, message }) => {
+                assert_eq!(name, "org.gpuctl.Agent1.Error.NoDevices");
+                assert_eq!(message.as_deref(), Some("team \"x\" has no GPU"));
+            }
+            other => panic!("{other:?}"),
+        }
+        t.join().unwrap();
+        let (_d, path, t) = fake_bus(|join| {
+            vec![zbus::Message::method_return(&join.header())
+                .unwrap()
+                .build(&"just a string")
+                .unwrap()]
+        });
+        assert!(matches!(join(&path, "x"), Err(WireError::Protocol(_))));
+        t.join().unwrap();
     }
 }
