@@ -233,26 +233,12 @@ pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
         while buf.len() < 16 {
             fill(&mut s, &mut buf)?;
         }
-        let big = match buf[0] {
-            b'l' => false,
-            b'B' => true,
-            b => return Err(proto(format!("byte-order mark {b:#04x}"))),
-        };
-        let u32_at = |o: usize| {
-            let a = [buf[o], buf[o + 1], buf[o + 2], buf[o + 3]];
-            if big {
-                u32::from_be_bytes(a)
-            } else {
-                u32::from_le_bytes(a)
-            }
-        };
-        let body_len = u32_at(4) as usize;
-        let fields_len = u32_at(12) as usize;
-        let header_len = (16 + fields_len).next_multiple_of(8);
-        let total = header_len.saturating_add(body_len);
-        if total > MAX_MESSAGE {
-            return Err(proto(format!("a {total}-byte message")));
-        }
+        let Frame {
+            big,
+            fields_len,
+            header_len,
+            total,
+        } = frame(&buf[..16])?;
         while buf.len() < total {
             fill(&mut s, &mut buf)?;
         }
@@ -284,6 +270,42 @@ pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
             _ => {}
         }
     }
+}
+
+/// Sizes of a message, from its first 16 bytes.
+struct Frame {
+    big: bool,
+    fields_len: usize,
+    header_len: usize,
+    total: usize,
+}
+
+fn frame(head: &[u8]) -> Result<Frame, WireError> {
+    let big = match head[0] {
+        b'l' => false,
+        b'B' => true,
+        b => return Err(proto(format!("byte-order mark {b:#04x}"))),
+    };
+    let u32_at = |o: usize| {
+        let a = [head[o], head[o + 1], head[o + 2], head[o + 3]];
+        (if big {
+            u32::from_be_bytes(a)
+        } else {
+            u32::from_le_bytes(a)
+        }) as usize
+    };
+    let fields_len = u32_at(12);
+    let header_len = (16 + fields_len).next_multiple_of(8);
+    let total = header_len.saturating_add(u32_at(4));
+    if total > MAX_MESSAGE {
+        return Err(proto(format!("a {total}-byte message")));
+    }
+    Ok(Frame {
+        big,
+        fields_len,
+        header_len,
+        total,
+    })
 }
 
 fn fill(s: &mut UnixStream, buf: &mut Vec<u8>) -> Result<(), WireError> {
@@ -529,8 +551,7 @@ mod tests {
                 while buf.len() < 16 {
                     fill(&mut s, &mut buf).unwrap();
                 }
-                let le = |o: usize| u32::from_le_bytes(buf[o..o + 4].try_into().unwrap()) as usize;
-                let total = (16 + le(12)).next_multiple_of(8) + le(4);
+                let total = frame(&buf[..16]).unwrap().total;
                 while buf.len() < total {
                     fill(&mut s, &mut buf).unwrap();
                 }
