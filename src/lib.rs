@@ -27,5 +27,6 @@ pub mod plan;
 pub mod policy;
 pub mod profiles;
 pub mod real;
+pub mod settings;
 pub mod sim;
 pub mod systemd;

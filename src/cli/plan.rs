@@ -15,6 +15,7 @@ use crate::paths::Root;
 use crate::plan::{self, desired, Action, Desired, Plan};
 use crate::policy::{self, GpuUse, Policy};
 use crate::real::RealHost;
+use crate::settings::value::human_bytes;
 use crate::sim::SimHost;
 use crate::systemd::client::BlockingSystemd;
 use anyhow::Context;
@@ -402,21 +403,6 @@ fn blocked_line(b: &plan::Blocked) -> String {
     s
 }
 
-/// Bytes as GiB/MiB for people.
-pub fn human_bytes(b: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    if b >= 1 << 30 {
-        let g = b as f64 / GIB;
-        if g.fract() == 0.0 {
-            format!("{g:.0} GiB")
-        } else {
-            format!("{g:.1} GiB")
-        }
-    } else {
-        format!("{} MiB", b >> 20)
-    }
-}
-
 fn action_line(out: &mut String, a: &Action) {
     let _ = writeln!(out, "    [{}] {} — {}", a.phase, a.kind, a.reason);
 }
@@ -526,18 +512,7 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
             }
         );
         let s = &t.slice;
-        let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".into());
-        let num = |v: Option<u64>| v.map(|b| b.to_string()).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            out,
-            "    memory: max {} high {} · cpu: weight {} cpus {} · tasks {} · io {}",
-            opt(s.memory_max),
-            opt(s.memory_high),
-            num(s.cpu_weight),
-            s.allowed_cpus.as_deref().unwrap_or("all"),
-            num(s.tasks_max),
-            num(s.io_weight)
-        );
+        let _ = writeln!(out, "    {}", s.show());
         if !s.device_allow.is_empty() {
             let devs: Vec<&str> = s.device_allow.iter().map(String::as_str).collect();
             let _ = writeln!(out, "    devices: {}", devs.join(" "));

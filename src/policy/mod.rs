@@ -19,24 +19,9 @@ pub mod load;
 pub mod parse;
 pub mod validate;
 
+pub use crate::settings::value::{Loc, Size};
+pub use crate::settings::Limits;
 pub use load::{load, load_files, LoadOutcome};
-
-/// A place in a policy file, for error messages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Loc {
-    /// The file as the admin knows it (the host path, not the test root).
-    pub file: PathBuf,
-    /// 1-based line.
-    pub line: u32,
-    /// 1-based column.
-    pub col: u32,
-}
-
-impl fmt::Display for Loc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file.display(), self.line, self.col)
-    }
-}
 
 /// How bad a diagnostic is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -166,42 +151,6 @@ impl fmt::Display for Member {
             Member::Group(g) => write!(f, "@{g}"),
         }
     }
-}
-
-/// A size: absolute bytes or a share of host RAM.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum Size {
-    /// Bytes.
-    Bytes(u64),
-    /// Percent of host RAM (0 < p ≤ 100).
-    PercentOfRam(f64),
-}
-
-impl Size {
-    /// Bytes on a host with `host_ram` bytes of memory.
-    pub fn resolve(&self, host_ram: u64) -> u64 {
-        match *self {
-            Size::Bytes(b) => b,
-            Size::PercentOfRam(p) => ((host_ram as f64) * p / 100.0) as u64,
-        }
-    }
-}
-
-/// cgroup limits of a team slice. `None` leaves systemd's default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Limits {
-    /// `MemoryMax=`.
-    pub memory_max: Option<Size>,
-    /// `MemoryHigh=`.
-    pub memory_high: Option<Size>,
-    /// `CPUWeight=` (1..=10000).
-    pub cpu_weight: Option<u64>,
-    /// `AllowedCPUs=`, normalised (`0-7,16`).
-    pub allowed_cpus: Option<String>,
-    /// `TasksMax=`.
-    pub tasks_max: Option<u64>,
-    /// `IOWeight=` (1..=10000).
-    pub io_weight: Option<u64>,
 }
 
 /// MPS settings of a team.

@@ -1,7 +1,7 @@
 //! The async systemd client, and [`BlockingSystemd`], its face for the executor (the slice, MPS
 //! and unit effectors of [`crate::apply`]) and the observer ([`LiveUnits`]).
 
-use super::proxy::{ManagerProxy, SliceProxy, UnitProxy, UnitRow};
+use super::proxy::{ManagerProxy, UnitProxy, UnitRow};
 use super::{mps, props, LiveUnits, SliceUsage, SystemdError};
 use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use crate::observe::{MpsSpec, SliceSpec};
@@ -327,17 +327,15 @@ impl Systemd {
             if u.load_state().await? != "loaded" {
                 return Ok(None);
             }
-            let s = SliceProxy::builder(&self.conn).path(path)?.build().await?;
-            Ok::<_, zbus::Error>(Some(props::RawSlice {
-                memory_max: s.memory_max().await?,
-                memory_high: s.memory_high().await?,
-                cpu_weight: s.cpu_weight().await?,
-                allowed_cpus: s.allowed_cpus().await?,
-                tasks_max: s.tasks_max().await?,
-                io_weight: s.io_weight().await?,
-                device_policy: s.device_policy().await?,
-                device_allow: s.device_allow().await?,
-            }))
+            // One `GetAll` reads every setting the table in `crate::settings` knows.
+            let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
+                .destination("org.freedesktop.systemd1")?
+                .path(path)?
+                .build()
+                .await?;
+            let iface =
+                zbus::names::InterfaceName::from_static_str("org.freedesktop.systemd1.Slice")?;
+            Ok::<_, zbus::Error>(Some(props.get_all(iface).await?.into_iter().collect()))
         };
         read.await.map_err(bus(&unit, "Get(Slice properties)"))
     }
