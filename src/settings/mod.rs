@@ -186,7 +186,7 @@ macro_rules! team_settings {
     };
 }
 
-use kinds::{Cpus, Memory, Tasks, Weight};
+use kinds::{Bandwidth, Cpus, Memory, Tasks, Weight};
 
 team_settings! {
     /// `MemoryMax=`: the hard memory limit of the slice.
@@ -201,4 +201,8 @@ team_settings! {
     tasks_max: Tasks, key "tasks-max", property "TasksMax", shown "tasks" "";
     /// `IOWeight=` (1..=10000).
     io_weight: Weight, key "io-weight", property "IOWeight", shown "io" "";
+    /// `IOReadBandwidthMax=`: bytes per second, per block device.
+    io_read_bandwidth_max: Bandwidth, key "io-read-bandwidth-max", property "IOReadBandwidthMax", shown "io" "read";
+    /// `IOWriteBandwidthMax=`: bytes per second, per block device.
+    io_write_bandwidth_max: Bandwidth, key "io-write-bandwidth-max", property "IOWriteBandwidthMax", shown "io" "write";
 }
