@@ -28,6 +28,15 @@ pub mod exit {
     pub const NO_DEVICES: i32 = 5;
     /// gpuctld is not running (or has no valid policy yet).
     pub const NO_DAEMON: i32 = 6;
+
+    /// The exit code of a policy load: 0 valid, 1 invalid, 2 unreadable.
+    pub fn of_load(o: &crate::policy::LoadOutcome) -> i32 {
+        match o.verdict() {
+            Ok(_) => OK,
+            Err(crate::policy::Rejected::Invalid) => INVALID,
+            Err(crate::policy::Rejected::Unreadable) => UNREADABLE,
+        }
+    }
     /// gpuctld authorized the request but could not place the process in the team's slice.
     pub const PLACEMENT: i32 = 7;
 }

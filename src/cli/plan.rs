@@ -120,10 +120,10 @@ fn load_policy(cli: &Cli, host: &HostArgs) -> Result<Policy, i32> {
     for (path, why) in &out.unreadable {
         eprintln!("{}: cannot read: {why}", path.display());
     }
-    if !out.unreadable.is_empty() {
-        return Err(exit::UNREADABLE);
+    match out.verdict() {
+        Ok(_) => out.policy.ok_or(exit::INVALID),
+        Err(_) => Err(exit::of_load(&out)),
     }
-    out.policy.ok_or(exit::INVALID)
 }
 
 /// Checks that need the host: selectors that name absent GPUs, MIG on a model without it, a

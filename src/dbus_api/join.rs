@@ -18,6 +18,7 @@ use crate::join::{
     ProcIdentity, Refusal, Via,
 };
 use crate::paths::Root;
+use crate::policy::TeamName;
 use crate::systemd::{props, Systemd};
 use futures_lite::StreamExt;
 use serde_json::json;
@@ -122,25 +123,26 @@ fn policy_of(shared: &Arc<Mutex<Shared>>) -> Result<crate::policy::Policy, Refus
 async fn authorize(
     shared: &Arc<Mutex<Shared>>,
     caller: &Caller,
-    team: &str,
+    team: &TeamName,
 ) -> Result<join::Grant, Refusal> {
-    check_team_name(team)?;
     let policy = policy_of(shared)?;
-    let (c, t) = (caller.clone(), team.to_string());
+    let (c, t) = (caller.clone(), team.clone());
     tokio::task::spawn_blocking(move || join::authorize(&c, &policy, &t, &Nss))
         .await
         .map_err(|e| Refusal::NoPolicy(format!("authorization task failed: {e}")))?
 }
 
 /// The team's environment as the daemon last wrote it; a team without devices is refused.
-pub fn team_env(root: &Root, team: &str) -> Result<BTreeMap<String, String>, Refusal> {
+pub fn team_env(root: &Root, team: &TeamName) -> Result<BTreeMap<String, String>, Refusal> {
     let env = std::fs::read_to_string(root.join(join::team_env_path(team)))
         .map(|t| parse_env_file(&t))
         .unwrap_or_default();
     if join::has_devices(&env) {
         Ok(env)
     } else {
-        Err(Refusal::NoDevices { team: team.into() })
+        Err(Refusal::NoDevices {
+            team: team.to_string(),
+        })
     }
 }
 
@@ -152,7 +154,7 @@ pub async fn env(
     hdr: &Header<'_>,
     team: &str,
 ) -> Result<HashMap<String, String>, JoinError> {
-    check_team_name(team)?;
+    let team = &check_team_name(team)?;
     let bc = bus_caller(conn, hdr).await?;
     authorize(shared, &bc.caller, team).await?;
     Ok(team_env(root, team)?.into_iter().collect())
@@ -177,7 +179,8 @@ pub async fn teams(
         .into_iter()
         .map(|(name, via)| {
             let t = &policy.teams[&name];
-            let env = team_env(root, &name).ok();
+            // Names in a validated policy are team names; parsing cannot fail here.
+            let env = name.parse().ok().and_then(|t| team_env(root, &t).ok());
             json!({
                 "team": name,
                 "via": via,
@@ -363,7 +366,7 @@ pub async fn join(
     hdr: &Header<'_>,
     team: &str,
 ) -> Result<(HashMap<String, String>, String), JoinError> {
-    check_team_name(team)?;
+    let team = &check_team_name(team)?;
     let bc = bus_caller(conn, hdr).await?;
     let uid = bc.caller.uid;
     let grant = match authorize(shared, &bc.caller, team).await {
