@@ -189,7 +189,7 @@ impl CoreReconciler {
                     .collect(),
             };
             if let Err(e) = state.save(&self.host.root().join(STATE_FILE)) {
-                r.errors.push(e);
+                r.errors.push(e.to_string());
             }
         }
         r.view = Some(HostView {

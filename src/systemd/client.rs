@@ -4,11 +4,11 @@
 use super::proxy::{ManagerProxy, SliceProxy, UnitProxy, UnitRow};
 use super::{mps, props, LiveUnits, SliceUsage, SystemdError};
 use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
+use crate::files::{remove_if_exists, write_if_changed};
 use crate::observe::{MpsSpec, SliceSpec};
 use crate::paths::Root;
 use futures_lite::StreamExt;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use zbus::zvariant::{OwnedObjectPath, Value};
@@ -481,36 +481,6 @@ pub fn cgroup_usage(root: &Root, cgroup: &str) -> (Option<u64>, Option<u64>) {
     (mem, pids)
 }
 
-/// Atomically replace `path` with `content` (temp file + rename) unless it already holds it;
-/// returns whether it changed.
-pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, SystemdError> {
-    let io = |source| SystemdError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    if std::fs::read_to_string(path).ok().as_deref() == Some(content) {
-        return Ok(false);
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let tmp = path.with_extension("gpuctl-tmp");
-    std::fs::write(&tmp, content).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(true)
-}
-
-fn remove_if_exists(path: &Path) -> Result<bool, SystemdError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(SystemdError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
 /// The async client as the executor's slice, MPS and unit effectors and the observer's
 /// [`LiveUnits`], for code running on a blocking thread (`tokio::task::spawn_blocking`, or a
 /// CLI's main thread) while a runtime thread keeps driving the bus.
@@ -652,17 +622,5 @@ mod tests {
             cgroup_usage(&root, "gpu.slice/gpu-infer.slice"),
             (Some(4096), Some(3))
         );
-    }
-
-    #[test]
-    fn write_if_changed_reports_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("a/b.env");
-        assert!(write_if_changed(&p, "x=1\n").unwrap());
-        assert!(!write_if_changed(&p, "x=1\n").unwrap());
-        assert!(write_if_changed(&p, "x=2\n").unwrap());
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "x=2\n");
-        assert!(remove_if_exists(&p).unwrap());
-        assert!(!remove_if_exists(&p).unwrap());
     }
 }

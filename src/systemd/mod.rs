@@ -90,6 +90,15 @@ pub enum SystemdError {
     },
 }
 
+impl From<crate::files::FileError> for SystemdError {
+    fn from(e: crate::files::FileError) -> Self {
+        SystemdError::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
+}
+
 /// Live usage of a team slice, for `Status`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
 pub struct SliceUsage {
