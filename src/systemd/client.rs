@@ -233,43 +233,6 @@ impl Systemd {
             .map_err(bus(name, "SetUnitProperties"))
     }
 
-    /// Start a transient unit with properties and wait for its start job.
-    pub async fn start_transient(
-        &self,
-        name: &str,
-        properties: &[(&str, Value<'_>)],
-    ) -> Result<(), SystemdError> {
-        self.run_job(
-            name,
-            "StartTransientUnit",
-            self.mgr.start_transient_unit(name, "fail", properties, &[]),
-        )
-        .await
-    }
-
-    /// Put running `pids` into a new transient scope `name` inside `slice` (issue 6's
-    /// `gpuctl shell`); extra properties (e.g. `Description`) are appended.
-    pub async fn start_scope(
-        &self,
-        name: &str,
-        slice: &str,
-        pids: &[u32],
-        extra: Vec<(&str, Value<'_>)>,
-    ) -> Result<(), SystemdError> {
-        if !name.ends_with(".scope") {
-            return Err(SystemdError::Invalid {
-                unit: name.into(),
-                message: "a scope name must end in .scope".into(),
-            });
-        }
-        let mut p: Vec<(&str, Value<'_>)> = vec![
-            ("Slice", Value::from(slice)),
-            ("PIDs", Value::from(pids.to_vec())),
-        ];
-        p.extend(extra);
-        self.start_transient(name, &p).await
-    }
-
     /// Loaded units matching glob `patterns` whose load/active/sub state is in `states`
     /// (empty: any state).
     pub async fn list_units(

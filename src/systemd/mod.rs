@@ -25,6 +25,7 @@ pub mod client;
 pub mod mps;
 pub mod props;
 pub mod proxy;
+pub mod scope;
 
 pub use client::Systemd;
 
