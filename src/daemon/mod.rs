@@ -18,7 +18,7 @@ use futures_lite::StreamExt;
 use reconcile::{CoreReconciler, ReconcileReport, Reconciler};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 pub mod generator;
@@ -126,6 +126,30 @@ pub fn load_keeping_last_good(
     }
 }
 
+/// Why gpuctld could not start (or run on).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// No system bus.
+    #[error("system bus: {0}")]
+    Bus(#[source] zbus::Error),
+    /// systemd's manager is not reachable on it.
+    #[error(transparent)]
+    Systemd(#[from] crate::systemd::SystemdError),
+    /// The bus API could not be exported or its name taken.
+    #[error("D-Bus API {name}: {source}", name = crate::dbus_api::BUS_NAME)]
+    Serve {
+        /// zbus' words.
+        #[source]
+        source: zbus::Error,
+    },
+    /// A signal handler could not be installed.
+    #[error("{0}")]
+    Signal(#[source] std::io::Error),
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Logging(#[from] logging::LoggingError),
+}
+
 /// Daemon settings.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -176,21 +200,41 @@ pub fn unix_now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Requests to the reconcile loop.
-#[derive(Debug)]
-pub enum Request {
-    /// Reload the policy and reconcile; the report goes to `reply`.
-    Reconcile {
-        /// Why (for the journal).
-        reason: String,
-        /// Who waits for the result.
-        reply: Option<oneshot::Sender<ReconcileReport>>,
-    },
-    /// Dry run against the policy on disk (or the last good one).
-    Plan {
-        /// Where the report goes.
-        reply: oneshot::Sender<ReconcileReport>,
-    },
+pub use crate::dbus_api::Request;
+
+/// The daemon as the bus API sees it ([`crate::dbus_api::Backend`]): the shared state and the
+/// reconcile loop's queue.
+struct BusBackend {
+    shared: Arc<Mutex<Shared>>,
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl crate::dbus_api::Backend for BusBackend {
+    fn state(&self) -> crate::dbus_api::AgentState {
+        let sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        crate::dbus_api::AgentState {
+            status_text: sh.status_text.clone(),
+            last_report: sh.last_report.clone(),
+            policy_error: sh.policy_error.clone(),
+            policy: sh.policy.clone(),
+            policy_origin: sh.policy_origin,
+            cycle_started_us: sh.cycle_started_us,
+            busy: sh.busy,
+        }
+    }
+
+    fn policy(&self) -> Result<Policy, String> {
+        let sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        sh.policy.clone().ok_or_else(|| {
+            sh.policy_error
+                .clone()
+                .unwrap_or_else(|| "not loaded".into())
+        })
+    }
+
+    fn send(&self, req: Request) -> bool {
+        self.tx.send(req).is_ok()
+    }
 }
 
 type SharedReconciler = Arc<Mutex<Box<dyn Reconciler>>>;
@@ -328,14 +372,10 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
 }
 
 /// Run the daemon until SIGTERM/SIGINT.
-pub async fn run(opts: Options) -> Result<(), String> {
+pub async fn run(opts: Options) -> Result<(), DaemonError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let conn = zbus::Connection::system()
-        .await
-        .map_err(|e| format!("system bus: {e}"))?;
-    let sd = Systemd::with_connection(conn.clone(), opts.root.clone())
-        .await
-        .map_err(|e| e.to_string())?;
+    let conn = zbus::Connection::system().await.map_err(DaemonError::Bus)?;
+    let sd = Systemd::with_connection(conn.clone(), opts.root.clone()).await?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let (tx, mut rx) = mpsc::unbounded_channel();
 
@@ -346,19 +386,17 @@ pub async fn run(opts: Options) -> Result<(), String> {
         crate::real::RealHost::open(opts.root.clone(), None).with_systemd(Box::new(effector));
     let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(CoreReconciler::new(host))));
 
-    crate::dbus_api::serve(
-        &conn,
-        shared.clone(),
-        tx.clone(),
-        sd.clone(),
-        opts.root.clone(),
-    )
-    .await
-    .map_err(|e| format!("D-Bus API {}: {e}", crate::dbus_api::BUS_NAME))?;
+    let backend = Arc::new(BusBackend {
+        shared: shared.clone(),
+        tx: tx.clone(),
+    });
+    crate::dbus_api::serve(&conn, backend, sd.clone(), opts.root.clone())
+        .await
+        .map_err(|source| DaemonError::Serve { source })?;
 
-    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
+    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signal)?;
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
     tokio::spawn(watch_units(sd.clone(), shared.clone(), tx.clone()));
     tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
 
