@@ -10,6 +10,7 @@
 //! and in `/var/lib/gpuctl/last-good/`), and the error goes to `STATUS=`, the journal and
 //! `Status`.
 
+use crate::join::Refusal;
 use crate::paths::Root;
 use crate::policy::Policy;
 use crate::systemd::client::BlockingSystemd;
@@ -171,27 +172,12 @@ impl Default for Options {
     }
 }
 
-/// What the D-Bus API and `STATUS=` show.
-#[derive(Debug, Clone, Default)]
-pub struct Shared {
-    /// The one-line truth (also `STATUS=` and the `StatusText` property).
-    pub status_text: String,
-    /// Last reconcile.
-    pub last_report: Option<ReconcileReport>,
-    /// Last policy load error, cleared by a good load.
-    pub policy_error: Option<String>,
-    /// The policy in force.
-    pub policy: Option<Policy>,
-    /// `current` or `last-good`.
-    pub policy_origin: Option<&'static str>,
-    /// Wall-clock µs when the latest reconcile started; with `busy`, lets a caller wait for
-    /// "a reconcile that started after my change has finished".
-    pub cycle_started_us: u64,
-    /// A reconcile is running.
-    pub busy: bool,
-    /// Units whose removal by systemd should trigger a reconcile.
-    pub expected_units: std::collections::BTreeSet<String>,
-}
+/// What the D-Bus API and `STATUS=` show: the bus API's own state type, which the daemon
+/// keeps behind a mutex and hands out through [`crate::dbus_api::Backend`].
+pub use crate::dbus_api::AgentState as Shared;
+
+/// Units whose removal by systemd should trigger a reconcile.
+type ExpectedUnits = Arc<Mutex<std::collections::BTreeSet<String>>>;
 
 /// Wall-clock microseconds since the epoch.
 pub fn unix_now_us() -> u64 {
@@ -210,25 +196,18 @@ struct BusBackend {
 }
 
 impl crate::dbus_api::Backend for BusBackend {
-    fn state(&self) -> crate::dbus_api::AgentState {
-        let sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
-        crate::dbus_api::AgentState {
-            status_text: sh.status_text.clone(),
-            last_report: sh.last_report.clone(),
-            policy_error: sh.policy_error.clone(),
-            policy: sh.policy.clone(),
-            policy_origin: sh.policy_origin,
-            cycle_started_us: sh.cycle_started_us,
-            busy: sh.busy,
-        }
+    fn state(&self) -> Shared {
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
-    fn policy(&self) -> Result<Policy, String> {
+    fn policy(&self) -> Result<Policy, Refusal> {
         let sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
         sh.policy.clone().ok_or_else(|| {
-            sh.policy_error
-                .clone()
-                .unwrap_or_else(|| "not loaded".into())
+            let why = sh.policy_error.as_deref().unwrap_or("not loaded");
+            Refusal::NoPolicy(why.into())
         })
     }
 
@@ -249,6 +228,7 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
 struct Looper {
     root: Root,
     shared: Arc<Mutex<Shared>>,
+    expected: ExpectedUnits,
     reconciler: SharedReconciler,
     last_good: Option<Policy>,
     conn: zbus::Connection,
@@ -298,7 +278,8 @@ impl Looper {
             };
             sh.last_report = Some(report.clone());
             if !report.units.is_empty() || report.converged() {
-                sh.expected_units = report.units.iter().cloned().collect();
+                let mut ex = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+                *ex = report.units.iter().cloned().collect();
             }
             sh.busy = false;
             sh.status_text.clone()
@@ -325,7 +306,7 @@ impl Looper {
 
 /// Forward systemd's removal of our units (someone stopped a team slice or MPS daemon and it
 /// was garbage-collected) as reconcile triggers.
-async fn watch_units(sd: Systemd, shared: Arc<Mutex<Shared>>, tx: mpsc::UnboundedSender<Request>) {
+async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSender<Request>) {
     let Ok(mut removed) = sd.manager().receive_unit_removed().await else {
         warn!("cannot subscribe to UnitRemoved; relying on the drift timer");
         return;
@@ -337,11 +318,11 @@ async fn watch_units(sd: Systemd, shared: Arc<Mutex<Shared>>, tx: mpsc::Unbounde
         // looked at (`systemctl status gpuctl-mps@x-0` loads a not-found unit), so only units
         // the policy wants count.
         let ours = props::team_of_slice(id).is_some() || mps::instance_of(id).is_some();
-        let expected = shared
+        let wanted = expected
             .lock()
-            .map(|s| s.expected_units.contains(id.as_str()))
+            .map(|s| s.contains(id.as_str()))
             .unwrap_or(false);
-        if ours && expected {
+        if ours && wanted {
             let _ = tx.send(Request::Reconcile {
                 reason: format!("{id} removed"),
                 reply: None,
@@ -377,6 +358,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let conn = zbus::Connection::system().await.map_err(DaemonError::Bus)?;
     let sd = Systemd::with_connection(conn.clone(), opts.root.clone()).await?;
     let shared = Arc::new(Mutex::new(Shared::default()));
+    let expected = ExpectedUnits::default();
     let (tx, mut rx) = mpsc::unbounded_channel();
 
     let effector = BlockingSystemd::new(tokio::runtime::Handle::current(), Arc::new(sd.clone()));
@@ -397,7 +379,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signal)?;
     let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
     let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
-    tokio::spawn(watch_units(sd.clone(), shared.clone(), tx.clone()));
+    tokio::spawn(watch_units(sd.clone(), expected.clone(), tx.clone()));
     tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
 
     let mut wd_usec = 0u64;
@@ -415,6 +397,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let mut looper = Looper {
         root: opts.root.clone(),
         shared,
+        expected,
         reconciler,
         last_good: None,
         conn,

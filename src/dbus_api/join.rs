@@ -102,10 +102,6 @@ pub async fn bus_caller(conn: &Connection, hdr: &Header<'_>) -> Result<BusCaller
     Ok(BusCaller { caller, pidfd })
 }
 
-fn policy_of(backend: &dyn Backend) -> Result<crate::policy::Policy, Refusal> {
-    backend.policy().map_err(Refusal::NoPolicy)
-}
-
 /// Authorize on a blocking thread: NSS may be LDAP or SSSD, and the runtime thread also serves
 /// the watchdog and every other caller.
 async fn authorize(
@@ -114,7 +110,7 @@ async fn authorize(
     team: &str,
 ) -> Result<join::Grant, Refusal> {
     check_team_name(team)?;
-    let policy = policy_of(backend)?;
+    let policy = backend.policy()?;
     let (c, t) = (caller.clone(), team.to_string());
     tokio::task::spawn_blocking(move || join::authorize(&c, &policy, &t, &Nss))
         .await
@@ -155,7 +151,7 @@ pub async fn teams(
     hdr: &Header<'_>,
 ) -> Result<String, JoinError> {
     let bc = bus_caller(conn, hdr).await?;
-    let policy = policy_of(backend)?;
+    let policy = backend.policy()?;
     let p = policy.clone();
     let c = bc.caller.clone();
     let mine: Vec<(String, Via)> =

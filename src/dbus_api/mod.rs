@@ -36,7 +36,7 @@ pub mod join;
 pub mod reply;
 pub mod wire;
 
-/// What the daemon shows on the bus, as of the call.
+/// What the daemon shows on the bus (and in `STATUS=`), as of the call.
 #[derive(Debug, Clone, Default)]
 pub struct AgentState {
     /// The one-line truth (also `STATUS=` and the `StatusText` property).
@@ -49,7 +49,8 @@ pub struct AgentState {
     pub policy: Option<Policy>,
     /// `current` or `last-good`.
     pub policy_origin: Option<&'static str>,
-    /// Wall-clock µs when the latest reconcile started.
+    /// Wall-clock µs when the latest reconcile started; with `busy`, lets a caller wait for
+    /// "a reconcile that started after my change has finished".
     pub cycle_started_us: u64,
     /// A reconcile is running.
     pub busy: bool,
@@ -77,9 +78,9 @@ pub enum Request {
 pub trait Backend: Send + Sync + 'static {
     /// Everything `Status` and the properties show.
     fn state(&self) -> AgentState;
-    /// The policy in force, or why there is none (the load error, or `not loaded`). Cheaper
-    /// than [`Backend::state`]: it is on the path of every `Join`.
-    fn policy(&self) -> Result<Policy, String>;
+    /// The policy in force, or [`Refusal::NoPolicy`] with the load error. Cheaper than
+    /// [`Backend::state`]: it is on the path of every `Join`.
+    fn policy(&self) -> Result<Policy, crate::join::Refusal>;
     /// Queue a request; `false` when the loop has ended (shutdown).
     fn send(&self, req: Request) -> bool;
 }

@@ -74,11 +74,6 @@ impl RealHost {
         self
     }
 
-    /// Whether a systemd is attached.
-    pub fn has_systemd(&self) -> bool {
-        self.systemd.is_some()
-    }
-
     /// Use the NVML library `lib` from now on (the policy's `nvml-library` may change while the
     /// daemon runs); reopens only when it differs, or when the last open failed.
     pub fn set_nvml_library(&mut self, lib: Option<PathBuf>) {

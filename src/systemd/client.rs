@@ -86,11 +86,6 @@ impl Systemd {
         })
     }
 
-    /// How long job waits may take (default 90 s, systemd's default start timeout).
-    pub fn set_job_timeout(&mut self, t: Duration) {
-        self.job_timeout = t;
-    }
-
     /// The bus connection.
     pub fn connection(&self) -> &Connection {
         &self.conn
