@@ -208,11 +208,7 @@ pub fn models() -> &'static [Model] {
     MODELS.get_or_init(|| {
         let file: RefFile =
             serde_json::from_str(REFERENCE_JSON).expect("embedded gpu-profiles.json parses");
-        let mut out: Vec<Model> = file
-            .gpus
-            .iter()
-            .map(|(key, g)| g.to_model(key))
-            .collect();
+        let mut out: Vec<Model> = file.gpus.iter().map(|(key, g)| g.to_model(key)).collect();
         // Non-MIG models are not in the reference file; values from nvidia-smi on L40S.
         out.push(Model {
             key: "L40S".into(),

@@ -52,7 +52,10 @@ fn every_nvml_13_function_is_exported() {
     let header = list("nvml-13.h.txt");
     assert!(header.len() > 400, "header list read: {}", header.len());
     let missing: Vec<_> = header.difference(&got).collect();
-    assert!(missing.is_empty(), "nvml.h functions the fake lacks: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "nvml.h functions the fake lacks: {missing:?}"
+    );
     // The ones go-nvml measured missing before stubs were generated from the header.
     for s in ["nvmlDeviceGetHostname_v1", "nvmlSystemGetCPER_v1"] {
         assert!(got.contains(s), "{s}");
