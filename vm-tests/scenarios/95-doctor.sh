@@ -19,7 +19,7 @@ for l in "FAIL nvml: NVML not available" "FAIL kernel-module:" "OK   cgroup: cgr
 done
 # DeviceAllow= evidence: cgroup v2 + systemd 252 + CONFIG_CGROUP_BPF from /boot/config-$(uname -r)
 # when the image has it (OK), else WARN naming what could not be verified; never FAIL here.
-if grep -qE '^(OK|WARN) device-control:' <<<"$out"; then
+if grep -qE '^(OK +|WARN )device-control:' <<<"$out"; then
     pass "device-control is OK or WARN: $(grep device-control <<<"$out")"
 else
     fail "device-control is OK or WARN"
