@@ -20,6 +20,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
 pub mod doctor;
+pub mod files;
 pub mod geometry;
 pub mod join;
 pub mod nvml;
