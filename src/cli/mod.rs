@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+pub mod doctor;
 pub mod env;
 pub mod plan;
 pub mod run;
@@ -76,6 +77,8 @@ pub enum Command {
     Teams(teams::TeamsArgs),
     /// What gpuctld reports: teams, GPUs, last reconcile, last policy error.
     Status(status::StatusArgs),
+    /// Is this host ready for gpuctl? Read-only checks of driver, cgroups, systemd, devices, MIG.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -92,6 +95,7 @@ pub fn run() -> i32 {
         Command::Plan(a) => plan::run_plan(&cli, a),
         Command::Apply(a) => plan::run_apply(&cli, a),
         Command::Check(a) => plan::run_check(&cli, a),
+        Command::Doctor(a) => doctor::run(&cli, a),
         // These talk to gpuctld and print their own one-line refusals with their own codes.
         Command::Shell(a) => return shell::run(a),
         Command::Run(a) => return run::run(a),

@@ -22,7 +22,7 @@ use nvml_wrapper_sys::bindings::nvmlDevice_t;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-mod raw;
+pub(crate) mod raw;
 
 /// Environment variable naming the NVML library; wins over the policy's `nvml-library`.
 pub const ENV_LIBRARY: &str = "GPUCTL_NVML_LIBRARY";
