@@ -35,6 +35,11 @@ pub struct ReconcileReport {
     /// What was left alone and why: blocked MIG changes, pending modes, slices kept because
     /// jobs still run in them, NVML missing.
     pub warnings: Vec<String>,
+    /// Where the host still differs from the policy although nothing failed: blocked changes
+    /// (with their holders), slices kept because jobs still run in them. While this is not
+    /// empty the host is not "converged" (issue 17).
+    #[serde(default)]
+    pub differs: Vec<String>,
     /// Units the policy wants to exist (team slices, MPS daemons): systemd removing one of
     /// these triggers a reconcile; removals of any other unit are noise.
     #[serde(default)]
@@ -57,13 +62,32 @@ pub struct HostView {
 impl ReconcileReport {
     /// The host matches the policy as far as this run could tell.
     pub fn converged(&self) -> bool {
-        self.errors.is_empty()
+        self.errors.is_empty() && self.differs.is_empty()
+    }
+
+    /// `converged`, `differs` (something waits: blocked, in use) or `errors`.
+    pub fn result(&self) -> &'static str {
+        if !self.errors.is_empty() {
+            "errors"
+        } else if !self.differs.is_empty() {
+            "differs"
+        } else {
+            "converged"
+        }
     }
 
     /// One line for `STATUS=`.
     pub fn summary(&self) -> String {
         if self.converged() {
             format!("{} teams, {} GPUs converged", self.teams, self.gpus)
+        } else if self.errors.is_empty() {
+            format!(
+                "{} teams, {} GPUs: not converged, {} change(s) waiting, first: {}",
+                self.teams,
+                self.gpus,
+                self.differs.len(),
+                self.differs[0]
+            )
         } else {
             format!(
                 "{} teams, {} GPUs: {} error(s), first: {}",
@@ -214,7 +238,7 @@ fn units_of(teams: &BTreeMap<String, TeamView>) -> Vec<String> {
 fn warn_blocked(pl: &Plan, r: &mut ReconcileReport) {
     for b in &pl.blocked {
         let what = b.gi.as_ref().map_or(String::new(), |gi| format!(" {gi}"));
-        r.warnings.push(format!(
+        let line = format!(
             "blocked: gpu {}{what}: {}{}",
             b.index,
             b.reason,
@@ -223,7 +247,9 @@ fn warn_blocked(pl: &Plan, r: &mut ReconcileReport) {
             } else {
                 format!(" (held by {})", b.holders.join(", "))
             }
-        ));
+        );
+        r.differs.push(line.clone());
+        r.warnings.push(line);
     }
 }
 
@@ -272,6 +298,7 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
                 "{e}"
             );
             r.warnings.push(e.to_string());
+            r.differs.push(e.to_string());
             continue;
         }
         let gpu = a
@@ -299,8 +326,9 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
             .push(format!("skipped {} (needs systemd)", a.kind));
     }
     for p in &rep.pending {
-        r.warnings
-            .push(format!("gpu {}: MIG mode change {}", p.index, p.reason));
+        let line = format!("gpu {}: MIG mode change {}", p.index, p.reason);
+        r.differs.push(line.clone());
+        r.warnings.push(line);
     }
     warn_blocked(&rep.remaining, r);
     if rep.failed.is_empty() && rep.not_run.is_empty() {

@@ -322,7 +322,8 @@ pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, _root: &Root
         "policy_sources": sh.policy.as_ref().map(|p| p.sources.clone()),
         "last_reconcile": sh.last_report.as_ref().map(|r| json!({
             "at": r.at,
-            "result": if r.converged() { "converged" } else { "errors" },
+            "result": r.result(),
+            "differs": r.differs,
             "changes": r.changes,
             "errors": r.errors,
             "warnings": r.warnings,

@@ -417,6 +417,11 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
     }
 
     for (team, units) in drain {
+        // A removed team's units are not started again: its slice is going away, and a unit
+        // started in it would bring the slice back without gpuctl's device filter.
+        if !d.teams.contains_key(&team) {
+            continue;
+        }
         push(
             &mut actions,
             Phase::Resume,
