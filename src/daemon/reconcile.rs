@@ -19,6 +19,10 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tracing::{error, info, warn};
 
+/// How long a reconcile waits for another writer (`gpuctl apply --local`) before it reports an
+/// error and leaves the host to the next trigger.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// The outcome of one reconcile (or of a dry run, for `Plan`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct ReconcileReport {
@@ -162,6 +166,27 @@ impl CoreReconciler {
         let mut r = ReconcileReport {
             teams: policy.teams.len(),
             ..Default::default()
+        };
+        // One writer (issue 17): `gpuctl apply --local` and gpuctld never apply at once. Taken
+        // before observing, so the plan starts from what the other writer left.
+        let _lock = match crate::apply::lock::ApplyLock::acquire(
+            self.host.root(),
+            "gpuctld",
+            LOCK_WAIT,
+            |holder| {
+                info!(
+                    gpuctl_action = "lock",
+                    "waiting for the apply lock held by {holder}"
+                )
+            },
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                error!(gpuctl_action = "lock", "{e}");
+                r.errors.push(e.to_string());
+                r.at = super::unix_now();
+                return r;
+            }
         };
         let Some(obs) = self.observe(policy, &mut r) else {
             r.at = super::unix_now();

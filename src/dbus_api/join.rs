@@ -132,16 +132,28 @@ async fn authorize(
         .map_err(|e| Refusal::NoPolicy(format!("authorization task failed: {e}")))?
 }
 
-/// The team's environment as the daemon last wrote it; a team without devices is refused.
-pub fn team_env(root: &Root, team: &str) -> Result<BTreeMap<String, String>, Refusal> {
-    let env = std::fs::read_to_string(root.join(join::team_env_path(team)))
-        .map(|t| parse_env_file(&t))
-        .unwrap_or_default();
-    if join::has_devices(&env) {
-        Ok(env)
-    } else {
-        Err(Refusal::NoDevices { team: team.into() })
-    }
+/// The team's environment as the daemon last wrote it. Refused only when the policy gives the
+/// team devices that are missing now ([`join::check_devices`]), or when gpuctld has not written
+/// the team's env file yet.
+pub fn team_env(
+    root: &Root,
+    policy: &crate::policy::Policy,
+    team: &str,
+) -> Result<BTreeMap<String, String>, Refusal> {
+    let path = join::team_env_path(team);
+    let env = match std::fs::read_to_string(root.join(&path)) {
+        Ok(t) => parse_env_file(&t),
+        Err(e) => {
+            return Err(Refusal::NoDevices {
+                team: team.into(),
+                missing: vec![format!(
+                    "its view: {path}: {e} (gpuctld has not configured the team yet)"
+                )],
+            })
+        }
+    };
+    join::check_devices(&env, policy, team)?;
+    Ok(env)
 }
 
 /// `Env(team)`: the environment of a team the caller may use.
@@ -155,7 +167,8 @@ pub async fn env(
     check_team_name(team)?;
     let bc = bus_caller(conn, hdr).await?;
     authorize(shared, &bc.caller, team).await?;
-    Ok(team_env(root, team)?.into_iter().collect())
+    let policy = policy_of(shared)?;
+    Ok(team_env(root, &policy, team)?.into_iter().collect())
 }
 
 /// `Teams()`: JSON array of the teams the caller may use and what each gives.
@@ -177,7 +190,7 @@ pub async fn teams(
         .into_iter()
         .map(|(name, via)| {
             let t = &policy.teams[&name];
-            let env = team_env(root, &name).ok();
+            let env = team_env(root, &policy, &name).ok();
             json!({
                 "team": name,
                 "via": via,
@@ -324,7 +337,22 @@ impl JobWaiter {
     }
 }
 
+/// Whether systemd accepted `OOMPolicy=` on a scope; cleared after the first refusal (systemd
+/// before 253 knows the property for services only) so later joins do not pay the retry.
+static SCOPE_OOM_POLICY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
 /// Start the scope and wait for its job on the shared subscription.
+///
+/// `OOMPolicy=continue` (issue 17 item 6): the kernel's OOM kill of one process in a member's
+/// `gpuctl run`/`shell` scope must not make systemd stop the whole scope, which is what it does
+/// under the default `stop`. Login sessions (`session-N.scope`) get `continue` from logind for
+/// the same reason; a shell in a team share should behave like the login it came from. The
+/// slice's `MemoryMax=` still bounds the team; only the process the kernel picked dies.
+/// systemd < 253 rejects the property on scopes. There the scope is started without it and
+/// then *abandoned* (`AbandonScope`): systemd's OOM handler stops only running scopes, an
+/// abandoned one is left alone (its cgroup, slice and device filter are unchanged, and it is
+/// collected when its last process exits). That is the one documented state of a scope that
+/// an OOM kill does not end on those versions.
 async fn start_scope(
     sd: &Systemd,
     jobs: &JobWaiter,
@@ -333,13 +361,58 @@ async fn start_scope(
     pid: u32,
     description: String,
 ) -> Result<(), String> {
-    let props: Vec<(&str, Value<'_>)> = vec![
+    use std::sync::atomic::Ordering;
+    let with_oom = SCOPE_OOM_POLICY.load(Ordering::Relaxed);
+    match start_scope_once(sd, jobs, scope, slice, pid, &description, with_oom).await {
+        Err(e) if with_oom && e.contains("OOMPolicy") => {
+            SCOPE_OOM_POLICY.store(false, Ordering::Relaxed);
+            warn!(
+                gpuctl_action = "join",
+                "systemd does not take OOMPolicy= for scopes (before 253): {e}; scopes are \
+                 started without it, so an OOM kill stops the whole scope"
+            );
+            start_scope_once(sd, jobs, scope, slice, pid, &description, false).await?;
+            abandon(sd, scope).await
+        }
+        Ok(()) if !with_oom => abandon(sd, scope).await,
+        r => r,
+    }
+}
+
+/// `AbandonScope`: see [`start_scope`] for why (systemd < 253 only).
+async fn abandon(sd: &Systemd, scope: &str) -> Result<(), String> {
+    sd.connection()
+        .call_method(
+            Some("org.freedesktop.systemd1"),
+            "/org/freedesktop/systemd1",
+            Some("org.freedesktop.systemd1.Manager"),
+            "AbandonScope",
+            &(scope,),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|e| format!("{scope}: AbandonScope: {e}"))
+}
+
+async fn start_scope_once(
+    sd: &Systemd,
+    jobs: &JobWaiter,
+    scope: &str,
+    slice: &str,
+    pid: u32,
+    description: &str,
+    oom_continue: bool,
+) -> Result<(), String> {
+    let mut props: Vec<(&str, Value<'_>)> = vec![
         ("Slice", Value::from(slice)),
         ("PIDs", Value::from(vec![pid])),
         ("Description", Value::from(description)),
         // A failed scope would otherwise stay loaded and block the name for this pid.
         ("CollectMode", Value::from("inactive-or-failed")),
     ];
+    if oom_continue {
+        props.push(("OOMPolicy", Value::from("continue")));
+    }
     let job = sd
         .manager()
         .start_transient_unit(scope, "fail", &props, &[])
@@ -373,7 +446,8 @@ pub async fn join(
             return Err(r.into());
         }
     };
-    let env = team_env(root, team)?;
+    let policy = policy_of(shared)?;
+    let env = team_env(root, &policy, team)?;
 
     // Pin the process before looking at it: with a pidfd held, its pid cannot be reused.
     let (pid, pidfd) = match bc.pidfd {

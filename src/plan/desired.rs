@@ -395,6 +395,11 @@ fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) 
         "# Written by gpuctl for team {team}; changes are overwritten.\n\
          GPUCTL_TEAM={team}\nCUDA_VISIBLE_DEVICES={devs}\nNVIDIA_VISIBLE_DEVICES={nv}\n"
     );
+    if devs.is_empty() {
+        // A device-less team (or one whose GPUs are missing now): said in so many words, so a
+        // member's script can tell "no GPU by design" from a broken view.
+        s.push_str("GPUCTL_DEVICES=none\n");
+    }
     if let Some(first) = mps.keys().next() {
         s.push_str(&format!(
             "CUDA_MPS_PIPE_DIRECTORY={}\nCUDA_MPS_LOG_DIRECTORY={}\n",
