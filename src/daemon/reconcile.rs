@@ -188,6 +188,25 @@ impl CoreReconciler {
                 return r;
             }
         };
+        // gpuctl owns its units: persistent `set-property` overrides go (issue 17; see
+        // `daemon::drift` for why removal rather than reporting).
+        let (removed, errors) = super::drift::remove_persistent_overrides(self.host.root());
+        for o in removed {
+            warn!(
+                gpuctl_action = "drift",
+                gpuctl_unit = %o.unit,
+                "removed persistent override {} ({}) of {}: gpuctl owns this unit; change the \
+                 policy instead",
+                o.file,
+                o.content,
+                o.unit
+            );
+            r.changes.push(format!(
+                "removed persistent override {} ({})",
+                o.file, o.content
+            ));
+        }
+        r.errors.extend(errors);
         let Some(obs) = self.observe(policy, &mut r) else {
             r.at = super::unix_now();
             return r;
