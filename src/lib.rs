@@ -18,6 +18,7 @@ pub mod apply;
 pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
+pub mod files;
 pub mod geometry;
 pub mod join;
 pub mod nvml;

@@ -313,37 +313,25 @@ fn apply_by_daemon(_a: &ApplyArgs) -> i32 {
         }
         Err(f) => return f.report(),
     };
-    let v: serde_json::Value = match serde_json::from_str(&json) {
+    let reply: crate::dbus_api::reply::ReportReply = match serde_json::from_str(&json) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
             return exit::UNREADABLE;
         }
     };
-    let r = &v["report"];
-    let lines = |k: &str| -> Vec<String> {
-        r[k].as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|l| l.as_str().map(str::to_string))
-            .collect()
-    };
-    for l in lines("changes") {
+    let r = &reply.report;
+    for l in &r.changes {
         println!("done    {l}");
     }
-    for l in lines("warnings") {
+    for l in &r.warnings {
         println!("warning {l}");
     }
-    let errors = lines("errors");
-    for l in &errors {
+    for l in &r.errors {
         println!("FAILED  {l}");
     }
-    if errors.is_empty() {
-        println!(
-            "converged: {} teams, {} GPUs",
-            r["teams"].as_u64().unwrap_or(0),
-            r["gpus"].as_u64().unwrap_or(0)
-        );
+    if r.errors.is_empty() {
+        println!("converged: {} teams, {} GPUs", r.teams, r.gpus);
         exit::OK
     } else {
         exit::UNREADABLE

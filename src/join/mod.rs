@@ -91,7 +91,7 @@ pub trait Directory {
 }
 
 /// Why a caller may use a team.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Via {
     /// uid 0 may join any team.

@@ -45,7 +45,7 @@ pub struct GpuDesired {
 }
 
 /// A MIG device (compute instance) a team gets.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct MigDevice {
     /// GPU index.
     pub gpu_index: u32,
@@ -403,8 +403,8 @@ fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) 
     if let Some(first) = mps.keys().next() {
         s.push_str(&format!(
             "CUDA_MPS_PIPE_DIRECTORY={}\nCUDA_MPS_LOG_DIRECTORY={}\n",
-            crate::systemd::mps::pipe_dir(first),
-            crate::systemd::mps::log_dir(first)
+            crate::paths::mps_pipe_dir(first),
+            crate::paths::mps_log_dir(first)
         ));
         let all: Vec<&str> = mps.keys().map(String::as_str).collect();
         s.push_str(&format!("GPUCTL_MPS_INSTANCES={}\n", all.join(",")));
