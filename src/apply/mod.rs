@@ -13,6 +13,7 @@ use thiserror::Error;
 
 mod execute;
 pub mod journal;
+pub mod lock;
 pub use execute::{execute, execute_observed, execute_with, PendingMode, Report};
 
 /// A failed effector call, carrying what it concerned.

@@ -63,6 +63,10 @@ pub struct ApplyArgs {
     /// as skipped.
     #[arg(long, conflicts_with_all = ["simulate", "state"])]
     pub local: bool,
+    /// With --local: how long to wait for another writer (gpuctld's reconcile, another
+    /// `apply --local`) to finish before giving up, naming it.
+    #[arg(long, value_name = "SECONDS", default_value_t = 60, requires = "local")]
+    pub lock_wait: u64,
 }
 
 /// Arguments of `gpuctl check`.
@@ -227,6 +231,26 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     if a.host.simulate.is_none() && a.host.state.is_none() && !a.local {
         return Ok(apply_by_daemon(a));
     }
+    // One writer (issue 17): taken before observing, so the plan is made from what the other
+    // writer left, and held until the apply ends.
+    let _lock = if a.local {
+        let root = crate::paths::Root::new(&cli.root);
+        let lock = crate::apply::lock::ApplyLock::acquire(
+            &root,
+            "gpuctl apply --local",
+            std::time::Duration::from_secs(a.lock_wait),
+            |holder| eprintln!("gpuctl: waiting for the apply lock: held by {holder}"),
+        );
+        match lock {
+            Ok(l) => Some(l),
+            Err(e) => {
+                eprintln!("gpuctl: {e}");
+                return Ok(exit::UNREADABLE);
+            }
+        }
+    } else {
+        None
+    };
     let (p, h, obs) = match prepare(cli, &a.host, true)? {
         Ok(x) => x,
         Err(code) => return Ok(code),

@@ -4,7 +4,9 @@
 //! effectors are synchronous) while the runtime thread keeps serving D-Bus and the watchdog.
 //! Triggers: start, `SIGHUP` (`systemctl reload`), inotify on the policy directories
 //! (debounced), the D-Bus `Reload`/`Apply` methods, systemd removing a `gpu-*.slice` or
-//! `gpuctl-mps@*` unit, and a slow drift timer. Queued triggers coalesce into one run.
+//! `gpuctl-mps@*` unit, a hand change of an owned unit's control drop-ins or an MPS unit going
+//! inactive ([`drift`]: repaired within a second), and a slow drift timer for MIG, which has no
+//! event. Queued triggers coalesce into one run.
 //!
 //! A policy that fails to load never replaces the last good one: that stays in force (in memory
 //! and in `/var/lib/gpuctl/last-good/`), and the error goes to `STATUS=`, the journal and
@@ -22,6 +24,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
+pub mod drift;
 pub mod generator;
 pub mod logging;
 pub mod reconcile;
@@ -331,6 +334,115 @@ async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSe
     }
 }
 
+/// Forward hand changes of owned units' control drop-ins (`systemctl set-property`, runtime or
+/// persistent) as reconcile triggers: [`drift`] says why this source.
+async fn watch_dropins(root: Root, shared: Arc<Mutex<Shared>>, tx: mpsc::UnboundedSender<Request>) {
+    let mut w = match drift::DropinWatch::new(root) {
+        Ok(w) => w,
+        Err(e) => {
+            warn!("inotify on the control drop-ins unavailable ({e}); relying on the drift timer");
+            return;
+        }
+    };
+    loop {
+        let Ok(mut files) = w.changed().await else {
+            return;
+        };
+        // set-property writes one file per property in quick succession: one repair for all.
+        while let Ok(Ok(more)) = tokio::time::timeout(DRIFT_DEBOUNCE, w.changed()).await {
+            files.extend(more);
+        }
+        files.sort();
+        files.dedup();
+        let busy = shared.lock().map(|s| s.busy).unwrap_or(false);
+        // gpuctld's own set-property writes the same files; those arrive while it reconciles
+        // and lead to one more, empty, check rather than being ignored, so that a hand change
+        // made during a reconcile is not lost.
+        let reason = if busy {
+            format!(
+                "re-check after control drop-ins changed during a reconcile: {}",
+                files.join(" ")
+            )
+        } else {
+            format!("drift: control drop-ins changed: {}", files.join(" "))
+        };
+        let _ = tx.send(Request::Reconcile {
+            reason,
+            reply: None,
+        });
+    }
+}
+
+/// Forward an MPS daemon going inactive or failed (`systemctl stop gpuctl-mps@…`, a crash) as a
+/// reconcile trigger, from systemd's `PropertiesChanged` of the unit's `ActiveState`.
+async fn watch_mps_state(
+    conn: zbus::Connection,
+    shared: Arc<Mutex<Shared>>,
+    expected: ExpectedUnits,
+    tx: mpsc::UnboundedSender<Request>,
+) {
+    let rule = zbus::MatchRule::builder()
+        .msg_type(zbus::message::Type::Signal)
+        .sender("org.freedesktop.systemd1")
+        .and_then(|b| b.interface("org.freedesktop.DBus.Properties"))
+        .and_then(|b| b.member("PropertiesChanged"))
+        .and_then(|b| b.path_namespace("/org/freedesktop/systemd1/unit"))
+        .and_then(|b| b.arg(0, "org.freedesktop.systemd1.Unit"))
+        .map(|b| b.build());
+    let stream = match rule {
+        Ok(r) => zbus::MessageStream::for_match_rule(r, &conn, Some(64)).await,
+        Err(e) => Err(e),
+    };
+    let mut stream = match stream {
+        Ok(s) => s,
+        Err(e) => {
+            warn!("cannot watch MPS unit states ({e}); relying on UnitRemoved and the timer");
+            return;
+        }
+    };
+    const PREFIX: &str = "/org/freedesktop/systemd1/unit/gpuctl_2dmps_40";
+    while let Some(Ok(msg)) = stream.next().await {
+        let hdr = msg.header();
+        let Some(path) = hdr.path() else { continue };
+        if !path.as_str().starts_with(PREFIX) {
+            continue;
+        }
+        type Changed = (
+            String,
+            std::collections::HashMap<String, zbus::zvariant::OwnedValue>,
+            Vec<String>,
+        );
+        let Ok((_, changed, _)) = msg.body().deserialize::<Changed>() else {
+            continue;
+        };
+        let state = changed
+            .get("ActiveState")
+            .and_then(|v| String::try_from(v.clone()).ok());
+        let Some(state) = state.filter(|s| s == "inactive" || s == "failed") else {
+            continue;
+        };
+        let busy = shared.lock().map(|s| s.busy).unwrap_or(false);
+        let unit = expected
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .find(|u| crate::systemd::scope::unit_object_path(u) == path.as_str())
+            .cloned();
+        // Our own restarts pass through inactive while we reconcile; a unit the policy does
+        // not want is none of our business.
+        let Some(unit) = unit.filter(|_| !busy) else {
+            continue;
+        };
+        let _ = tx.send(Request::Reconcile {
+            reason: format!("drift: {unit} is {state}"),
+            reply: None,
+        });
+    }
+}
+
+/// How long drift events are gathered into one repair.
+const DRIFT_DEBOUNCE: Duration = Duration::from_millis(30);
+
 async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<Request>) {
     let mut w = match watch::PolicyWatch::new(root) {
         Ok(w) => w,
@@ -381,6 +493,13 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
     tokio::spawn(watch_units(sd.clone(), expected.clone(), tx.clone()));
     tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
+    tokio::spawn(watch_dropins(opts.root.clone(), shared.clone(), tx.clone()));
+    tokio::spawn(watch_mps_state(
+        conn.clone(),
+        shared.clone(),
+        expected.clone(),
+        tx.clone(),
+    ));
 
     let mut wd_usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut wd_usec) && wd_usec > 0 {

@@ -19,6 +19,10 @@ use crate::systemd::{mps, props};
 use std::collections::BTreeMap;
 use tracing::{error, info, warn};
 
+/// How long a reconcile waits for another writer (`gpuctl apply --local`) before it reports an
+/// error and leaves the host to the next trigger.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
+
 /// Makes the host match a policy. Must be idempotent: a second call with the same policy and an
 /// unchanged host changes nothing, and a call after a crash mid-way finishes the job.
 pub trait Reconciler: Send {
@@ -82,6 +86,46 @@ impl CoreReconciler {
             teams: policy.teams.len(),
             ..Default::default()
         };
+        // One writer (issue 17): `gpuctl apply --local` and gpuctld never apply at once. Taken
+        // before observing, so the plan starts from what the other writer left.
+        let _lock = match crate::apply::lock::ApplyLock::acquire(
+            self.host.root(),
+            "gpuctld",
+            LOCK_WAIT,
+            |holder| {
+                info!(
+                    gpuctl_action = "lock",
+                    "waiting for the apply lock held by {holder}"
+                )
+            },
+        ) {
+            Ok(l) => l,
+            Err(e) => {
+                error!(gpuctl_action = "lock", "{e}");
+                r.errors.push(e.to_string());
+                r.at = super::unix_now();
+                return r;
+            }
+        };
+        // gpuctl owns its units: persistent `set-property` overrides go (issue 17; see
+        // `daemon::drift` for why removal rather than reporting).
+        let (removed, errors) = super::drift::remove_persistent_overrides(self.host.root());
+        for o in removed {
+            warn!(
+                gpuctl_action = "drift",
+                gpuctl_unit = %o.unit,
+                "removed persistent override {} ({}) of {}: gpuctl owns this unit; change the \
+                 policy instead",
+                o.file,
+                o.content,
+                o.unit
+            );
+            r.changes.push(format!(
+                "removed persistent override {} ({})",
+                o.file, o.content
+            ));
+        }
+        r.errors.extend(errors);
         let Some(obs) = self.observe(policy, &mut r) else {
             r.at = super::unix_now();
             return r;
@@ -157,7 +201,7 @@ fn units_of(teams: &BTreeMap<String, TeamView>) -> Vec<String> {
 fn warn_blocked(pl: &Plan, r: &mut ReconcileReport) {
     for b in &pl.blocked {
         let what = b.gi.as_ref().map_or(String::new(), |gi| format!(" {gi}"));
-        r.warnings.push(format!(
+        let line = format!(
             "blocked: gpu {}{what}: {}{}",
             b.index,
             b.reason,
@@ -166,7 +210,9 @@ fn warn_blocked(pl: &Plan, r: &mut ReconcileReport) {
             } else {
                 format!(" (held by {})", b.holders.join(", "))
             }
-        ));
+        );
+        r.differs.push(line.clone());
+        r.warnings.push(line);
     }
 }
 
@@ -215,6 +261,7 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
                 "{e}"
             );
             r.warnings.push(e.to_string());
+            r.differs.push(e.to_string());
             continue;
         }
         let gpu = a
@@ -242,8 +289,9 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
             .push(format!("skipped {} (needs systemd)", a.kind));
     }
     for p in &rep.pending {
-        r.warnings
-            .push(format!("gpu {}: MIG mode change {}", p.index, p.reason));
+        let line = format!("gpu {}: MIG mode change {}", p.index, p.reason);
+        r.differs.push(line.clone());
+        r.warnings.push(line);
     }
     warn_blocked(&rep.remaining, r);
     if rep.failed.is_empty() && rep.not_run.is_empty() {

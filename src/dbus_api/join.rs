@@ -117,18 +117,28 @@ async fn authorize(
         .map_err(|e| Refusal::NoPolicy(format!("authorization task failed: {e}")))?
 }
 
-/// The team's environment as the daemon last wrote it; a team without devices is refused.
-pub fn team_env(root: &Root, team: &TeamName) -> Result<BTreeMap<String, String>, Refusal> {
-    let env = std::fs::read_to_string(root.join(join::team_env_path(team)))
-        .map(|t| parse_env_file(&t))
-        .unwrap_or_default();
-    if join::has_devices(&env) {
-        Ok(env)
-    } else {
-        Err(Refusal::NoDevices {
-            team: team.to_string(),
-        })
-    }
+/// The team's environment as the daemon last wrote it. Refused only when the policy gives the
+/// team devices that are missing now ([`join::check_devices`]), or when gpuctld has not written
+/// the team's env file yet.
+pub fn team_env(
+    root: &Root,
+    policy: &crate::policy::Policy,
+    team: &TeamName,
+) -> Result<BTreeMap<String, String>, Refusal> {
+    let path = join::team_env_path(team);
+    let env = match std::fs::read_to_string(root.join(&path)) {
+        Ok(t) => parse_env_file(&t),
+        Err(e) => {
+            return Err(Refusal::NoDevices {
+                team: team.to_string(),
+                missing: vec![format!(
+                    "its view: {path}: {e} (gpuctld has not configured the team yet)"
+                )],
+            })
+        }
+    };
+    join::check_devices(&env, policy, team)?;
+    Ok(env)
 }
 
 /// `Env(team)`: the environment of a team the caller may use.
@@ -142,7 +152,8 @@ pub async fn env(
     let team = &check_team_name(team)?;
     let bc = bus_caller(conn, hdr).await?;
     authorize(backend, &bc.caller, team).await?;
-    Ok(team_env(root, team)?.into_iter().collect())
+    let policy = backend.policy()?;
+    Ok(team_env(root, &policy, team)?.into_iter().collect())
 }
 
 /// `Teams()`: JSON array of the teams the caller may use and what each gives.
@@ -165,7 +176,10 @@ pub async fn teams(
         .map(|(name, via)| {
             let t = &policy.teams[&name];
             // Names in a validated policy are team names; parsing cannot fail here.
-            let env = name.parse().ok().and_then(|t| team_env(root, &t).ok());
+            let env = name
+                .parse()
+                .ok()
+                .and_then(|t: TeamName| team_env(root, &policy, &t).ok());
             TeamInfo {
                 slice: props::slice_unit(&name),
                 devices: env
@@ -237,7 +251,8 @@ pub async fn join(
             return Err(r.into());
         }
     };
-    let env = team_env(root, team)?;
+    let policy = backend.policy()?;
+    let env = team_env(root, &policy, team)?;
 
     // Pin the process before looking at it: with a pidfd held, its pid cannot be reused.
     let (pid, pidfd) = match bc.pidfd {

@@ -31,6 +31,11 @@ pub struct ReconcileReport {
     /// What was left alone and why: blocked MIG changes, pending modes, slices kept because
     /// jobs still run in them, NVML missing.
     pub warnings: Vec<String>,
+    /// Where the host still differs from the policy although nothing failed: blocked changes
+    /// (with their holders), slices kept because jobs still run in them, pending modes. While
+    /// this is not empty the host is not "converged" (issue 17).
+    #[serde(default)]
+    pub differs: Vec<String>,
     /// Units the policy wants to exist (team slices, MPS daemons): systemd removing one of
     /// these triggers a reconcile; removals of any other unit are noise.
     #[serde(default)]
@@ -53,13 +58,32 @@ pub struct HostView {
 impl ReconcileReport {
     /// The host matches the policy as far as this run could tell.
     pub fn converged(&self) -> bool {
-        self.errors.is_empty()
+        self.errors.is_empty() && self.differs.is_empty()
+    }
+
+    /// `converged`, `differs` (something waits: blocked, in use) or `errors`.
+    pub fn result(&self) -> &'static str {
+        if !self.errors.is_empty() {
+            "errors"
+        } else if !self.differs.is_empty() {
+            "differs"
+        } else {
+            "converged"
+        }
     }
 
     /// One line for `STATUS=`.
     pub fn summary(&self) -> String {
         if self.converged() {
             format!("{} teams, {} GPUs converged", self.teams, self.gpus)
+        } else if self.errors.is_empty() {
+            format!(
+                "{} teams, {} GPUs: not converged, {} change(s) waiting, first: {}",
+                self.teams,
+                self.gpus,
+                self.differs.len(),
+                self.differs[0]
+            )
         } else {
             format!(
                 "{} teams, {} GPUs: {} error(s), first: {}",
@@ -75,7 +99,7 @@ impl ReconcileReport {
 /// `Plan`, `Apply` and `Reload`: the report and whether the host converged.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ReportReply {
-    /// No errors.
+    /// No errors and nothing waiting.
     pub converged: bool,
     /// The report.
     pub report: ReconcileReport,
@@ -129,9 +153,11 @@ pub struct LastReconcile {
     pub at: u64,
     /// What it changed.
     pub changes: Vec<String>,
+    /// Where the host still differs from the policy (blocked, in use, pending).
+    pub differs: Vec<String>,
     /// What failed.
     pub errors: Vec<String>,
-    /// `converged` or `errors`.
+    /// `converged`, `differs` or `errors`.
     pub result: String,
     /// What was left alone and why.
     pub warnings: Vec<String>,
@@ -142,8 +168,9 @@ impl From<&ReconcileReport> for LastReconcile {
         LastReconcile {
             at: r.at,
             changes: r.changes.clone(),
+            differs: r.differs.clone(),
             errors: r.errors.clone(),
-            result: if r.converged() { "converged" } else { "errors" }.into(),
+            result: r.result().into(),
             warnings: r.warnings.clone(),
         }
     }

@@ -150,11 +150,17 @@ pub enum Refusal {
         /// What the policy names (`alice`, `@ml-infer`).
         members: Vec<String>,
     },
-    /// The team exists but has no GPU or MIG device on this host now.
-    #[error("team \"{team}\" has no devices on this host")]
+    /// The policy gives the team GPU or MIG devices, but none is on this host now.
+    #[error(
+        "team \"{team}\" has no devices on this host now, though the policy gives it {}",
+        missing.join("; ")
+    )]
     NoDevices {
         /// The team.
         team: String,
+        /// What the policy gives the team (`gpu[0] in /etc/gpuctl/policy.toml:7:1 (index 1)`)
+        /// or why the device view is not there.
+        missing: Vec<String>,
     },
     /// The process to move is not the caller's (or cannot be checked).
     #[error("pid {pid}: {why}; only the caller's own process is placed")]
@@ -350,6 +356,70 @@ fn is_env_key(k: &str) -> bool {
 pub fn has_devices(env: &BTreeMap<String, String>) -> bool {
     env.get("CUDA_VISIBLE_DEVICES")
         .is_some_and(|v| v.split(',').any(|d| !d.trim().is_empty()))
+}
+
+/// The policy entries that give `team` GPU or MIG devices, for humans: `gpu[1] (index 1),
+/// owned`, with the file and line when known. Empty for a device-less team (CPU and memory
+/// only: data preparation, CPU inference), which members may join all the same.
+pub fn policy_devices_of(policy: &Policy, team: &str) -> Vec<String> {
+    use crate::policy::{GpuUse, Selector};
+    policy
+        .gpus
+        .iter()
+        .filter_map(|a| {
+            let how = match &a.usage {
+                GpuUse::Owned(t) if t == team => "owned".to_string(),
+                GpuUse::Shared(ts) if ts.iter().any(|t| t == team) => "shared".to_string(),
+                GpuUse::Mig(specs) => {
+                    let mine: Vec<String> = specs
+                        .iter()
+                        .filter(|m| m.owner == team)
+                        .map(|m| format!("{} x{}", m.profile, m.count))
+                        .collect();
+                    if mine.is_empty() {
+                        return None;
+                    }
+                    format!("MIG {}", mine.join(" + "))
+                }
+                _ => return None,
+            };
+            let sel = match &a.selector {
+                Selector::Index(i) => format!(
+                    "index {}",
+                    i.iter().map(u32::to_string).collect::<Vec<_>>().join(",")
+                ),
+                Selector::Uuid(u) => u.join(","),
+                Selector::Model(m) => format!("model {m}"),
+                Selector::All => "every GPU".into(),
+            };
+            let at = a
+                .loc
+                .as_ref()
+                .map(|l| format!(" at {l}"))
+                .unwrap_or_default();
+            Some(format!("{}{at} ({sel}, {how})", a.key))
+        })
+        .collect()
+}
+
+/// Whether a member may join `team` with the environment `env` the daemon wrote: yes when the
+/// env names devices, or when the policy gives the team none (a device-less team: its scope
+/// lands in the device-closed slice and the env says `GPUCTL_DEVICES=none`); no — naming what
+/// the policy gives it — when the policy gives devices that are missing now.
+pub fn check_devices(
+    env: &BTreeMap<String, String>,
+    policy: &Policy,
+    team: &str,
+) -> Result<(), Refusal> {
+    let given = policy_devices_of(policy, team);
+    if has_devices(env) || given.is_empty() {
+        Ok(())
+    } else {
+        Err(Refusal::NoDevices {
+            team: team.into(),
+            missing: given,
+        })
+    }
 }
 
 /// The child's environment: the inherited one without any key the daemon owns

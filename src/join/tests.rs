@@ -323,6 +323,30 @@ fn env_file_parsing_and_device_presence() {
     assert!(!has_devices(&parse_env_file("GPUCTL_TEAM=x\n")));
 }
 
+#[test]
+fn device_less_teams_are_joinable_and_missing_devices_are_named() {
+    use crate::policy::{GpuAssignment, GpuUse, Selector};
+    let mut p = policy();
+    let name = p.teams.keys().next().unwrap().clone();
+    let empty = parse_env_file("GPUCTL_TEAM=x\nCUDA_VISIBLE_DEVICES=\nGPUCTL_DEVICES=none\n");
+    // The policy gives the team nothing: joinable with no devices.
+    assert_eq!(check_devices(&empty, &p, &name), Ok(()));
+    // The policy gives it GPU 3, which is not there now: refused, naming the entry.
+    p.gpus.push(GpuAssignment {
+        selector: Selector::Index(vec![3]),
+        usage: GpuUse::Owned(name.clone()),
+        loc: None,
+        key: "gpu[0]".into(),
+    });
+    let e = check_devices(&empty, &p, &name).unwrap_err();
+    assert!(matches!(e, Refusal::NoDevices { .. }));
+    let msg = e.to_string();
+    assert!(msg.contains("gpu[0] (index 3, owned)"), "{msg}");
+    // With its device present, joinable.
+    let full = parse_env_file("CUDA_VISIBLE_DEVICES=GPU-1\n");
+    assert_eq!(check_devices(&full, &p, &name), Ok(()));
+}
+
 fn tn(s: &str) -> crate::policy::TeamName {
     s.parse().unwrap()
 }

@@ -7,7 +7,7 @@
 
 use super::mig::{self, LayoutGi, MigOutcome};
 use super::Blocked;
-use crate::observe::{MpsSpec, Observed, SliceSpec};
+use crate::observe::{GpuProcess, MpsSpec, Observed, SliceSpec};
 use crate::policy::{GpuUse, Policy, Team};
 use crate::profiles::Placement;
 use serde::Serialize;
@@ -38,6 +38,10 @@ pub struct GpuDesired {
     pub usage: GpuUse,
     /// The MIG decision (empty for whole GPUs that are already MIG-off).
     pub mig: MigOutcome,
+    /// `Some(teams)` while a handover of the whole GPU waits: processes of a team that would
+    /// lose it still run on it, so exactly the teams whose slices allow it now keep it and no
+    /// other team gets it yet (issue 17: busy means untouched).
+    pub held: Option<BTreeSet<String>>,
 }
 
 /// A MIG device (compute instance) a team gets.
@@ -137,12 +141,15 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
                 o
             }
         };
+        let mut out = out;
+        let held = hold_whole_gpu(g, u, policy, observed, &mut out);
         blocked.extend(out.blocked.iter().cloned());
         gpus.push(GpuDesired {
             index: g.index,
             uuid: g.uuid.clone(),
             usage: u.clone(),
             mig: out,
+            held,
         });
     }
     let teams = policy
@@ -157,6 +164,88 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
     }
 }
 
+/// The team of a process from its cgroup (`…/gpu-<team>.slice/…`), `None` outside team slices.
+fn team_of_process(p: &GpuProcess) -> Option<&str> {
+    p.cgroup
+        .as_deref()?
+        .split('/')
+        .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
+}
+
+/// Whether the whole GPU `g` must stay with the teams that hold it now: a process of a team
+/// that the new policy does not give `/dev/nvidiaN` to still runs on it. Under `when-idle` and
+/// `never` the handover waits (blocked, holders named); under `drain` the holders are stopped
+/// first when each is a drainable unit ([`mig::drain_unit`]), else the handover waits too.
+fn hold_whole_gpu(
+    g: &crate::observe::GpuState,
+    u: &GpuUse,
+    policy: &Policy,
+    observed: &Observed,
+    out: &mut MigOutcome,
+) -> Option<BTreeSet<String>> {
+    let mut gets: BTreeSet<&str> = match u {
+        GpuUse::Owned(t) => [t.as_str()].into(),
+        GpuUse::Shared(ts) => ts.iter().map(String::as_str).collect(),
+        GpuUse::Mig(_) => BTreeSet::new(),
+    };
+    gets.extend(out.layout.iter().filter_map(|l| l.owner.as_deref()));
+    let losing: Vec<&GpuProcess> = g
+        .processes
+        .iter()
+        .filter(|p| team_of_process(p).is_some_and(|t| !gets.contains(t)))
+        .collect();
+    if losing.is_empty() {
+        return None;
+    }
+    let reconf = policy.host.reconfigure;
+    if reconf == crate::policy::Reconfigure::Drain
+        && losing.iter().all(|p| mig::drain_unit(p).is_ok())
+    {
+        for p in &losing {
+            if let (Some(t), Ok(unit)) = (team_of_process(p), mig::drain_unit(p)) {
+                out.drain.insert((t.to_string(), unit.to_string()));
+            }
+        }
+        return None;
+    }
+    let node = format!("/dev/nvidia{}", g.minor);
+    let keep: BTreeSet<String> = observed
+        .slices
+        .iter()
+        .filter(|(_, s)| s.device_allow.contains(&node))
+        .map(|(t, _)| t.clone())
+        .collect();
+    let mut from: Vec<&str> = losing.iter().filter_map(|p| team_of_process(p)).collect();
+    from.dedup();
+    let to: Vec<&str> = gets.iter().copied().collect();
+    let why = match reconf {
+        crate::policy::Reconfigure::WhenIdle => "waits until idle (reconfigure = when-idle)",
+        crate::policy::Reconfigure::Never => "waits until idle (reconfigure = never)",
+        crate::policy::Reconfigure::Drain => {
+            "cannot drain: only system services in a team slice are stopped and started again"
+        }
+    };
+    out.blocked.push(Blocked {
+        index: g.index,
+        gpu: g.uuid.clone(),
+        gi: None,
+        holders: losing.iter().map(|p| mig::holder(p)).collect(),
+        reason: format!(
+            "gpu {} goes from team {} to {}, but team {}'s processes still use it: it is not \
+             handed over while they run; {why}",
+            g.index,
+            from.join(", "),
+            if to.is_empty() {
+                "no team".to_string()
+            } else {
+                format!("team {}", to.join(", "))
+            },
+            from.join(", "),
+        ),
+    });
+    Some(keep)
+}
+
 fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView {
     let name = &team.name;
     let mut slice = team.limits.resolve(observed.host.memory_bytes);
@@ -168,10 +257,11 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         let Some(g) = observed.gpu(gd.index) else {
             continue;
         };
-        let mine = match &gd.usage {
-            GpuUse::Owned(t) => t == name,
-            GpuUse::Shared(ts) => ts.contains(name),
-            GpuUse::Mig(_) => false,
+        let mine = match (&gd.held, &gd.usage) {
+            (Some(keep), _) => keep.contains(name),
+            (None, GpuUse::Owned(t)) => t == name,
+            (None, GpuUse::Shared(ts)) => ts.contains(name),
+            (None, GpuUse::Mig(_)) => false,
         };
         if mine {
             whole.push(g.index);
@@ -293,6 +383,11 @@ fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) 
         "# Written by gpuctl for team {team}; changes are overwritten.\n\
          GPUCTL_TEAM={team}\nCUDA_VISIBLE_DEVICES={devs}\nNVIDIA_VISIBLE_DEVICES={nv}\n"
     );
+    if devs.is_empty() {
+        // A device-less team (or one whose GPUs are missing now): said in so many words, so a
+        // member's script can tell "no GPU by design" from a broken view.
+        s.push_str("GPUCTL_DEVICES=none\n");
+    }
     if let Some(first) = mps.keys().next() {
         s.push_str(&format!(
             "CUDA_MPS_PIPE_DIRECTORY={}\nCUDA_MPS_LOG_DIRECTORY={}\n",

@@ -238,16 +238,64 @@ fn gi_procs(gi: &GpuInstance) -> Vec<&GpuProcess> {
     gi.compute.iter().flat_map(|c| c.processes.iter()).collect()
 }
 
-/// Whether processes can be moved out of the way: only by draining, and only when each has a
-/// unit to stop (a bare PID in someone's shell is never killed).
+/// The unit gpuctl may stop to free a device held by `p`, and start again afterwards, or why it
+/// may not (issue 17, "safe drain"). Only a system service inside a team slice
+/// (`…/gpu-<team>.slice/<x>.service`) qualifies:
+/// - a login session (`session-N.scope`) is someone's whole SSH login, never a job;
+/// - a unit under `user@UID.service` belongs to a user manager: stopping its name through the
+///   system manager would stop something else or nothing;
+/// - a transient scope (`gpuctl-run-*.scope`, `run-*.scope`) cannot be started again after a
+///   drain, so stopping it would kill the job for good;
+/// - a service outside a team slice is not a team's job.
+///
+/// Without a cgroup (simulated hosts), a `.service` that is not a user manager counts.
+pub fn drain_unit(p: &GpuProcess) -> Result<&str, String> {
+    let Some(unit) = p.unit.as_deref() else {
+        return Err("no systemd unit".into());
+    };
+    if let Some(cg) = p.cgroup.as_deref() {
+        let parts: Vec<&str> = cg.split('/').filter(|c| !c.is_empty()).collect();
+        if let Some(s) = parts
+            .iter()
+            .find(|c| c.starts_with("session-") && c.ends_with(".scope"))
+        {
+            return Err(format!("login session {s}"));
+        }
+        if let Some(u) = parts
+            .iter()
+            .find(|c| c.starts_with("user@") && c.ends_with(".service"))
+        {
+            return Err(format!("a unit of the user manager {u}"));
+        }
+        if unit.ends_with(".scope") {
+            return Err(format!("transient scope {unit} cannot be started again"));
+        }
+        let pos = parts.iter().position(|c| *c == unit);
+        let in_team_slice = pos
+            .and_then(|i| i.checked_sub(1))
+            .is_some_and(|i| parts[i].starts_with("gpu-") && parts[i].ends_with(".slice"));
+        if !in_team_slice {
+            return Err(format!("{unit} is not a service in a team slice"));
+        }
+        return Ok(unit);
+    }
+    if unit.starts_with("user@") || !unit.ends_with(".service") {
+        return Err(format!("{unit} is not a system service gpuctl can restart"));
+    }
+    Ok(unit)
+}
+
+/// Whether processes can be moved out of the way: only by draining, and only when each is held
+/// by a unit [`drain_unit`] accepts (a bare PID in someone's shell is never killed).
 fn drainable(procs: &[&GpuProcess], reconf: Reconfigure) -> bool {
-    procs.is_empty() || (reconf == Reconfigure::Drain && procs.iter().all(|p| p.unit.is_some()))
+    procs.is_empty()
+        || (reconf == Reconfigure::Drain && procs.iter().all(|p| drain_unit(p).is_ok()))
 }
 
 fn add_drain(out: &mut MigOutcome, procs: &[&GpuProcess], owner: Option<&str>) {
     for p in procs {
-        if let Some(u) = &p.unit {
-            out.drain.insert((process_team(p, owner), u.clone()));
+        if let Ok(u) = drain_unit(p) {
+            out.drain.insert((process_team(p, owner), u.to_string()));
         }
     }
 }
@@ -256,7 +304,10 @@ fn busy_reason(reconf: Reconfigure) -> &'static str {
     match reconf {
         Reconfigure::WhenIdle => "waits until idle (reconfigure = when-idle)",
         Reconfigure::Never => "not done (reconfigure = never)",
-        Reconfigure::Drain => "cannot drain: some processes have no systemd unit",
+        Reconfigure::Drain => {
+            "cannot drain: only system services in a team slice are stopped and started again \
+             (never a login session, a user manager's unit or a transient scope)"
+        }
     }
 }
 
@@ -471,13 +522,15 @@ pub fn plan_gpu(
 struct Assignment {
     /// (existing index, slot index) pairs.
     pairs: Vec<(usize, usize)>,
-    /// Same-owner pairs.
+    /// Same-owner pairs plus pairs whose compute split already matches.
     score: usize,
 }
 
-/// Assign the instances in `pool` (immovable ones first) to slots with the same key, same
-/// owner first; with `relabel`, then to slots of another owner (a relabel). Returns `None` when a
-/// movable instance finds no slot.
+/// Assign the instances in `pool` (immovable ones first) to slots of the same GI profile:
+/// same owner and same compute split first, then same owner with another split (only the CIs
+/// change, issue 17 item 4); with `relabel`, movable instances then go to slots of another
+/// owner (a relabel). A busy instance is never relabelled: it keeps its owner, its devices and
+/// its env entries until it is idle. Returns `None` when a movable instance finds no slot.
 fn assign(
     existing: &[GpuInstance],
     keys: &[Key],
@@ -491,36 +544,34 @@ fn assign(
     let mut pairs = Vec::new();
     let mut placed = vec![false; existing.len()];
     let mut score = 0;
-    for &i in pool {
-        let hit = (0..slots.len()).find(|&s| {
-            !taken[s]
-                && slot_keys[s] == keys[i]
-                && existing[i].owner.as_deref() == Some(&slots[s].owner)
-        });
-        if let Some(s) = hit {
-            taken[s] = true;
-            placed[i] = true;
-            pairs.push((i, s));
-            score += 1;
+    let same_owner = |i: usize, s: usize| existing[i].owner.as_deref() == Some(&slots[s].owner);
+    // Pass 0: exact shape, same owner. Pass 1: same GI, same owner, other split. Passes 2 and
+    // 3: the same with another owner, movable instances only.
+    for pass in 0..4 {
+        for &i in pool {
+            if placed[i] || (pass >= 2 && (!relabel || immovable[i])) {
+                continue;
+            }
+            let exact = pass % 2 == 0;
+            let hit = (0..slots.len()).find(|&s| {
+                !taken[s]
+                    && if exact {
+                        slot_keys[s] == keys[i]
+                    } else {
+                        slot_keys[s].0 == keys[i].0
+                    }
+                    && (pass >= 2 || same_owner(i, s))
+            });
+            if let Some(s) = hit {
+                taken[s] = true;
+                placed[i] = true;
+                pairs.push((i, s));
+                score += usize::from(pass < 2) + usize::from(exact);
+            }
         }
     }
-    for &i in pool {
-        if placed[i] {
-            continue;
-        }
-        let hit = if relabel {
-            (0..slots.len()).find(|&s| !taken[s] && slot_keys[s] == keys[i])
-        } else {
-            None
-        };
-        match hit {
-            Some(s) => {
-                taken[s] = true;
-                pairs.push((i, s));
-            }
-            None if immovable[i] => {}
-            None => return None,
-        }
+    if pool.iter().any(|&i| !placed[i] && !immovable[i]) {
+        return None;
     }
     Some(Assignment { pairs, score })
 }
@@ -544,8 +595,9 @@ fn plan_instances(
         .map(|p| never || !drainable(p, reconf))
         .collect();
     let immov: Vec<usize> = (0..existing.len()).filter(|&i| immovable[i]).collect();
+    // Reusable: a slot wants the same GI profile (a different compute split only rebuilds CIs).
     let candidates: Vec<usize> = (0..existing.len())
-        .filter(|&i| !immovable[i] && slot_keys.contains(&keys[i]))
+        .filter(|&i| !immovable[i] && slot_keys.iter().any(|k| k.0 == keys[i].0))
         .collect();
 
     // Every subset of reusable instances, ranked: keep more, then more same-owner matches, then
@@ -601,6 +653,41 @@ fn plan_instances(
         .iter()
         .flat_map(|&i| procs[i].iter().map(|p| holder(p)))
         .collect();
+    // Say what actually stands in the way: each busy instance the policy wants changed, with
+    // its holders, rather than a slice count that counts the busy instance twice.
+    let mut named = false;
+    for &i in immov.iter().filter(|&&i| !procs[i].is_empty()) {
+        let gi = &existing[i];
+        let name = format!(
+            "{}@{}+{}",
+            gi.profile, gi.placement.start, gi.placement.size
+        );
+        let owner = gi.owner.as_deref().unwrap_or("(none)");
+        let what = if let Some(s) = slots
+            .iter()
+            .find(|s| s.gi.id == gi.profile_id && s.owner != owner)
+        {
+            format!(
+                "is held by team {owner}'s processes and the policy gives it to team {}; \
+                 it keeps its owner, devices and env entries until it is idle",
+                s.owner
+            )
+        } else if slots.iter().any(|s| s.gi.id == gi.profile_id) {
+            "is held by processes, and the policy's layout cannot be placed around it".into()
+        } else {
+            "is not in the policy but processes hold it".into()
+        };
+        out.blocked.push(gpu_blocked(
+            gpu,
+            Some(gi_ref(gpu, gi.placement)),
+            procs[i].iter().map(|p| holder(p)).collect(),
+            format!("{name} {what}; {}", busy_reason(reconf)),
+        ));
+        named = true;
+    }
+    if named {
+        return;
+    }
     let why = last_misfit.map(|m| format!(": {m}")).unwrap_or_default();
     let reason = if never && !existing.is_empty() {
         format!(
@@ -622,6 +709,84 @@ fn plan_instances(
         )
     };
     out.blocked.push(gpu_blocked(gpu, None, busy, reason));
+}
+
+fn split_names<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    names.collect::<Vec<_>>().join(",")
+}
+
+/// A kept GI whose compute split changes: destroy the CIs the policy's split does not have
+/// (same profile at the same placement stays), create the missing ones. The GI itself stays,
+/// so a split change costs CI mutations only.
+fn rebuild_cis(
+    gpu: &GpuState,
+    gi: &GpuInstance,
+    slot: &Slot<'_>,
+    have: &str,
+    want: &str,
+    out: &mut MigOutcome,
+    l: &mut LayoutGi,
+) {
+    let r = gi_ref(gpu, gi.placement);
+    let why = format!(
+        "the compute split of {}@{}+{} changes from [{have}] to [{want}]; the GPU instance stays",
+        gi.profile, gi.placement.start, gi.placement.size
+    );
+    let wanted: BTreeSet<(u32, Placement)> = slot.cis.iter().map(|(c, p)| (c.id, *p)).collect();
+    let kept: BTreeSet<(u32, Placement)> = gi
+        .compute
+        .iter()
+        .map(|c| (c.profile_id, c.placement))
+        .filter(|k| wanted.contains(k))
+        .collect();
+    // Processes on a CI that goes are drained first (only reached when they may be).
+    for c in gi
+        .compute
+        .iter()
+        .filter(|c| !kept.contains(&(c.profile_id, c.placement)))
+    {
+        add_drain(
+            out,
+            &c.processes.iter().collect::<Vec<_>>(),
+            gi.owner.as_deref(),
+        );
+        out.removed_devices.insert(c.uuid.clone());
+        out.instances.push((
+            ActionKind::DestroyCi {
+                ci: CiRef {
+                    gi: r.clone(),
+                    placement: c.placement,
+                },
+                profile: c.profile.clone(),
+            },
+            why.clone(),
+        ));
+    }
+    l.cis
+        .retain(|c| kept.contains(&(c.profile_id, c.placement)));
+    for (c, p) in &slot.cis {
+        if kept.contains(&(c.id, *p)) {
+            continue;
+        }
+        out.instances.push((
+            ActionKind::CreateCi {
+                ci: CiRef {
+                    gi: r.clone(),
+                    placement: *p,
+                },
+                profile: c.name.clone(),
+                profile_id: c.id,
+            },
+            why.clone(),
+        ));
+        l.cis.push(LayoutCi {
+            profile: c.name.clone(),
+            profile_id: c.id,
+            placement: *p,
+            existing: None,
+        });
+    }
+    l.cis.sort_by_key(|c| c.placement);
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -663,45 +828,72 @@ fn emit(
     for &i in pool {
         let gi = &existing[i];
         let mut l = LayoutGi::from_existing(gi);
+        let name = format!(
+            "{}@{}+{}",
+            gi.profile, gi.placement.start, gi.placement.size
+        );
+        let holders: Vec<String> = procs[i].iter().map(|p| holder(p)).collect();
         match slot_of.get(&i) {
             Some(&s) => {
-                let to = &slots[s].owner;
+                let slot = &slots[s];
+                let to = &slot.owner;
                 if gi.owner.as_deref() != Some(to.as_str()) {
+                    // `assign` relabels movable instances only; under drain their holders
+                    // stop first, so no job of the old team keeps a device of the new one.
+                    add_drain(out, &procs[i], gi.owner.as_deref());
                     out.instances.push((
                         ActionKind::SetOwner {
                             gi: gi_ref(gpu, gi.placement),
                             from: gi.owner.clone(),
                             to: to.clone(),
                         },
-                        format!(
-                            "{}@{}+{} already has the right shape; only its owner changes",
-                            gi.profile, gi.placement.start, gi.placement.size
-                        ),
+                        format!("{name} already has the right shape; only its owner changes"),
                     ));
                     l.owner = Some(to.clone());
+                }
+                if slot.key() != gi_key(gi) {
+                    let have = split_names(gi.compute.iter().map(|c| c.profile.as_str()));
+                    let want = split_names(slot.cis.iter().map(|(c, _)| c.name.as_str()));
+                    if immovable[i] {
+                        out.blocked.push(gpu_blocked(
+                            gpu,
+                            Some(gi_ref(gpu, gi.placement)),
+                            holders,
+                            format!(
+                                "the compute split of {name} changes from [{have}] to [{want}] \
+                                 (the GPU instance stays); {}",
+                                busy_reason(reconf)
+                            ),
+                        ));
+                    } else {
+                        rebuild_cis(gpu, gi, slot, &have, &want, out, &mut l);
+                    }
                 }
             }
             None => {
                 debug_assert!(immovable[i]);
-                let name = format!(
-                    "{}@{}+{}",
-                    gi.profile, gi.placement.start, gi.placement.size
-                );
-                let what = if !procs[i].is_empty() {
-                    "is not in the policy but processes hold it".to_string()
-                } else if slots.iter().any(|s| s.key() == gi_key(gi)) {
+                let other_owner = slots
+                    .iter()
+                    .find(|s| s.gi.id == gi.profile_id && Some(&s.owner) != gi.owner.as_ref());
+                let what = match (procs[i].is_empty(), other_owner) {
+                    (false, Some(s)) => format!(
+                        "is held by team {}'s processes and the policy gives it to team {}; \
+                         it keeps its owner, devices and env entries until it is idle",
+                        gi.owner.as_deref().unwrap_or("(none)"),
+                        s.owner
+                    ),
+                    (false, None) => "is not in the policy but processes hold it".to_string(),
                     // Only `never` keeps an idle instance it could have relabelled.
-                    format!(
+                    (true, Some(_)) => format!(
                         "has a shape the policy wants, but belongs to {}",
                         gi.owner.as_deref().unwrap_or("no team")
-                    )
-                } else {
-                    "is not in the policy's layout".to_string()
+                    ),
+                    (true, None) => "is not in the policy's layout".to_string(),
                 };
                 out.blocked.push(gpu_blocked(
                     gpu,
                     Some(gi_ref(gpu, gi.placement)),
-                    procs[i].iter().map(|p| holder(p)).collect(),
+                    holders,
                     format!("{name} {what}; {}", busy_reason(reconf)),
                 ));
             }

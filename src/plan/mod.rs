@@ -376,8 +376,13 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
                     team: t.name.clone(),
                     spec: t.slice.clone(),
                 },
-                if have.is_some() {
-                    format!("gpu-{}.slice differs from the policy", t.name)
+                if let Some(h) = have {
+                    format!(
+                        "gpu-{}.slice (team {}) differs from the policy: {}",
+                        t.name,
+                        t.name,
+                        slice_drift(h, &t.slice)
+                    )
                 } else {
                     format!("team {} has no slice yet", t.name)
                 },
@@ -417,6 +422,11 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
     }
 
     for (team, units) in drain {
+        // A removed team's units are not started again: its slice is going away, and a unit
+        // started in it would bring the slice back without gpuctl's device filter.
+        if !d.teams.contains_key(&team) {
+            continue;
+        }
         push(
             &mut actions,
             Phase::Resume,
@@ -432,6 +442,42 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         actions,
         blocked: d.blocked.clone(),
         replan_after_mig,
+    }
+}
+
+/// What differs between a live slice and the policy's, in systemd's words: `MemoryMax=1073741824
+/// (policy: 5368709120)`, `DeviceAllow +/dev/nvidia1`. The drift log line of issue 17.
+pub fn slice_drift(have: &SliceSpec, want: &SliceSpec) -> String {
+    fn opt<T: fmt::Display>(v: &Option<T>) -> String {
+        v.as_ref()
+            .map_or_else(|| "(unset)".to_string(), ToString::to_string)
+    }
+    let mut out = Vec::new();
+    let mut field = |name: &str, h: String, w: String| {
+        if h != w {
+            out.push(format!("{name}={h} (policy: {w})"));
+        }
+    };
+    field("MemoryMax", opt(&have.memory_max), opt(&want.memory_max));
+    field("MemoryHigh", opt(&have.memory_high), opt(&want.memory_high));
+    field("CPUWeight", opt(&have.cpu_weight), opt(&want.cpu_weight));
+    field(
+        "AllowedCPUs",
+        opt(&have.allowed_cpus),
+        opt(&want.allowed_cpus),
+    );
+    field("TasksMax", opt(&have.tasks_max), opt(&want.tasks_max));
+    field("IOWeight", opt(&have.io_weight), opt(&want.io_weight));
+    for d in have.device_allow.difference(&want.device_allow) {
+        out.push(format!("DeviceAllow +{d}"));
+    }
+    for d in want.device_allow.difference(&have.device_allow) {
+        out.push(format!("DeviceAllow -{d}"));
+    }
+    if out.is_empty() {
+        "(no field differs)".into()
+    } else {
+        out.join(", ")
     }
 }
 

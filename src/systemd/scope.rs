@@ -124,6 +124,16 @@ impl Systemd {
 
     /// Move the running `pid` into a new transient scope `scope` in `slice` and wait (on
     /// `jobs`) for its start job.
+    ///
+    /// `OOMPolicy=continue` (issue 17 item 6): the kernel's OOM kill of one process in a
+    /// member's `gpuctl run`/`shell` scope must not make systemd stop the whole scope, which it
+    /// does under the default `stop`. logind gives login sessions (`session-N.scope`) `continue`
+    /// for the same reason; a shell in a team share should behave like the login it came from.
+    /// The slice's `MemoryMax=` still bounds the team; only the process the kernel picked dies.
+    /// systemd < 253 rejects the property on scopes. There the scope is started without it and
+    /// then *abandoned* (`AbandonScope`): systemd's OOM handler stops only running scopes, an
+    /// abandoned one is left alone (its cgroup, slice and device filter are unchanged, and it
+    /// is collected when its last process exits). The refusal is logged once.
     pub async fn start_scope(
         &self,
         jobs: &JobWaiter,
@@ -132,13 +142,67 @@ impl Systemd {
         pid: u32,
         description: String,
     ) -> Result<(), SystemdError> {
-        let props: Vec<(&str, Value<'_>)> = vec![
+        use std::sync::atomic::Ordering;
+        let with_oom = SCOPE_OOM_POLICY.load(Ordering::Relaxed);
+        match self
+            .start_scope_once(jobs, scope, slice, pid, &description, with_oom)
+            .await
+        {
+            Err(e) if with_oom && e.to_string().contains("OOMPolicy") => {
+                SCOPE_OOM_POLICY.store(false, Ordering::Relaxed);
+                tracing::warn!(
+                    gpuctl_action = "join",
+                    "systemd does not take OOMPolicy= on scopes (before 253): {e}; member \
+                     scopes are abandoned after their start instead, so that an OOM kill does \
+                     not stop them"
+                );
+                self.start_scope_once(jobs, scope, slice, pid, &description, false)
+                    .await?;
+                self.abandon_scope(scope).await
+            }
+            Ok(()) if !with_oom => self.abandon_scope(scope).await,
+            r => r,
+        }
+    }
+
+    /// `AbandonScope`: see [`Systemd::start_scope`] for why (systemd < 253 only).
+    async fn abandon_scope(&self, scope: &str) -> Result<(), SystemdError> {
+        self.connection()
+            .call_method(
+                Some("org.freedesktop.systemd1"),
+                "/org/freedesktop/systemd1",
+                Some("org.freedesktop.systemd1.Manager"),
+                "AbandonScope",
+                &(scope,),
+            )
+            .await
+            .map(|_| ())
+            .map_err(|source| SystemdError::Bus {
+                unit: scope.to_string(),
+                op: "AbandonScope",
+                source: Box::new(source),
+            })
+    }
+
+    async fn start_scope_once(
+        &self,
+        jobs: &JobWaiter,
+        scope: &str,
+        slice: &str,
+        pid: u32,
+        description: &str,
+        oom_continue: bool,
+    ) -> Result<(), SystemdError> {
+        let mut props: Vec<(&str, Value<'_>)> = vec![
             ("Slice", Value::from(slice)),
             ("PIDs", Value::from(vec![pid])),
             ("Description", Value::from(description)),
             // A failed scope would otherwise stay loaded and block the name for this pid.
             ("CollectMode", Value::from("inactive-or-failed")),
         ];
+        if oom_continue {
+            props.push(("OOMPolicy", Value::from("continue")));
+        }
         let job = self
             .manager()
             .start_transient_unit(scope, "fail", &props, &[])
@@ -163,6 +227,10 @@ impl Systemd {
         }
     }
 }
+
+/// Whether systemd takes `OOMPolicy=` on scopes; cleared after the first refusal (systemd
+/// before 253 knows it for services only), so later joins do not pay the retry.
+static SCOPE_OOM_POLICY: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
 
 #[cfg(test)]
 mod tests {
