@@ -19,6 +19,7 @@ pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
 pub mod geometry;
+pub mod import;
 pub mod join;
 pub mod nvml;
 pub mod observe;

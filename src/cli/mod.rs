@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 pub mod env;
+pub mod import;
 pub mod plan;
 pub mod run;
 pub mod shell;
@@ -67,6 +68,8 @@ pub enum Command {
     Teams(teams::TeamsArgs),
     /// What gpuctld reports: teams, GPUs, last reconcile, last policy error.
     Status(status::StatusArgs),
+    /// Turn another tool's GPU layout (NVIDIA mig-parted) into a policy drop-in.
+    Import(import::ImportArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -83,6 +86,7 @@ pub fn run() -> i32 {
         Command::Plan(a) => plan::run_plan(&cli, a),
         Command::Apply(a) => plan::run_apply(&cli, a),
         Command::Check(a) => plan::run_check(&cli, a),
+        Command::Import(a) => import::run(a),
         // These talk to gpuctld and print their own one-line refusals with their own codes.
         Command::Shell(a) => return shell::run(a),
         Command::Run(a) => return run::run(a),
