@@ -11,7 +11,11 @@ fn dir() -> std::path::PathBuf {
 }
 
 fn promtool(args: &[&str]) -> Option<(bool, String)> {
-    match Command::new("promtool").args(args).current_dir(dir()).output() {
+    match Command::new("promtool")
+        .args(args)
+        .current_dir(dir())
+        .output()
+    {
         Ok(o) => Some((
             o.status.success(),
             format!(
@@ -73,5 +77,8 @@ fn rules_use_only_documented_metrics() {
     let used = metric_names(&rules);
     assert!(used.contains("gpuctl_device_team_info"), "{used:?}");
     let missing: Vec<_> = used.difference(&documented).collect();
-    assert!(missing.is_empty(), "rules use metrics docs/fleet.md does not list: {missing:?}");
+    assert!(
+        missing.is_empty(),
+        "rules use metrics docs/fleet.md does not list: {missing:?}"
+    );
 }
