@@ -11,6 +11,7 @@
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
 //!   bus interface;
 //! - [`join`]: who may step into which team share (`gpuctl shell/run/env`), checked by gpuctld;
+//! - [`doctor`]: read-only host readiness checks and driver recordings (`gpuctl doctor`);
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
@@ -18,6 +19,8 @@ pub mod apply;
 pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
+pub mod doctor;
+pub mod files;
 pub mod geometry;
 pub mod import;
 pub mod join;
@@ -28,5 +31,6 @@ pub mod plan;
 pub mod policy;
 pub mod profiles;
 pub mod real;
+pub mod settings;
 pub mod sim;
 pub mod systemd;

@@ -5,6 +5,7 @@
 //! by [`crate::sim`] on a simulated one; the planner only reads it.
 
 use crate::profiles::Placement;
+pub use crate::settings::SliceSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -133,25 +134,6 @@ pub struct GpuProcess {
     /// cgroup path of the PID, when known.
     #[serde(default)]
     pub cgroup: Option<String>,
-}
-
-/// Properties of a team slice that gpuctl manages. `None` leaves systemd's default.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SliceSpec {
-    /// `MemoryMax=` in bytes.
-    pub memory_max: Option<u64>,
-    /// `MemoryHigh=` in bytes.
-    pub memory_high: Option<u64>,
-    /// `CPUWeight=`.
-    pub cpu_weight: Option<u64>,
-    /// `AllowedCPUs=`.
-    pub allowed_cpus: Option<String>,
-    /// `TasksMax=`.
-    pub tasks_max: Option<u64>,
-    /// `IOWeight=`.
-    pub io_weight: Option<u64>,
-    /// `DeviceAllow=` paths (all `rw`); `DevicePolicy=closed` is implied.
-    pub device_allow: BTreeSet<String>,
 }
 
 /// One MPS control daemon.

@@ -45,6 +45,21 @@ pub const RUN_DIR: &str = "/run/gpuctl";
 /// Where the NVIDIA driver lists MIG capability minors.
 pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
 
+/// Runtime directory of all MPS instances.
+pub const MPS_RUN_DIR: &str = "/run/gpuctl/mps";
+/// Log directory root of all MPS instances.
+pub const MPS_LOG_DIR: &str = "/var/log/gpuctl/mps";
+
+/// Pipe directory of an instance (`CUDA_MPS_PIPE_DIRECTORY`): the unit's `RuntimeDirectory=`.
+pub fn mps_pipe_dir(instance: &str) -> String {
+    format!("{MPS_RUN_DIR}/{instance}")
+}
+
+/// Log directory of an instance (`CUDA_MPS_LOG_DIRECTORY`).
+pub fn mps_log_dir(instance: &str) -> String {
+    format!("{MPS_LOG_DIR}/{instance}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

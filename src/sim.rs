@@ -215,16 +215,15 @@ impl SimHost {
         Ok(SimHost { state })
     }
 
-    /// Write the state file (atomically: temp file then rename).
+    /// Write the state file (atomically, through [`crate::files::write_atomic`]).
     pub fn save(&self, path: &Path) -> Result<(), SimError> {
         let err = |message: String| SimError::State {
             path: path.display().to_string(),
             message,
         };
         let text = serde_json::to_string_pretty(&self.state).map_err(|e| err(e.to_string()))?;
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, text + "\n").map_err(|e| err(e.to_string()))?;
-        std::fs::rename(&tmp, path).map_err(|e| err(e.to_string()))
+        crate::files::write_atomic(path, (text + "\n").as_bytes())
+            .map_err(|e| err(e.source.to_string()))
     }
 
     fn gpu(&mut self, uuid: &str) -> Result<(&mut GpuState, &'static GpuModel), EffectError> {

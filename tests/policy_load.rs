@@ -200,14 +200,19 @@ fn unreadable_file_is_distinct_from_invalid() {
         PathBuf::from("/etc/gpuctl/policy.d/10-dir.toml")
     );
     assert!(o.policy.is_none());
-    assert_eq!(o.exit_code(), 2);
+    assert_eq!(
+        o.verdict().unwrap_err(),
+        gpuctl::policy::Rejected::Unreadable
+    );
+    assert_eq!(gpuctl::cli::exit::of_load(&o), 2);
 }
 
 #[test]
 fn empty_host_is_valid_with_a_warning() {
     let d = tempfile::tempdir().unwrap();
     let o = load(&Root::new(d.path()));
-    assert_eq!(o.exit_code(), 0);
+    assert!(o.verdict().is_ok());
+    assert_eq!(gpuctl::cli::exit::of_load(&o), 0);
     assert!(o.policy.unwrap().gpus.is_empty());
     assert_eq!(o.diagnostics.len(), 1);
     assert_eq!(o.diagnostics[0].severity, Severity::Warning);

@@ -189,7 +189,10 @@ impl JournalStore for FileJournal {
 
     fn save(&mut self, j: &Journal) -> Result<(), EffectError> {
         let text = serde_json::to_string_pretty(j).map_err(|e| file_err(&self.path, e))?;
-        crate::real::write_atomic(&self.path, (text + "\n").as_bytes())
+        Ok(crate::files::write_atomic(
+            &self.path,
+            (text + "\n").as_bytes(),
+        )?)
     }
 
     fn clear(&mut self) -> Result<(), EffectError> {

@@ -40,6 +40,16 @@ pub enum EffectError {
     },
 }
 
+impl From<crate::files::FileError> for EffectError {
+    /// A state file that could not be written, named by its path.
+    fn from(e: crate::files::FileError) -> Self {
+        EffectError::Other {
+            what: e.path.display().to_string(),
+            message: e.source.to_string(),
+        }
+    }
+}
+
 /// MIG mutations on one host. GPUs are named by UUID, instances by driver id.
 pub trait GpuEffector {
     /// Set MIG mode; returns `true` when the change is pending a GPU reset.

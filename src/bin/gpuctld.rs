@@ -34,7 +34,7 @@ struct Args {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    gpuctl::daemon::logging::init(args.log_level.as_deref()).map_err(anyhow::Error::msg)?;
+    gpuctl::daemon::logging::init(args.log_level.as_deref())?;
     let opts = gpuctl::daemon::Options {
         root: gpuctl::paths::Root::new(args.root),
         drift: std::time::Duration::from_secs(args.drift_secs.max(1)),
@@ -44,6 +44,6 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()
         .context("tokio runtime")?
-        .block_on(gpuctl::daemon::run(opts))
-        .map_err(anyhow::Error::msg)
+        .block_on(gpuctl::daemon::run(opts))?;
+    Ok(())
 }

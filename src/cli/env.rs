@@ -65,8 +65,8 @@ pub fn render(env: &BTreeMap<String, String>, format: Format) -> String {
 
 /// Run `gpuctl env`.
 pub fn run(args: &EnvArgs) -> i32 {
-    let got = checked_team(&args.team)
-        .and_then(|()| with_agent("Env", async |p| p.env(&args.team).await));
+    let got =
+        checked_team(&args.team).and_then(|team| with_agent("Env", async |p| p.env(&team).await));
     match got {
         Ok(env) => {
             print!("{}", render(&env.into_iter().collect(), args.format));

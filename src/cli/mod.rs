@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+pub mod doctor;
 pub mod env;
 pub mod import;
 pub mod plan;
@@ -29,6 +30,15 @@ pub mod exit {
     pub const NO_DEVICES: i32 = 5;
     /// gpuctld is not running (or has no valid policy yet).
     pub const NO_DAEMON: i32 = 6;
+
+    /// The exit code of a policy load: 0 valid, 1 invalid, 2 unreadable.
+    pub fn of_load(o: &crate::policy::LoadOutcome) -> i32 {
+        match o.verdict() {
+            Ok(_) => OK,
+            Err(crate::policy::Rejected::Invalid) => INVALID,
+            Err(crate::policy::Rejected::Unreadable) => UNREADABLE,
+        }
+    }
     /// gpuctld authorized the request but could not place the process in the team's slice.
     pub const PLACEMENT: i32 = 7;
 }
@@ -70,6 +80,8 @@ pub enum Command {
     Status(status::StatusArgs),
     /// Turn another tool's GPU layout (NVIDIA mig-parted) into a policy drop-in.
     Import(import::ImportArgs),
+    /// Is this host ready for gpuctl? Read-only checks of driver, cgroups, systemd, devices, MIG.
+    Doctor(doctor::DoctorArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -87,6 +99,7 @@ pub fn run() -> i32 {
         Command::Apply(a) => plan::run_apply(&cli, a),
         Command::Check(a) => plan::run_check(&cli, a),
         Command::Import(a) => import::run(a),
+        Command::Doctor(a) => doctor::run(&cli, a),
         // These talk to gpuctld and print their own one-line refusals with their own codes.
         Command::Shell(a) => return shell::run(a),
         Command::Run(a) => return run::run(a),

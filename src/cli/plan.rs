@@ -15,6 +15,7 @@ use crate::paths::Root;
 use crate::plan::{self, desired, Action, Desired, Plan};
 use crate::policy::{self, GpuUse, Policy};
 use crate::real::RealHost;
+use crate::settings::value::human_bytes;
 use crate::sim::SimHost;
 use crate::systemd::client::BlockingSystemd;
 use anyhow::Context;
@@ -119,10 +120,10 @@ fn load_policy(cli: &Cli, host: &HostArgs) -> Result<Policy, i32> {
     for (path, why) in &out.unreadable {
         eprintln!("{}: cannot read: {why}", path.display());
     }
-    if !out.unreadable.is_empty() {
-        return Err(exit::UNREADABLE);
+    match out.verdict() {
+        Ok(_) => out.policy.ok_or(exit::INVALID),
+        Err(_) => Err(exit::of_load(&out)),
     }
-    out.policy.ok_or(exit::INVALID)
 }
 
 /// Checks that need the host: selectors that name absent GPUs, MIG on a model without it, a
@@ -289,37 +290,25 @@ fn apply_by_daemon(_a: &ApplyArgs) -> i32 {
         }
         Err(f) => return f.report(),
     };
-    let v: serde_json::Value = match serde_json::from_str(&json) {
+    let reply: crate::dbus_api::reply::ReportReply = match serde_json::from_str(&json) {
         Ok(v) => v,
         Err(e) => {
             eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
             return exit::UNREADABLE;
         }
     };
-    let r = &v["report"];
-    let lines = |k: &str| -> Vec<String> {
-        r[k].as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(|l| l.as_str().map(str::to_string))
-            .collect()
-    };
-    for l in lines("changes") {
+    let r = &reply.report;
+    for l in &r.changes {
         println!("done    {l}");
     }
-    for l in lines("warnings") {
+    for l in &r.warnings {
         println!("warning {l}");
     }
-    let errors = lines("errors");
-    for l in &errors {
+    for l in &r.errors {
         println!("FAILED  {l}");
     }
-    if errors.is_empty() {
-        println!(
-            "converged: {} teams, {} GPUs",
-            r["teams"].as_u64().unwrap_or(0),
-            r["gpus"].as_u64().unwrap_or(0)
-        );
+    if r.errors.is_empty() {
+        println!("converged: {} teams, {} GPUs", r.teams, r.gpus);
         exit::OK
     } else {
         exit::UNREADABLE
@@ -400,21 +389,6 @@ fn blocked_line(b: &plan::Blocked) -> String {
         let _ = write!(s, " [held by {}]", b.holders.join(", "));
     }
     s
-}
-
-/// Bytes as GiB/MiB for people.
-pub fn human_bytes(b: u64) -> String {
-    const GIB: f64 = (1u64 << 30) as f64;
-    if b >= 1 << 30 {
-        let g = b as f64 / GIB;
-        if g.fract() == 0.0 {
-            format!("{g:.0} GiB")
-        } else {
-            format!("{g:.1} GiB")
-        }
-    } else {
-        format!("{} MiB", b >> 20)
-    }
 }
 
 fn action_line(out: &mut String, a: &Action) {
@@ -526,18 +500,7 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
             }
         );
         let s = &t.slice;
-        let opt = |v: Option<u64>| v.map(human_bytes).unwrap_or_else(|| "-".into());
-        let num = |v: Option<u64>| v.map(|b| b.to_string()).unwrap_or_else(|| "-".into());
-        let _ = writeln!(
-            out,
-            "    memory: max {} high {} · cpu: weight {} cpus {} · tasks {} · io {}",
-            opt(s.memory_max),
-            opt(s.memory_high),
-            num(s.cpu_weight),
-            s.allowed_cpus.as_deref().unwrap_or("all"),
-            num(s.tasks_max),
-            num(s.io_weight)
-        );
+        let _ = writeln!(out, "    {}", s.show());
         if !s.device_allow.is_empty() {
             let devs: Vec<&str> = s.device_allow.iter().map(String::as_str).collect();
             let _ = writeln!(out, "    devices: {}", devs.join(" "));

@@ -4,6 +4,7 @@
 //! so its exit status, signals, terminal and stdin are its own.
 
 use super::shell::{exec_with, exit_table, join_team, Failure, ShellArgs};
+use crate::join::check_team_name;
 use clap::Args;
 use std::ffi::OsString;
 
@@ -73,7 +74,10 @@ pub fn run(args: &RunArgs) -> i32 {
         }
         .report();
     };
-    match join_team(&args.team) {
+    match check_team_name(&args.team)
+        .map_err(Failure::from)
+        .and_then(|team| join_team(&team))
+    {
         Ok(env) => exec_with(program, rest, &env),
         Err(f) => f.report(),
     }

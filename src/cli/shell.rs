@@ -12,6 +12,7 @@ use super::exit;
 use crate::dbus_api::client::Agent1Proxy;
 use crate::dbus_api::wire;
 use crate::join::{self, check_team_name, compose_env, Refusal};
+use crate::policy::TeamName;
 use clap::Args;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -169,10 +170,9 @@ pub fn with_agent<T>(
 }
 
 /// Ask gpuctld to place this process in `team`'s slice; returns the environment to set (the
-/// daemon's, plus `GPUCTL_SCOPE`).
-pub fn join_team(team: &str) -> Result<BTreeMap<String, String>, Failure> {
-    // Client-side too, so a hostile name never even travels to the daemon.
-    check_team_name(team)?;
+/// daemon's, plus `GPUCTL_SCOPE`). The name was checked where it came in (a [`TeamName`]), so a
+/// hostile name never even travels to the daemon.
+pub fn join_team(team: &TeamName) -> Result<BTreeMap<String, String>, Failure> {
     // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
     let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
         Some(socket) => wire::join(&socket, team).map_err(wire_failure)?,
@@ -233,14 +233,14 @@ fn login_shell() -> Result<OsString, Failure> {
 
 /// Run `gpuctl shell`.
 pub fn run(args: &ShellArgs) -> i32 {
-    let shell = match check_team_name(&args.team)
+    let (team, shell) = match check_team_name(&args.team)
         .map_err(Failure::from)
-        .and_then(|()| login_shell())
+        .and_then(|t| Ok((t, login_shell()?)))
     {
         Ok(s) => s,
         Err(f) => return f.report(),
     };
-    let env = match join_team(&args.team) {
+    let env = match join_team(&team) {
         Ok(e) => e,
         Err(f) => return f.report(),
     };
@@ -254,6 +254,6 @@ pub fn run(args: &ShellArgs) -> i32 {
 }
 
 /// Re-export for `gpuctl teams` and `status`: the team-name check as a [`Failure`].
-pub fn checked_team(team: &str) -> Result<(), Failure> {
+pub fn checked_team(team: &str) -> Result<TeamName, Failure> {
     join::check_team_name(team).map_err(Failure::from)
 }

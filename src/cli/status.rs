@@ -1,8 +1,8 @@
 //! `gpuctl status [--json]`: what gpuctld reports (`Status` on the system bus).
 
 use super::shell::with_agent;
+use crate::dbus_api::reply::StatusReply;
 use clap::Args;
-use serde_json::Value;
 
 /// Arguments of `gpuctl status`.
 #[derive(Debug, Args)]
@@ -20,8 +20,8 @@ pub struct StatusArgs {
     pub json: bool,
 }
 
-fn bytes(v: &Value) -> String {
-    match v.as_u64() {
+fn bytes(v: Option<u64>) -> String {
+    match v {
         None => "-".into(),
         Some(b) if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
         Some(b) if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
@@ -29,95 +29,71 @@ fn bytes(v: &Value) -> String {
     }
 }
 
-fn count(v: &Value) -> String {
-    v.as_u64().map_or_else(|| "-".into(), |n| n.to_string())
+fn count(v: Option<u64>) -> String {
+    v.map_or_else(|| "-".into(), |n| n.to_string())
 }
 
-/// Human rendering of the `Status` document.
-pub fn render(s: &Value) -> String {
+/// Human rendering of the `Status` reply.
+pub fn render(s: &StatusReply) -> String {
     let mut o = String::new();
-    o.push_str(&format!(
-        "gpuctld: {}\n",
-        s["status"].as_str().unwrap_or("")
-    ));
-    if let Some(e) = s["policy_error"].as_str() {
+    o.push_str(&format!("gpuctld: {}\n", s.status));
+    if let Some(e) = &s.policy_error {
         o.push_str(&format!("policy error: {e}\n"));
     }
-    if let Some(p) = s["policy_in_force"].as_str() {
+    if let Some(p) = &s.policy_in_force {
         o.push_str(&format!("policy in force: {p}\n"));
     }
-    let lr = &s["last_reconcile"];
-    if lr.is_object() {
+    if let Some(lr) = &s.last_reconcile {
         o.push_str(&format!(
             "last reconcile: {} at {} (unix), {} change(s), {} error(s)\n",
-            lr["result"].as_str().unwrap_or("?"),
-            lr["at"],
-            lr["changes"].as_array().map_or(0, Vec::len),
-            lr["errors"].as_array().map_or(0, Vec::len),
+            lr.result,
+            lr.at,
+            lr.changes.len(),
+            lr.errors.len(),
         ));
-        for e in lr["errors"].as_array().into_iter().flatten() {
-            o.push_str(&format!("  error: {}\n", e.as_str().unwrap_or("")));
+        for e in &lr.errors {
+            o.push_str(&format!("  error: {e}\n"));
         }
     }
-    if let Some(teams) = s["teams"].as_object() {
-        o.push_str("teams:\n");
-        for (name, t) in teams {
-            let sl = &t["slice"];
-            // Whole GPUs by index, MIG devices by UUID (what CUDA_VISIBLE_DEVICES names).
-            let gpus: Vec<String> = t["gpus"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|g| match g.get("index") {
-                    Some(i) => i.to_string(),
-                    None => g.to_string(),
-                })
-                .chain(
-                    t["mig_instances"]
-                        .as_array()
-                        .into_iter()
-                        .flatten()
-                        .filter_map(|m| m["uuid"].as_str().map(str::to_string)),
-                )
-                .collect();
-            let wanted = &sl["wanted"];
+    o.push_str("teams:\n");
+    for (name, t) in &s.teams {
+        let sl = &t.slice;
+        // Whole GPUs by index, MIG devices by UUID (what CUDA_VISIBLE_DEVICES names).
+        let gpus: Vec<String> = t
+            .gpus
+            .iter()
+            .map(|g| g.index.to_string())
+            .chain(t.mig_instances.iter().map(|m| m.uuid.clone()))
+            .collect();
+        let wanted = sl.wanted.as_ref();
+        o.push_str(&format!(
+            "  {name}: {} {}, GPUs [{}], memory {}/{}, tasks {}/{}",
+            sl.unit,
+            sl.active_state.as_deref().unwrap_or("not loaded"),
+            gpus.join(","),
+            bytes(sl.memory_current),
+            bytes(wanted.and_then(|w| w.memory_max)),
+            count(sl.tasks_current),
+            count(wanted.and_then(|w| w.tasks_max)),
+        ));
+        for m in &t.mps {
             o.push_str(&format!(
-                "  {name}: {} {}, GPUs [{}], memory {}/{}, tasks {}/{}",
-                sl["unit"].as_str().unwrap_or("?"),
-                sl["active_state"].as_str().unwrap_or("not loaded"),
-                gpus.join(","),
-                bytes(&sl["memory_current"]),
-                bytes(&wanted["memory_max"]),
-                count(&sl["tasks_current"]),
-                count(&wanted["tasks_max"]),
+                ", {} {}",
+                m.unit,
+                m.active_state.as_deref().unwrap_or("not loaded")
             ));
-            for m in t["mps"].as_array().into_iter().flatten() {
-                o.push_str(&format!(
-                    ", {} {}",
-                    m["unit"].as_str().unwrap_or("?"),
-                    m["active_state"].as_str().unwrap_or("not loaded")
-                ));
-            }
-            o.push('\n');
         }
+        o.push('\n');
     }
-    if let Some(gpus) = s["gpus"].as_array() {
-        o.push_str("gpus:\n");
-        for g in gpus {
-            let teams: Vec<&str> = g["teams"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter_map(Value::as_str)
-                .collect();
-            o.push_str(&format!(
-                "  {} {}: teams [{}], MIG {}\n",
-                g["index"],
-                g["node"].as_str().unwrap_or("?"),
-                teams.join(","),
-                g["mig"].as_str().unwrap_or("not supported")
-            ));
-        }
+    o.push_str("gpus:\n");
+    for g in &s.gpus {
+        o.push_str(&format!(
+            "  {} {}: teams [{}], MIG {}\n",
+            g.index,
+            g.node,
+            g.teams.join(","),
+            g.mig.as_deref().unwrap_or("not supported")
+        ));
     }
     o
 }
@@ -126,15 +102,21 @@ pub fn render(s: &Value) -> String {
 pub fn run(args: &StatusArgs) -> i32 {
     match with_agent("Status", async |p| p.status().await) {
         Ok(text) => {
-            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let reply: StatusReply = match serde_json::from_str(&text) {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
+                    return super::exit::UNREADABLE;
+                }
+            };
             if args.json {
+                // The document as the daemon sent it (keys sorted, as they always were).
+                let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
             } else {
-                print!("{}", render(&v));
+                print!("{}", render(&reply));
             }
-            let healthy =
-                v["policy_error"].is_null() && v["last_reconcile"]["result"] == "converged";
-            if healthy {
+            if reply.healthy() {
                 super::exit::OK
             } else {
                 super::exit::INVALID
@@ -151,17 +133,19 @@ mod tests {
 
     #[test]
     fn summary_names_teams_gpus_reconcile_and_policy_error() {
-        let s = render(&json!({
+        let s = render(&serde_json::from_value(json!({
             "status": "policy error in /etc/gpuctl/policy.d/20-x.toml:3 — last good policy in force",
             "policy_error": "/etc/gpuctl/policy.d/20-x.toml:3",
             "policy_in_force": "last-good",
             "last_reconcile": {"at": 5, "result": "converged", "changes": ["a"], "errors": []},
-            "teams": {"infer": {"gpus": [0], "slice": {"unit": "gpu-infer.slice",
+            "teams": {"infer": {"gpus": [{"index": 0}], "slice": {"unit": "gpu-infer.slice",
                 "active_state": "active", "memory_current": 1048576,
-                "tasks_current": 3, "wanted": {"memory_max": 268435456, "tasks_max": 128}},
+                "tasks_current": 3, "wanted": {"memory_max": 268435456, "tasks_max": 128,
+                    "device_allow": []}},
                 "mps": [{"unit": "gpuctl-mps@infer-0.service", "active_state": "active"}]}},
             "gpus": [{"index": 0, "node": "/dev/nvidia0", "teams": ["infer"], "mig": null}],
-        }));
+        }))
+        .unwrap());
         assert!(
             s.contains("policy error: /etc/gpuctl/policy.d/20-x.toml:3\n"),
             "{s}"

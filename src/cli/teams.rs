@@ -1,6 +1,7 @@
 //! `gpuctl teams [--json]`: the teams the caller may use, and what each gives.
 
 use super::shell::with_agent;
+use crate::dbus_api::reply::TeamInfo;
 use clap::Args;
 use serde_json::Value;
 
@@ -45,39 +46,22 @@ fn limits_line(l: &Value) -> String {
         .join(" ")
 }
 
-/// Human rendering of the `Teams` JSON.
-pub fn render(teams: &Value) -> String {
-    let Some(list) = teams.as_array() else {
-        return String::new();
-    };
+/// Human rendering of the `Teams` reply.
+pub fn render(list: &[TeamInfo]) -> String {
     if list.is_empty() {
         return "You may not join any team (ask an admin to add you or your group to one).\n"
             .into();
     }
     let mut s = String::new();
     for t in list {
-        let via = match &t["via"] {
-            Value::String(r) => r.clone(),
-            Value::Object(o) => o
-                .iter()
-                .map(|(k, v)| match k.as_str() {
-                    "group" => format!("group @{}", v.as_str().unwrap_or("")),
-                    _ => format!("{k} {}", v.as_str().unwrap_or("")),
-                })
-                .collect(),
-            _ => String::new(),
-        };
+        let via = &t.via;
+        let limits = serde_json::to_value(&t.limits).unwrap_or_default();
         s.push_str(&format!(
             "{}  (via {via})\n  devices: {}\n  slice:   {}\n  mps:     {}\n",
-            t["team"].as_str().unwrap_or("?"),
-            t["devices"].as_str().unwrap_or("none on this host now"),
-            [
-                t["slice"].as_str().unwrap_or("?").to_string(),
-                limits_line(&t["limits"])
-            ]
-            .join(" ")
-            .trim_end(),
-            if t["mps"].is_null() { "no" } else { "yes" },
+            t.team,
+            t.devices.as_deref().unwrap_or("none on this host now"),
+            [t.slice.clone(), limits_line(&limits)].join(" ").trim_end(),
+            if t.mps.is_none() { "no" } else { "yes" },
         ));
     }
     s
@@ -87,11 +71,19 @@ pub fn render(teams: &Value) -> String {
 pub fn run(args: &TeamsArgs) -> i32 {
     match with_agent("Teams", async |p| p.teams().await) {
         Ok(text) => {
-            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let list: Vec<TeamInfo> = match serde_json::from_str(&text) {
+                Ok(l) => l,
+                Err(e) => {
+                    eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
+                    return super::exit::UNREADABLE;
+                }
+            };
             if args.json {
+                // The array as the daemon sent it (keys sorted, as they always were).
+                let v: Value = serde_json::from_str(&text).unwrap_or_default();
                 println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
             } else {
-                print!("{}", render(&v));
+                print!("{}", render(&list));
             }
             super::exit::OK
         }
@@ -114,13 +106,14 @@ mod tests {
             "limits": {"memory_max": {"Bytes": 268435456}, "cpu_weight": 300, "tasks_max": null},
             "mps": {"active_thread_percentage": 40},
         }]);
-        let s = render(&v);
+        let list: Vec<TeamInfo> = serde_json::from_value(v).unwrap();
+        let s = render(&list);
         assert!(s.starts_with("infer  (via group @ml-infer)\n"), "{s}");
         assert!(s.contains("devices: 0\n"));
         assert!(s.contains("memory-max=268435456B"), "{s}");
         assert!(s.contains("cpu-weight=300"));
         assert!(!s.contains("tasks-max"));
         assert!(s.contains("mps:     yes"));
-        assert!(render(&json!([])).starts_with("You may not join any team"));
+        assert!(render(&[]).starts_with("You may not join any team"));
     }
 }

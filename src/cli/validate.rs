@@ -53,7 +53,7 @@ pub fn run(cli: &Cli, args: &ValidateArgs) -> anyhow::Result<i32> {
     } else {
         print_human(&outcome);
     }
-    Ok(outcome.exit_code())
+    Ok(super::exit::of_load(&outcome))
 }
 
 fn diag_json(d: &Diagnostic) -> serde_json::Value {
@@ -71,7 +71,7 @@ fn diag_json(d: &Diagnostic) -> serde_json::Value {
 /// The `--json` document.
 pub fn to_json(o: &LoadOutcome) -> serde_json::Value {
     serde_json::json!({
-        "valid": o.exit_code() == super::exit::OK,
+        "valid": o.verdict().is_ok(),
         "files": o.files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
         "unreadable": o.unreadable.iter().map(|(p, e)| serde_json::json!({
             "file": p.display().to_string(),

@@ -10,23 +10,24 @@
 //! A generator must never break boot: a missing or unreadable state file produces no units and
 //! a message on stderr (the kernel log at that point), never a failure exit.
 
-use super::state::{AppliedState, STATE_FILE};
+use super::state::{AppliedState, StateError, STATE_FILE};
+use crate::files::FileError;
 use crate::paths::Root;
 use crate::systemd::props;
 use std::path::Path;
 
 /// Write the units for the state found under `root` into `out`; returns the files written.
 /// An error means the state file was unreadable; nothing was written then.
-pub fn generate(root: &Root, out: &Path) -> Result<Vec<String>, String> {
+pub fn generate(root: &Root, out: &Path) -> Result<Vec<String>, StateError> {
     let path = root.join(STATE_FILE);
     if !path.exists() {
         return Ok(Vec::new());
     }
     let state = AppliedState::load(&path)?;
     let mut written = Vec::new();
-    let mut put = |name: String, text: String| -> Result<(), String> {
+    let mut put = |name: String, text: String| -> Result<(), StateError> {
         let p = out.join(&name);
-        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))?;
+        std::fs::write(&p, text).map_err(|e| FileError::new(&p, e))?;
         written.push(name);
         Ok(())
     };

@@ -8,14 +8,34 @@
 use tracing_subscriber::prelude::*;
 use tracing_subscriber::EnvFilter;
 
+/// Logging could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum LoggingError {
+    /// The filter does not parse.
+    #[error("log level {spec:?}: {source}")]
+    Filter {
+        /// The filter as given.
+        spec: String,
+        /// Why.
+        #[source]
+        source: tracing_subscriber::filter::ParseError,
+    },
+    /// A global subscriber is already installed.
+    #[error("{0}")]
+    Init(#[source] tracing_subscriber::util::TryInitError),
+}
+
 /// Install the global subscriber. `level` (from `--log-level`) wins over `GPUCTL_LOG`; both take
 /// `EnvFilter` syntax (`debug`, `gpuctl=trace`); the default is `info`.
-pub fn init(level: Option<&str>) -> Result<(), String> {
+pub fn init(level: Option<&str>) -> Result<(), LoggingError> {
     let spec = level
         .map(str::to_string)
         .or_else(|| std::env::var("GPUCTL_LOG").ok())
         .unwrap_or_else(|| "info".into());
-    let filter = EnvFilter::try_new(&spec).map_err(|e| format!("log level {spec:?}: {e}"))?;
+    let filter = match EnvFilter::try_new(&spec) {
+        Ok(f) => f,
+        Err(source) => return Err(LoggingError::Filter { spec, source }),
+    };
     // JOURNAL_STREAM is set by systemd when stderr goes to the journal: log natively there
     // so the fields survive; anywhere else, human-readable stderr.
     let journald = std::env::var_os("JOURNAL_STREAM")
@@ -33,5 +53,5 @@ pub fn init(level: Option<&str>) -> Result<(), String> {
             .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr))
             .try_init(),
     }
-    .map_err(|e| e.to_string())
+    .map_err(LoggingError::Init)
 }

@@ -10,6 +10,7 @@
 //! and in `/var/lib/gpuctl/last-good/`), and the error goes to `STATUS=`, the journal and
 //! `Status`.
 
+use crate::join::Refusal;
 use crate::paths::Root;
 use crate::policy::Policy;
 use crate::systemd::client::BlockingSystemd;
@@ -18,7 +19,7 @@ use futures_lite::StreamExt;
 use reconcile::{CoreReconciler, ReconcileReport, Reconciler};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
 
 pub mod generator;
@@ -126,6 +127,30 @@ pub fn load_keeping_last_good(
     }
 }
 
+/// Why gpuctld could not start (or run on).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// No system bus.
+    #[error("system bus: {0}")]
+    Bus(#[source] zbus::Error),
+    /// systemd's manager is not reachable on it.
+    #[error(transparent)]
+    Systemd(#[from] crate::systemd::SystemdError),
+    /// The bus API could not be exported or its name taken.
+    #[error("D-Bus API {name}: {source}", name = crate::dbus_api::BUS_NAME)]
+    Serve {
+        /// zbus' words.
+        #[source]
+        source: zbus::Error,
+    },
+    /// A signal handler could not be installed.
+    #[error("{0}")]
+    Signal(#[source] std::io::Error),
+    /// Logging could not be set up.
+    #[error(transparent)]
+    Logging(#[from] logging::LoggingError),
+}
+
 /// Daemon settings.
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -147,27 +172,12 @@ impl Default for Options {
     }
 }
 
-/// What the D-Bus API and `STATUS=` show.
-#[derive(Debug, Clone, Default)]
-pub struct Shared {
-    /// The one-line truth (also `STATUS=` and the `StatusText` property).
-    pub status_text: String,
-    /// Last reconcile.
-    pub last_report: Option<ReconcileReport>,
-    /// Last policy load error, cleared by a good load.
-    pub policy_error: Option<String>,
-    /// The policy in force.
-    pub policy: Option<Policy>,
-    /// `current` or `last-good`.
-    pub policy_origin: Option<&'static str>,
-    /// Wall-clock µs when the latest reconcile started; with `busy`, lets a caller wait for
-    /// "a reconcile that started after my change has finished".
-    pub cycle_started_us: u64,
-    /// A reconcile is running.
-    pub busy: bool,
-    /// Units whose removal by systemd should trigger a reconcile.
-    pub expected_units: std::collections::BTreeSet<String>,
-}
+/// What the D-Bus API and `STATUS=` show: the bus API's own state type, which the daemon
+/// keeps behind a mutex and hands out through [`crate::dbus_api::Backend`].
+pub use crate::dbus_api::AgentState as Shared;
+
+/// Units whose removal by systemd should trigger a reconcile.
+type ExpectedUnits = Arc<Mutex<std::collections::BTreeSet<String>>>;
 
 /// Wall-clock microseconds since the epoch.
 pub fn unix_now_us() -> u64 {
@@ -176,21 +186,34 @@ pub fn unix_now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-/// Requests to the reconcile loop.
-#[derive(Debug)]
-pub enum Request {
-    /// Reload the policy and reconcile; the report goes to `reply`.
-    Reconcile {
-        /// Why (for the journal).
-        reason: String,
-        /// Who waits for the result.
-        reply: Option<oneshot::Sender<ReconcileReport>>,
-    },
-    /// Dry run against the policy on disk (or the last good one).
-    Plan {
-        /// Where the report goes.
-        reply: oneshot::Sender<ReconcileReport>,
-    },
+pub use crate::dbus_api::Request;
+
+/// The daemon as the bus API sees it ([`crate::dbus_api::Backend`]): the shared state and the
+/// reconcile loop's queue.
+struct BusBackend {
+    shared: Arc<Mutex<Shared>>,
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl crate::dbus_api::Backend for BusBackend {
+    fn state(&self) -> Shared {
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn policy(&self) -> Result<Policy, Refusal> {
+        let sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        sh.policy.clone().ok_or_else(|| {
+            let why = sh.policy_error.as_deref().unwrap_or("not loaded");
+            Refusal::NoPolicy(why.into())
+        })
+    }
+
+    fn send(&self, req: Request) -> bool {
+        self.tx.send(req).is_ok()
+    }
 }
 
 type SharedReconciler = Arc<Mutex<Box<dyn Reconciler>>>;
@@ -205,6 +228,7 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
 struct Looper {
     root: Root,
     shared: Arc<Mutex<Shared>>,
+    expected: ExpectedUnits,
     reconciler: SharedReconciler,
     last_good: Option<Policy>,
     conn: zbus::Connection,
@@ -254,7 +278,8 @@ impl Looper {
             };
             sh.last_report = Some(report.clone());
             if !report.units.is_empty() || report.converged() {
-                sh.expected_units = report.units.iter().cloned().collect();
+                let mut ex = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+                *ex = report.units.iter().cloned().collect();
             }
             sh.busy = false;
             sh.status_text.clone()
@@ -281,7 +306,7 @@ impl Looper {
 
 /// Forward systemd's removal of our units (someone stopped a team slice or MPS daemon and it
 /// was garbage-collected) as reconcile triggers.
-async fn watch_units(sd: Systemd, shared: Arc<Mutex<Shared>>, tx: mpsc::UnboundedSender<Request>) {
+async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSender<Request>) {
     let Ok(mut removed) = sd.manager().receive_unit_removed().await else {
         warn!("cannot subscribe to UnitRemoved; relying on the drift timer");
         return;
@@ -293,11 +318,11 @@ async fn watch_units(sd: Systemd, shared: Arc<Mutex<Shared>>, tx: mpsc::Unbounde
         // looked at (`systemctl status gpuctl-mps@x-0` loads a not-found unit), so only units
         // the policy wants count.
         let ours = props::team_of_slice(id).is_some() || mps::instance_of(id).is_some();
-        let expected = shared
+        let wanted = expected
             .lock()
-            .map(|s| s.expected_units.contains(id.as_str()))
+            .map(|s| s.contains(id.as_str()))
             .unwrap_or(false);
-        if ours && expected {
+        if ours && wanted {
             let _ = tx.send(Request::Reconcile {
                 reason: format!("{id} removed"),
                 reply: None,
@@ -328,15 +353,12 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
 }
 
 /// Run the daemon until SIGTERM/SIGINT.
-pub async fn run(opts: Options) -> Result<(), String> {
+pub async fn run(opts: Options) -> Result<(), DaemonError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let conn = zbus::Connection::system()
-        .await
-        .map_err(|e| format!("system bus: {e}"))?;
-    let sd = Systemd::with_connection(conn.clone(), opts.root.clone())
-        .await
-        .map_err(|e| e.to_string())?;
+    let conn = zbus::Connection::system().await.map_err(DaemonError::Bus)?;
+    let sd = Systemd::with_connection(conn.clone(), opts.root.clone()).await?;
     let shared = Arc::new(Mutex::new(Shared::default()));
+    let expected = ExpectedUnits::default();
     let (tx, mut rx) = mpsc::unbounded_channel();
 
     let effector = BlockingSystemd::new(tokio::runtime::Handle::current(), Arc::new(sd.clone()));
@@ -346,20 +368,18 @@ pub async fn run(opts: Options) -> Result<(), String> {
         crate::real::RealHost::open(opts.root.clone(), None).with_systemd(Box::new(effector));
     let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(CoreReconciler::new(host))));
 
-    crate::dbus_api::serve(
-        &conn,
-        shared.clone(),
-        tx.clone(),
-        sd.clone(),
-        opts.root.clone(),
-    )
-    .await
-    .map_err(|e| format!("D-Bus API {}: {e}", crate::dbus_api::BUS_NAME))?;
+    let backend = Arc::new(BusBackend {
+        shared: shared.clone(),
+        tx: tx.clone(),
+    });
+    crate::dbus_api::serve(&conn, backend, sd.clone(), opts.root.clone())
+        .await
+        .map_err(|source| DaemonError::Serve { source })?;
 
-    let mut hup = signal(SignalKind::hangup()).map_err(|e| e.to_string())?;
-    let mut term = signal(SignalKind::terminate()).map_err(|e| e.to_string())?;
-    let mut int = signal(SignalKind::interrupt()).map_err(|e| e.to_string())?;
-    tokio::spawn(watch_units(sd.clone(), shared.clone(), tx.clone()));
+    let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signal)?;
+    let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;
+    let mut int = signal(SignalKind::interrupt()).map_err(DaemonError::Signal)?;
+    tokio::spawn(watch_units(sd.clone(), expected.clone(), tx.clone()));
     tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
 
     let mut wd_usec = 0u64;
@@ -377,6 +397,7 @@ pub async fn run(opts: Options) -> Result<(), String> {
     let mut looper = Looper {
         root: opts.root.clone(),
         shared,
+        expected,
         reconciler,
         last_good: None,
         conn,

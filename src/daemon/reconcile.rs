@@ -10,71 +10,14 @@
 use super::state::{AppliedState, STATE_FILE};
 use crate::apply::journal::FileJournal;
 use crate::apply::{self, EffectError, Observer, Report};
-use crate::observe::{GpuState, Observed};
+pub use crate::dbus_api::reply::{HostView, ReconcileReport};
+use crate::observe::Observed;
 use crate::plan::{self, Action, ActionKind, Plan, TeamView};
 use crate::policy::Policy;
 use crate::real::RealHost;
 use crate::systemd::{mps, props};
-use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tracing::{error, info, warn};
-
-/// The outcome of one reconcile (or of a dry run, for `Plan`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct ReconcileReport {
-    /// Unix time (seconds) of the end of the run.
-    pub at: u64,
-    /// Teams in the policy.
-    pub teams: usize,
-    /// GPUs the policy assigns.
-    pub gpus: usize,
-    /// What was changed (or, in a dry run, would be), one line each.
-    pub changes: Vec<String>,
-    /// What failed, one line each, naming the unit or path.
-    pub errors: Vec<String>,
-    /// What was left alone and why: blocked MIG changes, pending modes, slices kept because
-    /// jobs still run in them, NVML missing.
-    pub warnings: Vec<String>,
-    /// Units the policy wants to exist (team slices, MPS daemons): systemd removing one of
-    /// these triggers a reconcile; removals of any other unit are noise.
-    #[serde(default)]
-    pub units: Vec<String>,
-    /// What the host looked like at the end of the run, for `Status` (not part of the JSON
-    /// report).
-    #[serde(skip)]
-    pub view: Option<HostView>,
-}
-
-/// The host as the last reconcile left it: what each team gets and the GPUs.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct HostView {
-    /// Team views (devices, MIG devices with UUIDs, slice, MPS instances) by team.
-    pub teams: BTreeMap<String, TeamView>,
-    /// GPUs as observed, MIG state included.
-    pub gpus: Vec<GpuState>,
-}
-
-impl ReconcileReport {
-    /// The host matches the policy as far as this run could tell.
-    pub fn converged(&self) -> bool {
-        self.errors.is_empty()
-    }
-
-    /// One line for `STATUS=`.
-    pub fn summary(&self) -> String {
-        if self.converged() {
-            format!("{} teams, {} GPUs converged", self.teams, self.gpus)
-        } else {
-            format!(
-                "{} teams, {} GPUs: {} error(s), first: {}",
-                self.teams,
-                self.gpus,
-                self.errors.len(),
-                self.errors[0]
-            )
-        }
-    }
-}
 
 /// Makes the host match a policy. Must be idempotent: a second call with the same policy and an
 /// unchanged host changes nothing, and a call after a crash mid-way finishes the job.
@@ -189,7 +132,7 @@ impl CoreReconciler {
                     .collect(),
             };
             if let Err(e) = state.save(&self.host.root().join(STATE_FILE)) {
-                r.errors.push(e);
+                r.errors.push(e.to_string());
             }
         }
         r.view = Some(HostView {

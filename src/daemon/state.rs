@@ -1,11 +1,13 @@
 //! Persistent daemon state under `/var/lib/gpuctl`: the last applied slices (read by the
 //! generator at boot) and the last good policy.
 
+use crate::files::{write_if_changed, FileError};
 use crate::observe::SliceSpec;
 use crate::policy::Policy;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
 
 /// Slices of the last fully successful reconcile (host path).
 pub const STATE_FILE: &str = "/var/lib/gpuctl/slices.json";
@@ -21,35 +23,67 @@ pub struct AppliedState {
     pub slices: BTreeMap<String, SliceSpec>,
 }
 
-fn write_atomic(path: &Path, content: &str) -> Result<(), String> {
-    crate::systemd::client::write_if_changed(path, content)
-        .map(|_| ())
-        .map_err(|e| e.to_string())
+/// A state file that cannot be read, parsed or written.
+#[derive(Debug, Error)]
+pub enum StateError {
+    /// Reading or writing the file failed.
+    #[error(transparent)]
+    File(#[from] FileError),
+    /// The file is not valid JSON of the expected shape.
+    #[error("{}: {source}", path.display())]
+    Format {
+        /// The file.
+        path: PathBuf,
+        /// serde's words, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A format version this gpuctl does not read.
+    #[error("{}: unknown version {version}", path.display())]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// The version found.
+        version: u32,
+    },
+}
+
+fn format_err(path: &Path) -> impl FnOnce(serde_json::Error) -> StateError + '_ {
+    move |source| StateError::Format {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn write_json<T: Serialize>(path: &Path, value: &T) -> Result<(), StateError> {
+    let text = serde_json::to_string_pretty(value).map_err(format_err(path))?;
+    write_if_changed(path, &(text + "\n"))?;
+    Ok(())
 }
 
 impl AppliedState {
     /// Read a state file.
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let s: AppliedState =
-            serde_json::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub fn load(path: &Path) -> Result<Self, StateError> {
+        let text = std::fs::read_to_string(path).map_err(|e| FileError::new(path, e))?;
+        let s: AppliedState = serde_json::from_str(&text).map_err(format_err(path))?;
         if s.version != 1 {
-            return Err(format!("{}: unknown version {}", path.display(), s.version));
+            return Err(StateError::Version {
+                path: path.to_path_buf(),
+                version: s.version,
+            });
         }
         Ok(s)
     }
 
     /// Write it atomically, so a crash never leaves the generator a torn file.
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        let text = serde_json::to_string_pretty(self).map_err(|e| e.to_string())?;
-        write_atomic(path, &(text + "\n"))
+    pub fn save(&self, path: &Path) -> Result<(), StateError> {
+        write_json(path, self)
     }
 }
 
 /// Save the last good policy.
-pub fn save_last_good(path: &Path, policy: &Policy) -> Result<(), String> {
-    let text = serde_json::to_string_pretty(policy).map_err(|e| e.to_string())?;
-    write_atomic(path, &(text + "\n"))
+pub fn save_last_good(path: &Path, policy: &Policy) -> Result<(), StateError> {
+    write_json(path, policy)
 }
 
 /// Load the last good policy, if one was saved.

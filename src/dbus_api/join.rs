@@ -12,23 +12,20 @@
 //! is the process checked. Where the bus does hand out a `ProcessFD`, that fd is used instead
 //! of opening one.
 
-use crate::daemon::Shared;
+use super::reply::TeamInfo;
+use super::Backend;
 use crate::join::{
     self, check_team_name, nss::Nss, parse_env_file, scope_name, verify_process, Caller,
     ProcIdentity, Refusal, Via,
 };
 use crate::paths::Root;
-use crate::systemd::{props, Systemd};
-use futures_lite::StreamExt;
-use serde_json::json;
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use crate::policy::TeamName;
+use crate::systemd::scope::JobWaiter;
+use crate::systemd::{props, Systemd, SystemdError};
+use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::sync::oneshot;
 use tracing::{info, warn};
 use zbus::message::Header;
-use zbus::zvariant::{OwnedValue, Value};
 use zbus::{fdo, Connection};
 
 /// Errors of the join methods. The D-Bus name (`org.gpuctl.Agent1.Error.<Variant>`) is what
@@ -106,91 +103,84 @@ pub async fn bus_caller(conn: &Connection, hdr: &Header<'_>) -> Result<BusCaller
     Ok(BusCaller { caller, pidfd })
 }
 
-fn policy_of(shared: &Arc<Mutex<Shared>>) -> Result<crate::policy::Policy, Refusal> {
-    let sh = shared.lock().unwrap_or_else(|e| e.into_inner());
-    sh.policy.clone().ok_or_else(|| {
-        Refusal::NoPolicy(
-            sh.policy_error
-                .clone()
-                .unwrap_or_else(|| "not loaded".into()),
-        )
-    })
-}
-
 /// Authorize on a blocking thread: NSS may be LDAP or SSSD, and the runtime thread also serves
 /// the watchdog and every other caller.
 async fn authorize(
-    shared: &Arc<Mutex<Shared>>,
+    backend: &dyn Backend,
     caller: &Caller,
-    team: &str,
+    team: &TeamName,
 ) -> Result<join::Grant, Refusal> {
-    check_team_name(team)?;
-    let policy = policy_of(shared)?;
-    let (c, t) = (caller.clone(), team.to_string());
+    let policy = backend.policy()?;
+    let (c, t) = (caller.clone(), team.clone());
     tokio::task::spawn_blocking(move || join::authorize(&c, &policy, &t, &Nss))
         .await
         .map_err(|e| Refusal::NoPolicy(format!("authorization task failed: {e}")))?
 }
 
 /// The team's environment as the daemon last wrote it; a team without devices is refused.
-pub fn team_env(root: &Root, team: &str) -> Result<BTreeMap<String, String>, Refusal> {
+pub fn team_env(root: &Root, team: &TeamName) -> Result<BTreeMap<String, String>, Refusal> {
     let env = std::fs::read_to_string(root.join(join::team_env_path(team)))
         .map(|t| parse_env_file(&t))
         .unwrap_or_default();
     if join::has_devices(&env) {
         Ok(env)
     } else {
-        Err(Refusal::NoDevices { team: team.into() })
+        Err(Refusal::NoDevices {
+            team: team.to_string(),
+        })
     }
 }
 
 /// `Env(team)`: the environment of a team the caller may use.
 pub async fn env(
-    shared: &Arc<Mutex<Shared>>,
+    backend: &dyn Backend,
     root: &Root,
     conn: &Connection,
     hdr: &Header<'_>,
     team: &str,
 ) -> Result<HashMap<String, String>, JoinError> {
-    check_team_name(team)?;
+    let team = &check_team_name(team)?;
     let bc = bus_caller(conn, hdr).await?;
-    authorize(shared, &bc.caller, team).await?;
+    authorize(backend, &bc.caller, team).await?;
     Ok(team_env(root, team)?.into_iter().collect())
 }
 
 /// `Teams()`: JSON array of the teams the caller may use and what each gives.
 pub async fn teams(
-    shared: &Arc<Mutex<Shared>>,
+    backend: &dyn Backend,
     root: &Root,
     conn: &Connection,
     hdr: &Header<'_>,
 ) -> Result<String, JoinError> {
     let bc = bus_caller(conn, hdr).await?;
-    let policy = policy_of(shared)?;
+    let policy = backend.policy()?;
     let p = policy.clone();
     let c = bc.caller.clone();
     let mine: Vec<(String, Via)> =
         tokio::task::spawn_blocking(move || join::joinable(&c, &p, &Nss))
             .await
             .map_err(|e| fdo::Error::Failed(format!("authorization task failed: {e}")))?;
-    let out: Vec<_> = mine
+    let out: Vec<TeamInfo> = mine
         .into_iter()
         .map(|(name, via)| {
             let t = &policy.teams[&name];
-            let env = team_env(root, &name).ok();
-            json!({
-                "team": name,
-                "via": via,
-                "slice": props::slice_unit(&name),
-                "devices": env.as_ref().and_then(|e| e.get("CUDA_VISIBLE_DEVICES")),
-                "env": env,
-                "limits": t.limits,
-                "mps": t.mps,
-                "members": t.members.iter().map(ToString::to_string).collect::<Vec<_>>(),
-            })
+            // Names in a validated policy are team names; parsing cannot fail here.
+            let env = name.parse().ok().and_then(|t| team_env(root, &t).ok());
+            TeamInfo {
+                slice: props::slice_unit(&name),
+                devices: env
+                    .as_ref()
+                    .and_then(|e| e.get("CUDA_VISIBLE_DEVICES").cloned()),
+                env,
+                limits: t.limits.clone(),
+                mps: t.mps.clone(),
+                members: t.members.iter().map(ToString::to_string).collect(),
+                team: name,
+                via,
+            }
         })
         .collect();
-    Ok(serde_json::Value::Array(out).to_string())
+    serde_json::to_string(&out).map_err(|e| JoinError::ZBus(zbus::Error::Failure(e.to_string())))
 }
 
 fn pidfd_open(pid: u32) -> Option<OwnedFd> {
@@ -226,136 +216,10 @@ fn pid_of_pidfd(pidfd: &OwnedFd) -> Option<u32> {
         .ok()
 }
 
-/// systemd's object path of a unit (`bus_label_escape`: every byte other than an ASCII letter
-/// or digit, and a leading digit, becomes `_xx`).
-pub fn unit_object_path(unit: &str) -> String {
-    let mut p = String::from("/org/freedesktop/systemd1/unit/");
-    for (i, b) in unit.bytes().enumerate() {
-        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
-            p.push(b as char);
-        } else {
-            p.push_str(&format!("_{b:02x}"));
-        }
-    }
-    p
-}
-
-/// `DevicePolicy` of a slice in one call: systemd loads a unit named by its object path, so no
-/// `LoadUnit` round trip is needed (this is on the path of every `gpuctl run`).
-async fn device_policy(conn: &Connection, slice: &str) -> Result<String, zbus::Error> {
-    let reply = conn
-        .call_method(
-            Some("org.freedesktop.systemd1"),
-            unit_object_path(slice).as_str(),
-            Some("org.freedesktop.DBus.Properties"),
-            "Get",
-            &("org.freedesktop.systemd1.Slice", "DevicePolicy"),
-        )
-        .await?;
-    let v: OwnedValue = reply.body().deserialize()?;
-    String::try_from(v).map_err(Into::into)
-}
-
-/// Waits for systemd jobs on one long-lived `JobRemoved` subscription, so a placement costs no
-/// `AddMatch`/`RemoveMatch` round trips of its own.
-#[derive(Default)]
-pub struct JobWaiter {
-    state: Mutex<WaitState>,
-}
-
-#[derive(Default)]
-struct WaitState {
-    waiting: HashMap<String, oneshot::Sender<String>>,
-    /// Results that arrived before their waiter registered (the job finished before the
-    /// `StartTransientUnit` reply was handled); bounded, oldest dropped.
-    early: VecDeque<(String, String)>,
-}
-
-impl JobWaiter {
-    /// Subscribe and route results until the stream ends.
-    pub async fn spawn(sd: &Systemd) -> zbus::Result<Arc<JobWaiter>> {
-        let mut stream = sd.manager().receive_job_removed().await?;
-        let w = Arc::new(JobWaiter::default());
-        let w2 = w.clone();
-        tokio::spawn(async move {
-            while let Some(sig) = stream.next().await {
-                let Ok(args) = sig.args() else { continue };
-                w2.finished(args.job().to_string(), args.result().to_string());
-            }
-        });
-        Ok(w)
-    }
-
-    fn finished(&self, job: String, result: String) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        match st.waiting.remove(&job) {
-            Some(tx) => {
-                let _ = tx.send(result);
-            }
-            None => {
-                st.early.push_back((job, result));
-                if st.early.len() > 256 {
-                    st.early.pop_front();
-                }
-            }
-        }
-    }
-
-    /// The result of `job` (`done`, `failed`, …), or `None` after `timeout`.
-    pub async fn wait(&self, job: &str, timeout: Duration) -> Option<String> {
-        let rx = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = st.early.iter().position(|(j, _)| j == job) {
-                return st.early.remove(i).map(|(_, r)| r);
-            }
-            let (tx, rx) = oneshot::channel();
-            st.waiting.insert(job.to_string(), tx);
-            rx
-        };
-        let r = tokio::time::timeout(timeout, rx)
-            .await
-            .ok()
-            .and_then(Result::ok);
-        if r.is_none() {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.waiting.remove(job);
-        }
-        r
-    }
-}
-
-/// Start the scope and wait for its job on the shared subscription.
-async fn start_scope(
-    sd: &Systemd,
-    jobs: &JobWaiter,
-    scope: &str,
-    slice: &str,
-    pid: u32,
-    description: String,
-) -> Result<(), String> {
-    let props: Vec<(&str, Value<'_>)> = vec![
-        ("Slice", Value::from(slice)),
-        ("PIDs", Value::from(vec![pid])),
-        ("Description", Value::from(description)),
-        // A failed scope would otherwise stay loaded and block the name for this pid.
-        ("CollectMode", Value::from("inactive-or-failed")),
-    ];
-    let job = sd
-        .manager()
-        .start_transient_unit(scope, "fail", &props, &[])
-        .await
-        .map_err(|e| format!("{scope}: StartTransientUnit: {e}"))?;
-    match jobs.wait(job.as_str(), Duration::from_secs(30)).await {
-        Some(r) if r == "done" => Ok(()),
-        Some(r) => Err(format!("{scope}: start job finished with result '{r}'")),
-        None => Err(format!("{scope}: start job did not finish within 30 s")),
-    }
-}
-
 /// `Join(team)`: authorize the caller, move its own process into a new scope in the team's
 /// slice, and return the team's environment and the scope's name.
 pub async fn join(
-    shared: &Arc<Mutex<Shared>>,
+    backend: &dyn Backend,
     sd: &Systemd,
     jobs: &JobWaiter,
     root: &Root,
@@ -363,10 +227,10 @@ pub async fn join(
     hdr: &Header<'_>,
     team: &str,
 ) -> Result<(HashMap<String, String>, String), JoinError> {
-    check_team_name(team)?;
+    let team = &check_team_name(team)?;
     let bc = bus_caller(conn, hdr).await?;
     let uid = bc.caller.uid;
-    let grant = match authorize(shared, &bc.caller, team).await {
+    let grant = match authorize(backend, &bc.caller, team).await {
         Ok(g) => g,
         Err(r) => {
             info!(gpuctl_team = %team, gpuctl_action = "join-refused", uid, "{r}");
@@ -401,7 +265,7 @@ pub async fn join(
     // A slice that gpuctld has not configured would be an implicit one without a device
     // filter: placing anyone there would hand out every GPU.
     let slice = props::slice_unit(team);
-    match device_policy(sd.connection(), &slice).await {
+    match sd.slice_device_policy(&slice).await {
         Ok(p) if p == "closed" => {}
         Ok(p) => {
             return Err(JoinError::PlacementFailed(format!(
@@ -409,12 +273,15 @@ pub async fn join(
                  gpuctld has not configured team \"{team}\""
             )))
         }
-        Err(e) => return Err(JoinError::PlacementFailed(format!("{slice}: {e}"))),
+        Err(SystemdError::Bus { source, .. }) => {
+            return Err(JoinError::PlacementFailed(format!("{slice}: {source}")))
+        }
+        Err(e) => return Err(JoinError::PlacementFailed(e.to_string())),
     }
 
     let scope = scope_name(team, pid);
     let description = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
-    if let Err(e) = start_scope(sd, jobs, &scope, &slice, pid, description).await {
+    if let Err(e) = sd.start_scope(jobs, &scope, &slice, pid, description).await {
         return Err(JoinError::PlacementFailed(format!(
             "cannot place pid {pid} of {} in {slice}: {e}",
             grant.user
@@ -445,47 +312,4 @@ pub async fn join(
         grant.via
     );
     Ok((env.into_iter().collect(), scope))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn unit_object_paths_match_systemds_escaping() {
-        assert_eq!(
-            unit_object_path("gpu-infer.slice"),
-            "/org/freedesktop/systemd1/unit/gpu_2dinfer_2eslice"
-        );
-        assert_eq!(
-            unit_object_path("gpu-ml_2.slice"),
-            "/org/freedesktop/systemd1/unit/gpu_2dml_5f2_2eslice"
-        );
-        assert_eq!(
-            unit_object_path("1x"),
-            "/org/freedesktop/systemd1/unit/_31x"
-        );
-    }
-
-    #[tokio::test]
-    async fn job_results_reach_waiters_whether_they_come_before_or_after() {
-        let w = JobWaiter::default();
-        w.finished("/job/1".into(), "done".into());
-        assert_eq!(
-            w.wait("/job/1", Duration::from_secs(1)).await.as_deref(),
-            Some("done")
-        );
-        let w = Arc::new(w);
-        let w2 = w.clone();
-        let t = tokio::spawn(async move { w2.wait("/job/2", Duration::from_secs(5)).await });
-        tokio::task::yield_now().await;
-        w.finished("/job/3".into(), "failed".into());
-        w.finished("/job/2".into(), "failed".into());
-        assert_eq!(t.await.unwrap().as_deref(), Some("failed"));
-        assert_eq!(w.wait("/job/9", Duration::from_millis(10)).await, None);
-        assert!(
-            w.state.lock().unwrap().waiting.is_empty(),
-            "timed-out waiter removed"
-        );
-    }
 }

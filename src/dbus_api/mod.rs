@@ -18,19 +18,72 @@
 //! (`packaging/files/org.gpuctl.Agent1.conf`) lets only root own the name and lets other users
 //! send only the read and join methods.
 
-use crate::daemon::reconcile::ReconcileReport;
-use crate::daemon::{Request, Shared};
 use crate::paths::Root;
+use crate::policy::Policy;
+use crate::systemd::scope::JobWaiter;
 use crate::systemd::{mps, Systemd};
-use serde_json::{json, Value};
+use reply::{
+    GpuRef, GpuStatus, LastReconcile, MpsUnitStatus, ReconcileReport, ReportReply, SliceStatus,
+    StatusReply, TeamStatus,
+};
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use tokio::sync::{mpsc, oneshot};
+use std::sync::Arc;
+use tokio::sync::oneshot;
 use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
 pub mod join;
+pub mod reply;
 pub mod wire;
+
+/// What the daemon shows on the bus (and in `STATUS=`), as of the call.
+#[derive(Debug, Clone, Default)]
+pub struct AgentState {
+    /// The one-line truth (also `STATUS=` and the `StatusText` property).
+    pub status_text: String,
+    /// Last reconcile.
+    pub last_report: Option<ReconcileReport>,
+    /// Last policy load error, cleared by a good load.
+    pub policy_error: Option<String>,
+    /// The policy in force.
+    pub policy: Option<Policy>,
+    /// `current` or `last-good`.
+    pub policy_origin: Option<&'static str>,
+    /// Wall-clock µs when the latest reconcile started; with `busy`, lets a caller wait for
+    /// "a reconcile that started after my change has finished".
+    pub cycle_started_us: u64,
+    /// A reconcile is running.
+    pub busy: bool,
+}
+
+/// Requests to the daemon's reconcile loop.
+#[derive(Debug)]
+pub enum Request {
+    /// Reload the policy and reconcile; the report goes to `reply`.
+    Reconcile {
+        /// Why (for the journal).
+        reason: String,
+        /// Who waits for the result.
+        reply: Option<oneshot::Sender<ReconcileReport>>,
+    },
+    /// Dry run against the policy on disk (or the last good one).
+    Plan {
+        /// Where the report goes.
+        reply: oneshot::Sender<ReconcileReport>,
+    },
+}
+
+/// What the bus API needs from the daemon that serves it. The daemon (the composition root)
+/// implements it and hands it to [`serve`]; this module never imports the daemon.
+pub trait Backend: Send + Sync + 'static {
+    /// Everything `Status` and the properties show.
+    fn state(&self) -> AgentState;
+    /// The policy in force, or [`Refusal::NoPolicy`] with the load error. Cheaper than
+    /// [`Backend::state`]: it is on the path of every `Join`.
+    fn policy(&self) -> Result<Policy, crate::join::Refusal>;
+    /// Queue a request; `false` when the loop has ended (shutdown).
+    fn send(&self, req: Request) -> bool;
+}
 
 /// Well-known bus name.
 pub const BUS_NAME: &str = "org.gpuctl.Agent1";
@@ -39,11 +92,10 @@ pub const OBJECT_PATH: &str = "/org/gpuctl/Agent1";
 
 /// The exported object.
 pub struct Agent {
-    shared: Arc<Mutex<Shared>>,
-    tx: mpsc::UnboundedSender<Request>,
+    backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
-    jobs: Arc<join::JobWaiter>,
+    jobs: Arc<JobWaiter>,
 }
 
 async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> fdo::Result<u32> {
@@ -63,23 +115,20 @@ async fn require_root(conn: &Connection, hdr: &Header<'_>, what: &str) -> fdo::R
     }
 }
 
-fn report_json(r: &ReconcileReport) -> String {
-    serde_json::to_string(&json!({
-        "converged": r.converged(),
-        "report": r,
-    }))
-    .unwrap_or_default()
+fn report_json(r: ReconcileReport) -> String {
+    serde_json::to_string(&ReportReply::from(r)).unwrap_or_default()
 }
 
 impl Agent {
     async fn request(&self, reason: &str) -> fdo::Result<ReconcileReport> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Reconcile {
-                reason: reason.into(),
-                reply: Some(reply),
-            })
-            .map_err(|_| fdo::Error::Failed("daemon is shutting down".into()))?;
+        let sent = self.backend.send(Request::Reconcile {
+            reason: reason.into(),
+            reply: Some(reply),
+        });
+        if !sent {
+            return Err(fdo::Error::Failed("daemon is shutting down".into()));
+        }
         rx.await
             .map_err(|_| fdo::Error::Failed("reconcile was abandoned".into()))
     }
@@ -89,21 +138,20 @@ impl Agent {
 impl Agent {
     /// Everything `gpuctl status` shows, as JSON.
     async fn status(&self) -> fdo::Result<String> {
-        Ok(status_json(&self.shared, &self.sd, &self.root)
-            .await
-            .to_string())
+        let reply = status(self.backend.state(), &self.sd).await;
+        serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// What a reconcile would change now, as JSON.
     async fn plan(&self) -> fdo::Result<String> {
         let (reply, rx) = oneshot::channel();
-        self.tx
-            .send(Request::Plan { reply })
-            .map_err(|_| fdo::Error::Failed("daemon is shutting down".into()))?;
+        if !self.backend.send(Request::Plan { reply }) {
+            return Err(fdo::Error::Failed("daemon is shutting down".into()));
+        }
         let r = rx
             .await
             .map_err(|_| fdo::Error::Failed("plan was abandoned".into()))?;
-        Ok(report_json(&r))
+        Ok(report_json(r))
     }
 
     /// Reconcile now (root only); returns the report as JSON.
@@ -113,7 +161,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         require_root(conn, &hdr, "Apply").await?;
-        Ok(report_json(&self.request("D-Bus Apply").await?))
+        Ok(report_json(self.request("D-Bus Apply").await?))
     }
 
     /// Reload the policy and reconcile (root only); returns the report as JSON.
@@ -123,7 +171,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         require_root(conn, &hdr, "Reload").await?;
-        Ok(report_json(&self.request("D-Bus Reload").await?))
+        Ok(report_json(self.request("D-Bus Reload").await?))
     }
 
     /// Move the caller's own process (the bus's `ProcessID` of the connection) into a new
@@ -136,7 +184,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
         join::join(
-            &self.shared,
+            &*self.backend,
             &self.sd,
             &self.jobs,
             &self.root,
@@ -155,7 +203,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<HashMap<String, String>, join::JoinError> {
-        join::env(&self.shared, &self.root, conn, &hdr, &team).await
+        join::env(&*self.backend, &self.root, conn, &hdr, &team).await
     }
 
     /// The teams the caller may use and what each gives, as a JSON array.
@@ -164,47 +212,42 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, join::JoinError> {
-        join::teams(&self.shared, &self.root, conn, &hdr).await
+        join::teams(&*self.backend, &self.root, conn, &hdr).await
     }
 
     /// Wall-clock µs at which the latest reconcile started.
     #[zbus(property)]
     async fn last_reconcile_start_usec(&self) -> u64 {
-        self.shared.lock().map(|s| s.cycle_started_us).unwrap_or(0)
+        self.backend.state().cycle_started_us
     }
 
     /// Whether a reconcile is running now.
     #[zbus(property)]
     async fn reconciling(&self) -> bool {
-        self.shared.lock().map(|s| s.busy).unwrap_or(false)
+        self.backend.state().busy
     }
 
     /// The one-line truth, as in `STATUS=`.
     #[zbus(property)]
     async fn status_text(&self) -> String {
-        self.shared
-            .lock()
-            .map(|s| s.status_text.clone())
-            .unwrap_or_default()
+        self.backend.state().status_text
     }
 }
 
 /// Export the object and take the bus name.
 pub async fn serve(
     conn: &Connection,
-    shared: Arc<Mutex<Shared>>,
-    tx: mpsc::UnboundedSender<Request>,
+    backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
 ) -> zbus::Result<()> {
     // Subscribed before the name is taken, so no placement can miss its job's signal.
-    let jobs = join::JobWaiter::spawn(&sd).await?;
+    let jobs = JobWaiter::spawn(&sd).await?;
     conn.object_server()
         .at(
             OBJECT_PATH,
             Agent {
-                shared,
-                tx,
+                backend,
                 sd,
                 root,
                 jobs,
@@ -230,14 +273,13 @@ pub async fn status_text_changed(conn: &Connection) {
     }
 }
 
-/// Build the `Status` document: per team its GPUs and MIG devices (with UUIDs), live slice
+/// Build the `Status` reply: per team its GPUs and MIG devices (with UUIDs), live slice
 /// limits and usage, MPS units; per GPU its MIG mode and instances; the last reconcile and the
 /// last policy error. Devices come from the last reconcile's view of the host (NVML is not
 /// touched on the bus thread); limits and usage are read live.
-pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, _root: &Root) -> Value {
-    let sh = shared.lock().map(|s| s.clone()).unwrap_or_default();
+pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
     let view = sh.last_report.as_ref().and_then(|r| r.view.clone());
-    let mut teams = serde_json::Map::new();
+    let mut teams = std::collections::BTreeMap::new();
     if let (Some(p), Some(v)) = (&sh.policy, &view) {
         let live_mps = sd.list_mps().await.unwrap_or_default();
         for name in p.teams.keys() {
@@ -248,86 +290,85 @@ pub async fn status_json(shared: &Arc<Mutex<Shared>>, sd: &Systemd, _root: &Root
             for inst in tv.iter().flat_map(|t| t.mps.keys()) {
                 let unit = mps::unit(inst);
                 let state = sd.unit_state(&unit).await.ok().flatten();
-                mps_units.push(json!({
-                    "unit": unit,
-                    "active_state": state.as_ref().map(|s| s.active.clone()),
-                    "sub_state": state.map(|s| s.sub),
-                    "settings": live_mps.iter().find(|(i, _)| i == inst).map(|(_, s)| s),
-                }));
+                mps_units.push(MpsUnitStatus {
+                    unit,
+                    active_state: state.as_ref().map(|s| s.active.clone()),
+                    sub_state: state.map(|s| s.sub),
+                    settings: live_mps
+                        .iter()
+                        .find(|(i, _)| i == inst)
+                        .map(|(_, s)| s.clone()),
+                });
             }
-            let gpus: Vec<Value> = tv
+            let gpus = tv
                 .iter()
                 .flat_map(|t| &t.whole_gpus)
-                .map(|i| {
-                    json!({
-                        "index": i,
-                        "uuid": v.gpus.iter().find(|g| g.index == *i).map(|g| g.uuid.clone()),
-                    })
+                .map(|i| GpuRef {
+                    index: *i,
+                    uuid: v
+                        .gpus
+                        .iter()
+                        .find(|g| g.index == *i)
+                        .map(|g| g.uuid.clone()),
                 })
                 .collect();
-            teams.insert(
-                name.clone(),
-                json!({
-                    "gpus": gpus,
-                    "mig_instances": tv.map(|t| t.mig_devices.clone()).unwrap_or_default(),
-                    "slice": {
-                        "unit": format!("gpu-{name}.slice"),
-                        "wanted": tv.map(|t| &t.slice),
-                        "live": live,
-                        "active_state": usage.as_ref().map(|u| u.active_state.clone()),
-                        "memory_current": usage.as_ref().and_then(|u| u.memory_current),
-                        "tasks_current": usage.as_ref().and_then(|u| u.tasks_current),
-                    },
-                    "mps": mps_units,
-                }),
-            );
+            let slice = SliceStatus {
+                unit: format!("gpu-{name}.slice"),
+                wanted: tv.map(|t| t.slice.clone()),
+                live,
+                active_state: usage.as_ref().map(|u| u.active_state.clone()),
+                memory_current: usage.as_ref().and_then(|u| u.memory_current),
+                tasks_current: usage.as_ref().and_then(|u| u.tasks_current),
+            };
+            let team = TeamStatus {
+                gpus,
+                mig_instances: tv.map(|t| t.mig_devices.clone()).unwrap_or_default(),
+                slice,
+                mps: mps_units,
+            };
+            teams.insert(name.clone(), team);
         }
     }
-    let gpus: Vec<Value> = view
+    let gpus = view
         .iter()
         .flat_map(|v| v.gpus.iter().map(move |g| (v, g)))
-        .map(|(v, g)| {
-            let owners: Vec<&String> = v
+        .map(|(v, g)| GpuStatus {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            name: g.name.clone(),
+            node: format!("/dev/nvidia{}", g.minor),
+            teams: v
                 .teams
                 .iter()
                 .filter(|(_, t)| {
                     t.whole_gpus.contains(&g.index)
                         || t.mig_devices.iter().any(|m| m.gpu_index == g.index)
                 })
-                .map(|(n, _)| n)
-                .collect();
-            json!({
-                "index": g.index,
-                "uuid": g.uuid,
-                "name": g.name,
-                "node": format!("/dev/nvidia{}", g.minor),
-                "teams": owners,
-                "mig": g.mig.as_ref().map(|m| {
-                    let mode = |on: bool| if on { "on" } else { "off" };
-                    let pending = if m.is_pending() {
-                        format!(" (pending {}: needs GPU reset)", mode(m.pending))
-                    } else {
-                        String::new()
-                    };
-                    format!("{}{pending}, {} instance(s)", mode(m.current), m.instances.len())
-                }),
-                "instances": g.mig.as_ref().map(|m| &m.instances),
-            })
+                .map(|(n, _)| n.clone())
+                .collect(),
+            mig: g.mig.as_ref().map(|m| {
+                let mode = |on: bool| if on { "on" } else { "off" };
+                let pending = if m.is_pending() {
+                    format!(" (pending {}: needs GPU reset)", mode(m.pending))
+                } else {
+                    String::new()
+                };
+                format!(
+                    "{}{pending}, {} instance(s)",
+                    mode(m.current),
+                    m.instances.len()
+                )
+            }),
+            instances: g.mig.as_ref().map(|m| m.instances.clone()),
         })
         .collect();
-    json!({
-        "status": sh.status_text,
-        "policy_error": sh.policy_error,
-        "policy_in_force": sh.policy_origin,
-        "policy_sources": sh.policy.as_ref().map(|p| p.sources.clone()),
-        "last_reconcile": sh.last_report.as_ref().map(|r| json!({
-            "at": r.at,
-            "result": if r.converged() { "converged" } else { "errors" },
-            "changes": r.changes,
-            "errors": r.errors,
-            "warnings": r.warnings,
-        })),
-        "teams": teams,
-        "gpus": gpus,
-    })
+    StatusReply {
+        status: sh.status_text,
+        policy_error: sh.policy_error,
+        policy_in_force: sh.policy_origin.map(str::to_string),
+        policy_sources: sh.policy.as_ref().map(|p| p.sources.clone()),
+        last_reconcile: sh.last_report.as_ref().map(LastReconcile::from),
+        teams,
+        gpus,
+    }
 }

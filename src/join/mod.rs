@@ -12,7 +12,7 @@
 //!   client inherited can override what the daemon said.
 
 use crate::paths::Root;
-use crate::policy::{valid_team_name, Member, Policy};
+use crate::policy::{Member, Policy, TeamName};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -46,12 +46,9 @@ pub fn shown(name: &str) -> String {
 /// Accept only names that can be teams (`[a-z][a-z0-9_]{0,30}`, the policy's rule): a name
 /// becomes a unit name (`gpu-<team>.slice`) and a file name (`<team>.env`), so `../x`, `a-b`
 /// (a nested slice), very long names and control characters must never reach a lookup.
-pub fn check_team_name(name: &str) -> Result<(), Refusal> {
-    if valid_team_name(name) {
-        Ok(())
-    } else {
-        Err(Refusal::BadTeamName { shown: shown(name) })
-    }
+pub fn check_team_name(name: &str) -> Result<TeamName, Refusal> {
+    name.parse()
+        .map_err(|_| Refusal::BadTeamName { shown: shown(name) })
 }
 
 /// The caller as the bus daemon reports it (`GetConnectionCredentials`), never as the client
@@ -91,7 +88,7 @@ pub trait Directory {
 }
 
 /// Why a caller may use a team.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Via {
     /// uid 0 may join any team.
@@ -188,13 +185,12 @@ fn list_or_none(v: &[String]) -> String {
 pub fn authorize(
     caller: &Caller,
     policy: &Policy,
-    team: &str,
+    team: &TeamName,
     dir: &dyn Directory,
 ) -> Result<Grant, Refusal> {
-    check_team_name(team)?;
-    let Some(t) = policy.teams.get(team) else {
+    let Some(t) = policy.teams.get(&**team) else {
         return Err(Refusal::UnknownTeam {
-            team: team.into(),
+            team: team.to_string(),
             known: policy.teams.keys().cloned().collect(),
         });
     };
@@ -203,7 +199,7 @@ pub fn authorize(
         .as_ref()
         .map_or_else(|| format!("uid {}", caller.uid), |a| a.name.clone());
     let grant = |via| Grant {
-        team: team.into(),
+        team: team.to_string(),
         user: user.clone(),
         via,
     };
@@ -237,7 +233,7 @@ pub fn authorize(
         }
     }
     Err(Refusal::NotMember {
-        team: team.into(),
+        team: team.to_string(),
         user,
         members: t.members.iter().map(Member::to_string).collect(),
     })
@@ -249,7 +245,7 @@ pub fn joinable(caller: &Caller, policy: &Policy, dir: &dyn Directory) -> Vec<(S
         .teams
         .keys()
         .filter_map(|t| {
-            authorize(caller, policy, t, dir)
+            authorize(caller, policy, &t.parse().ok()?, dir)
                 .ok()
                 .map(|g| (g.team, g.via))
         })

@@ -83,20 +83,20 @@ fn caller(uid: u32) -> Caller {
 
 #[test]
 fn group_member_is_granted_through_nss_groups() {
-    let g = authorize(&caller(1000), &policy(), "infer", &FakeDir).unwrap();
+    let g = authorize(&caller(1000), &policy(), &tn("infer"), &FakeDir).unwrap();
     assert_eq!(g.via, Via::Group("ml-infer".into()));
     assert_eq!(g.user, "alice");
 }
 
 #[test]
 fn listed_user_is_granted() {
-    let g = authorize(&caller(1001), &policy(), "solo", &FakeDir).unwrap();
+    let g = authorize(&caller(1001), &policy(), &tn("solo"), &FakeDir).unwrap();
     assert_eq!(g.via, Via::User("bob".into()));
 }
 
 #[test]
 fn non_member_is_refused_and_told_who_the_members_are() {
-    let e = authorize(&caller(1001), &policy(), "infer", &FakeDir).unwrap_err();
+    let e = authorize(&caller(1001), &policy(), &tn("infer"), &FakeDir).unwrap_err();
     assert_eq!(
         e,
         Refusal::NotMember {
@@ -110,21 +110,21 @@ fn non_member_is_refused_and_told_who_the_members_are() {
         "bob is not a member of team \"infer\" (members: @ml-infer)"
     );
     // A user name that merely starts like a member's does not match.
-    assert!(authorize(&caller(1001), &policy(), "train", &FakeDir).is_err());
+    assert!(authorize(&caller(1001), &policy(), &tn("train"), &FakeDir).is_err());
 }
 
 #[test]
 fn unknown_uid_is_refused_by_number() {
-    let e = authorize(&caller(4711), &policy(), "solo", &FakeDir).unwrap_err();
+    let e = authorize(&caller(4711), &policy(), &tn("solo"), &FakeDir).unwrap_err();
     assert!(e.to_string().starts_with("uid 4711 is not a member"), "{e}");
 }
 
 #[test]
 fn bus_groups_count_too() {
     let mut c = caller(1002);
-    assert!(authorize(&c, &policy(), "infer", &FakeDir).is_err());
+    assert!(authorize(&c, &policy(), &tn("infer"), &FakeDir).is_err());
     c.gids = Some(vec![1002, 2000]);
-    let g = authorize(&c, &policy(), "infer", &FakeDir).unwrap();
+    let g = authorize(&c, &policy(), &tn("infer"), &FakeDir).unwrap();
     assert_eq!(g.via, Via::Group("ml-infer".into()));
 }
 
@@ -133,7 +133,7 @@ fn a_group_nss_does_not_know_grants_nothing() {
     let mut c = caller(1000);
     c.gids = Some(vec![1000, 2000]);
     assert!(matches!(
-        authorize(&c, &policy(), "ghost", &FakeDir),
+        authorize(&c, &policy(), &tn("ghost"), &FakeDir),
         Err(Refusal::NotMember { .. })
     ));
 }
@@ -142,11 +142,13 @@ fn a_group_nss_does_not_know_grants_nothing() {
 fn root_may_join_any_team_but_not_an_unknown_one() {
     for t in ["infer", "train", "solo", "ghost"] {
         assert_eq!(
-            authorize(&caller(0), &policy(), t, &FakeDir).unwrap().via,
+            authorize(&caller(0), &policy(), &tn(t), &FakeDir)
+                .unwrap()
+                .via,
             Via::Root
         );
     }
-    let e = authorize(&caller(0), &policy(), "nope", &FakeDir).unwrap_err();
+    let e = authorize(&caller(0), &policy(), &tn("nope"), &FakeDir).unwrap_err();
     assert!(matches!(e, Refusal::UnknownTeam { .. }));
     assert_eq!(
         e.to_string(),
@@ -170,19 +172,7 @@ fn joinable_lists_exactly_the_callers_teams() {
 
 #[test]
 fn hostile_team_names_are_rejected_before_any_lookup() {
-    /// A directory that fails the test if it is asked anything.
-    struct Tripwire;
-    impl Directory for Tripwire {
-        fn user_by_uid(&self, _: u32) -> Option<Account> {
-            panic!("looked up a user for a hostile name")
-        }
-        fn group_gid(&self, _: &str) -> Option<u32> {
-            panic!("looked up a group for a hostile name")
-        }
-        fn groups_of(&self, _: &Account) -> Vec<u32> {
-            panic!("looked up groups for a hostile name")
-        }
-    }
+    // A `TeamName` is the only way into `authorize`, so a hostile name cannot reach a lookup.
     let long = "a".repeat(4096);
     for bad in [
         "../x",
@@ -197,7 +187,7 @@ fn hostile_team_names_are_rejected_before_any_lookup() {
         "infer\0",
         long.as_str(),
     ] {
-        let e = authorize(&caller(0), &policy(), bad, &Tripwire).unwrap_err();
+        let e = check_team_name(bad).unwrap_err();
         assert!(matches!(e, Refusal::BadTeamName { .. }), "{bad:?}: {e}");
         let msg = e.to_string();
         assert!(
@@ -331,4 +321,8 @@ fn env_file_parsing_and_device_presence() {
     assert!(has_devices(&e));
     assert!(!has_devices(&parse_env_file("CUDA_VISIBLE_DEVICES=\n")));
     assert!(!has_devices(&parse_env_file("GPUCTL_TEAM=x\n")));
+}
+
+fn tn(s: &str) -> crate::policy::TeamName {
+    s.parse().unwrap()
 }

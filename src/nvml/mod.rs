@@ -22,7 +22,7 @@ use nvml_wrapper_sys::bindings::nvmlDevice_t;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-mod raw;
+pub(crate) mod raw;
 
 /// Environment variable naming the NVML library; wins over the policy's `nvml-library`.
 pub const ENV_LIBRARY: &str = "GPUCTL_NVML_LIBRARY";
@@ -110,9 +110,20 @@ fn nvml_err(what: impl Into<String>, e: NvmlError) -> EffectError {
     }
 }
 
+/// NVML could not be loaded or initialised: the library as shown to people, and why. Its
+/// message is the one line to show: `NVML not available: <library>: <why>`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("NVML not available: {library}: {why}")]
+pub struct NvmlUnavailable {
+    /// The library path, or `libnvidia-ml.so.1 (default)`.
+    pub library: String,
+    /// NVML's (or the loader's) words.
+    pub why: String,
+}
+
 impl NvmlBackend {
-    /// Load and initialise NVML. The error is the one line to show: `NVML not available: …`.
-    pub fn open(lib_path: Option<PathBuf>, reset: ResetCommand) -> Result<Self, String> {
+    /// Load and initialise NVML.
+    pub fn open(lib_path: Option<PathBuf>, reset: ResetCommand) -> Result<Self, NvmlUnavailable> {
         let mut b = Nvml::builder();
         if let Some(p) = &lib_path {
             b.lib_path(p.as_os_str());
@@ -121,9 +132,10 @@ impl NvmlBackend {
             .as_ref()
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "libnvidia-ml.so.1 (default)".into());
-        let nvml = b
-            .init()
-            .map_err(|e| format!("NVML not available: {shown}: {e}"))?;
+        let nvml = b.init().map_err(|e| NvmlUnavailable {
+            library: shown,
+            why: e.to_string(),
+        })?;
         Ok(NvmlBackend {
             nvml,
             lib_path,
@@ -619,7 +631,8 @@ mod tests {
             Some("/nonexistent/libnvidia-ml.so.1".into()),
             ResetCommand::Fake,
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(
             e.starts_with("NVML not available: /nonexistent/libnvidia-ml.so.1"),
             "{e}"

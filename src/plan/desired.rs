@@ -8,7 +8,7 @@
 use super::mig::{self, LayoutGi, MigOutcome};
 use super::Blocked;
 use crate::observe::{MpsSpec, Observed, SliceSpec};
-use crate::policy::{GpuUse, Limits, Policy, Team};
+use crate::policy::{GpuUse, Policy, Team};
 use crate::profiles::Placement;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -41,7 +41,7 @@ pub struct GpuDesired {
 }
 
 /// A MIG device (compute instance) a team gets.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct MigDevice {
     /// GPU index.
     pub gpu_index: u32,
@@ -157,21 +157,9 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
     }
 }
 
-fn slice_of(l: &Limits, host_ram: u64) -> SliceSpec {
-    SliceSpec {
-        memory_max: l.memory_max.map(|s| s.resolve(host_ram)),
-        memory_high: l.memory_high.map(|s| s.resolve(host_ram)),
-        cpu_weight: l.cpu_weight,
-        allowed_cpus: l.allowed_cpus.clone(),
-        tasks_max: l.tasks_max,
-        io_weight: l.io_weight,
-        device_allow: BTreeSet::new(),
-    }
-}
-
 fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView {
     let name = &team.name;
-    let mut slice = slice_of(&team.limits, observed.host.memory_bytes);
+    let mut slice = team.limits.resolve(observed.host.memory_bytes);
     let mut whole = Vec::new();
     let mut migs = Vec::new();
     let mut cap_minors = BTreeSet::new();
@@ -308,8 +296,8 @@ fn env_content(team: &str, visible: &[String], mps: &BTreeMap<String, MpsSpec>) 
     if let Some(first) = mps.keys().next() {
         s.push_str(&format!(
             "CUDA_MPS_PIPE_DIRECTORY={}\nCUDA_MPS_LOG_DIRECTORY={}\n",
-            crate::systemd::mps::pipe_dir(first),
-            crate::systemd::mps::log_dir(first)
+            crate::paths::mps_pipe_dir(first),
+            crate::paths::mps_log_dir(first)
         ));
         let all: Vec<&str> = mps.keys().map(String::as_str).collect();
         s.push_str(&format!("GPUCTL_MPS_INSTANCES={}\n", all.join(",")));

@@ -27,7 +27,7 @@ pub struct LoadOutcome {
     /// Errors and warnings, all of them, in file order.
     pub diagnostics: Vec<Diagnostic>,
     /// Files (host paths) that exist but could not be read, with the reason. Non-empty means
-    /// "unreadable" (exit 2), which is distinct from "invalid" (exit 1).
+    /// [`Rejected::Unreadable`], which is distinct from [`Rejected::Invalid`].
     pub unreadable: Vec<(PathBuf, String)>,
     /// The files merged, in merge order (host paths).
     pub files: Vec<PathBuf>,
@@ -41,16 +41,26 @@ impl LoadOutcome {
             .any(|d| d.severity == Severity::Error)
     }
 
-    /// `gpuctl validate`'s exit code: 0 valid, 1 invalid, 2 unreadable.
-    pub fn exit_code(&self) -> i32 {
+    /// The policy, or why there is none: a file could not be read (which wins), or an error
+    /// was found. Callers map this to their own reports (the CLI to exit codes).
+    pub fn verdict(&self) -> Result<&Policy, Rejected> {
         if !self.unreadable.is_empty() {
-            crate::cli::exit::UNREADABLE
-        } else if self.has_errors() {
-            crate::cli::exit::INVALID
-        } else {
-            crate::cli::exit::OK
+            return Err(Rejected::Unreadable);
+        }
+        match &self.policy {
+            Some(p) if !self.has_errors() => Ok(p),
+            _ => Err(Rejected::Invalid),
         }
     }
+}
+
+/// Why a load gave no policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejected {
+    /// An error in the policy (diagnostics say which).
+    Invalid,
+    /// A file or directory exists but could not be read.
+    Unreadable,
 }
 
 /// A file to merge: the path to read, and the host path to report.

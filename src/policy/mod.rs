@@ -20,24 +20,9 @@ pub mod load;
 pub mod parse;
 pub mod validate;
 
-pub use load::{load, load_files, LoadOutcome};
-
-/// A place in a policy file, for error messages.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Loc {
-    /// The file as the admin knows it (the host path, not the test root).
-    pub file: PathBuf,
-    /// 1-based line.
-    pub line: u32,
-    /// 1-based column.
-    pub col: u32,
-}
-
-impl fmt::Display for Loc {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file.display(), self.line, self.col)
-    }
-}
+pub use crate::settings::value::{Loc, Size};
+pub use crate::settings::Limits;
+pub use load::{load, load_files, LoadOutcome, Rejected};
 
 /// How bad a diagnostic is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -169,42 +154,6 @@ impl fmt::Display for Member {
     }
 }
 
-/// A size: absolute bytes or a share of host RAM.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
-pub enum Size {
-    /// Bytes.
-    Bytes(u64),
-    /// Percent of host RAM (0 < p ≤ 100).
-    PercentOfRam(f64),
-}
-
-impl Size {
-    /// Bytes on a host with `host_ram` bytes of memory.
-    pub fn resolve(&self, host_ram: u64) -> u64 {
-        match *self {
-            Size::Bytes(b) => b,
-            Size::PercentOfRam(p) => ((host_ram as f64) * p / 100.0) as u64,
-        }
-    }
-}
-
-/// cgroup limits of a team slice. `None` leaves systemd's default.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Limits {
-    /// `MemoryMax=`.
-    pub memory_max: Option<Size>,
-    /// `MemoryHigh=`.
-    pub memory_high: Option<Size>,
-    /// `CPUWeight=` (1..=10000).
-    pub cpu_weight: Option<u64>,
-    /// `AllowedCPUs=`, normalised (`0-7,16`).
-    pub allowed_cpus: Option<String>,
-    /// `TasksMax=`.
-    pub tasks_max: Option<u64>,
-    /// `IOWeight=` (1..=10000).
-    pub io_weight: Option<u64>,
-}
-
 /// MPS settings of a team.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct MpsSettings {
@@ -266,6 +215,55 @@ pub struct GpuAssignment {
     pub key: String,
 }
 
+/// A team name that may become a unit name (`gpu-<team>.slice`) and a file name
+/// (`<team>.env`): `[a-z][a-z0-9_]{0,30}`. Parsed once where a name enters (argv, the bus);
+/// what takes a `TeamName` does not check again.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TeamName(String);
+
+impl std::str::FromStr for TeamName {
+    type Err = BadTeamName;
+    fn from_str(s: &str) -> Result<TeamName, BadTeamName> {
+        if valid_team_name(s) {
+            Ok(TeamName(s.to_string()))
+        } else {
+            Err(BadTeamName(s.to_string()))
+        }
+    }
+}
+
+impl TryFrom<String> for TeamName {
+    type Error = BadTeamName;
+    fn try_from(s: String) -> Result<TeamName, BadTeamName> {
+        s.parse()
+    }
+}
+
+impl From<TeamName> for String {
+    fn from(t: TeamName) -> String {
+        t.0
+    }
+}
+
+impl std::ops::Deref for TeamName {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for TeamName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A string that is not a team name (kept whole; callers decide how much of it to show).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid team name {0:?}")]
+pub struct BadTeamName(pub String);
+
 /// Team names become unit names (`gpu-<team>.slice`); a `-` would nest the slice.
 pub fn valid_team_name(name: &str) -> bool {
     let b = name.as_bytes();
@@ -297,7 +295,12 @@ mod tests {
             "a/b",
         ] {
             assert!(!valid_team_name(bad), "{bad}");
+            assert_eq!(bad.parse::<TeamName>(), Err(BadTeamName(bad.to_string())));
         }
+        let t: TeamName = "ml_team2".parse().unwrap();
+        assert_eq!((&*t, t.to_string()), ("ml_team2", "ml_team2".to_string()));
+        assert_eq!(serde_json::to_string(&t).unwrap(), "\"ml_team2\"");
+        assert!(serde_json::from_str::<TeamName>("\"../x\"").is_err());
     }
 
     #[test]

@@ -8,19 +8,13 @@
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
 use super::{valid_team_name, Diagnostic, Loc, Member, Reconfigure, Selector, Severity, Size};
+use crate::settings::value::{int_in, size_item, type_name, want_str, Fail, SIZE_HELP_BYTES};
+pub use crate::settings::value::{parse_cpus, parse_duration, parse_size, At};
+use crate::settings::{LimitsPart, KEYS as LIMIT_KEYS};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 use toml_edit::{ImDocument, Item, Key, TableLike, Value};
-
-/// A value and where it was written.
-#[derive(Debug, Clone, PartialEq)]
-pub struct At<T> {
-    /// The value.
-    pub value: T,
-    /// Where its value starts.
-    pub loc: Loc,
-}
 
 /// One parsed file. `None` fields were not set in this file (so a lower file's value stays).
 #[derive(Debug, Clone, Default)]
@@ -59,18 +53,8 @@ pub struct TeamPart {
     pub loc: Loc,
     /// `members`.
     pub members: Option<At<Vec<Member>>>,
-    /// `memory-max`.
-    pub memory_max: Option<At<Option<Size>>>,
-    /// `memory-high`.
-    pub memory_high: Option<At<Option<Size>>>,
-    /// `cpu-weight`.
-    pub cpu_weight: Option<At<u64>>,
-    /// `allowed-cpus`, normalised.
-    pub allowed_cpus: Option<At<String>>,
-    /// `tasks-max`.
-    pub tasks_max: Option<At<Option<u64>>>,
-    /// `io-weight`.
-    pub io_weight: Option<At<u64>>,
+    /// The cgroup settings (`memory-max`, `cpu-weight`, …).
+    pub limits: LimitsPart,
     /// `[teams.NAME.mps]`, when present in this file.
     pub mps: Option<MpsPart>,
 }
@@ -135,16 +119,6 @@ const HOST_KEYS: &[&str] = &[
     "drain-timeout",
     "mps-control",
     "nvml-library",
-];
-const TEAM_KEYS: &[&str] = &[
-    "members",
-    "memory-max",
-    "memory-high",
-    "cpu-weight",
-    "allowed-cpus",
-    "tasks-max",
-    "io-weight",
-    "mps",
 ];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const SELECTOR_KEYS: &[&str] = &["index", "uuid", "model", "all"];
@@ -259,23 +233,6 @@ fn span(k: &Key, item: &Item) -> Option<Range<usize>> {
     item.span().or_else(|| k.span())
 }
 
-fn type_name(item: &Item) -> &'static str {
-    match item {
-        Item::None => "nothing",
-        Item::Table(_) => "a table",
-        Item::ArrayOfTables(_) => "an array of tables",
-        Item::Value(v) => match v {
-            Value::String(_) => "a string",
-            Value::Integer(_) => "an integer",
-            Value::Float(_) => "a float",
-            Value::Boolean(_) => "a boolean",
-            Value::Datetime(_) => "a date-time",
-            Value::Array(_) => "an array",
-            Value::InlineTable(_) => "an inline table",
-        },
-    }
-}
-
 fn join(path: &str, key: &str) -> String {
     if path.is_empty() {
         key.to_string()
@@ -352,6 +309,10 @@ impl<'a> Cx<'a> {
         help: Option<String>,
     ) {
         let loc = self.loc(sp);
+        self.error_at(loc, key, message, help);
+    }
+
+    fn error_at(&mut self, loc: Loc, key: &str, message: String, help: Option<String>) {
         self.diags.push(Diagnostic {
             severity: Severity::Error,
             loc: Some(loc),
@@ -459,35 +420,24 @@ impl<'a> Cx<'a> {
             self.type_error(k, item, &path, "a table `[teams.NAME]`");
             return None;
         };
-        self.check_keys(t, &path, TEAM_KEYS);
+        let keys: Vec<&str> = ["members"]
+            .iter()
+            .chain(LIMIT_KEYS)
+            .chain(&["mps"])
+            .copied()
+            .collect();
+        self.check_keys(t, &path, &keys);
         let p = path.as_str();
+        let mut errors = Vec::new();
+        let limits = LimitsPart::parse(t, &|k, i| self.loc(span(k, i)), &mut errors);
+        for (key, loc, (msg, help)) in errors {
+            self.error_at(loc, &join(p, key), msg, help);
+        }
         let team = TeamPart {
             name: name.to_string(),
             loc,
             members: self.field(t, p, "members", members),
-            memory_max: self.field(t, p, "memory-max", |i| size_item(i, true)),
-            memory_high: self.field(t, p, "memory-high", |i| size_item(i, true)),
-            cpu_weight: self.field(t, p, "cpu-weight", |i| int_in(i, 1, 10_000)),
-            allowed_cpus: self.field(t, p, "allowed-cpus", |i| {
-                parse_cpus(want_str(i)?).map_err(|m| {
-                    (
-                        m,
-                        Some("expected CPU numbers and ranges, e.g. \"0-15,32\"".into()),
-                    )
-                })
-            }),
-            tasks_max: self.field(t, p, "tasks-max", |i| {
-                if i.as_str() == Some("infinity") {
-                    return Ok(None);
-                }
-                int_in(i, 1, u32::MAX as u64).map(Some).map_err(|(m, _)| {
-                    (
-                        m,
-                        Some("expected a positive integer or \"infinity\"".into()),
-                    )
-                })
-            }),
-            io_weight: self.field(t, p, "io-weight", |i| int_in(i, 1, 10_000)),
+            limits,
             mps: match t.get_key_value("mps") {
                 None => None,
                 Some((mk, mi)) => match mi.as_table_like() {
@@ -785,20 +735,9 @@ impl<'a> Cx<'a> {
     }
 }
 
-type Fail = (String, Option<String>);
-
-const SIZE_HELP: &str = "expected bytes with an optional K, M, G or T suffix (powers of 1024), \
-                         a percentage of host RAM such as \"25%\", or \"infinity\"";
-const SIZE_HELP_BYTES: &str =
-    "expected bytes with an optional K, M, G or T suffix (powers of 1024), e.g. \"20G\"";
 const DURATION_HELP: &str =
     "expected seconds, or numbers with units ms, s, m/min, h, d, e.g. \"5m\" or \"1h30m\"";
 const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \"*H100*\"";
-
-fn want_str(i: &Item) -> Result<&str, Fail> {
-    i.as_str()
-        .ok_or_else(|| (format!("expected a string, found {}", type_name(i)), None))
-}
 
 fn abs_path(s: &str) -> Result<PathBuf, Fail> {
     if s.starts_with('/') {
@@ -808,20 +747,6 @@ fn abs_path(s: &str) -> Result<PathBuf, Fail> {
             format!("'{s}' is not an absolute path"),
             Some("write the full path, starting with /".into()),
         ))
-    }
-}
-
-fn int_in(i: &Item, lo: u64, hi: u64) -> Result<u64, Fail> {
-    match i.as_integer() {
-        Some(n) if n >= 0 && (lo..=hi).contains(&(n as u64)) => Ok(n as u64),
-        Some(n) => Err((
-            format!("{n} is out of range"),
-            Some(format!("expected an integer from {lo} to {hi}")),
-        )),
-        None => Err((
-            format!("expected an integer, found {}", type_name(i)),
-            Some(format!("expected an integer from {lo} to {hi}")),
-        )),
     }
 }
 
@@ -887,163 +812,6 @@ pub(crate) fn valid_unix_name(s: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'_' | b'-' | b'.'))
 }
 
-fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
-    let help = if allow_percent {
-        SIZE_HELP
-    } else {
-        SIZE_HELP_BYTES
-    };
-    if let Some(n) = i.as_integer() {
-        return if n >= 0 {
-            Ok(Some(Size::Bytes(n as u64)))
-        } else {
-            Err((format!("negative size {n}"), Some(help.into())))
-        };
-    }
-    let s = i.as_str().ok_or_else(|| {
-        (
-            format!("expected a size, found {}", type_name(i)),
-            Some(help.into()),
-        )
-    })?;
-    match parse_size(s) {
-        Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err((
-            format!("'{s}': a percentage of host RAM makes no sense here"),
-            Some(help.into()),
-        )),
-        Ok(None) if !allow_percent => Err((format!("'{s}' is not a size"), Some(help.into()))),
-        Ok(v) => Ok(v),
-        Err(m) => Err((m, Some(help.into()))),
-    }
-}
-
-/// Parse a size: `"64G"`, `"512M"`, `"1048576"`, `"25%"`, `"12.5%"`, or `"infinity"` (→ `None`,
-/// no limit). Suffixes K, M, G, T are powers of 1024, as in systemd; `KiB`-style spellings are
-/// accepted too.
-pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
-    let t = s.trim();
-    if t == "infinity" {
-        return Ok(None);
-    }
-    if let Some(p) = t.strip_suffix('%') {
-        let v: f64 = p
-            .trim()
-            .parse()
-            .map_err(|_| format!("'{s}' is not a percentage"))?;
-        if !(v > 0.0 && v <= 100.0) {
-            return Err(format!(
-                "'{s}': a percentage must be more than 0 and at most 100"
-            ));
-        }
-        return Ok(Some(Size::PercentOfRam(v)));
-    }
-    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(digits);
-    if num.is_empty() {
-        return Err(format!("'{s}' is not a size"));
-    }
-    let shift = match unit.trim() {
-        "" | "B" => 0,
-        "K" | "KiB" | "k" => 10,
-        "M" | "MiB" => 20,
-        "G" | "GiB" => 30,
-        "T" | "TiB" => 40,
-        u => return Err(format!("'{s}': unknown size unit '{u}'")),
-    };
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
-    n.checked_mul(1u64 << shift)
-        .map(|b| Some(Size::Bytes(b)))
-        .ok_or_else(|| format!("'{s}' is too large"))
-}
-
-/// Parse a duration: `"90"` (seconds), `"5m"`, `"1h30m"`, `"500ms"`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let t = s.trim();
-    if t.is_empty() {
-        return Err("empty duration".into());
-    }
-    if let Ok(secs) = t.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = t;
-    while !rest.is_empty() {
-        let d = rest
-            .find(|c: char| !c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        if d == 0 {
-            return Err(format!("'{s}' is not a duration"));
-        }
-        let n: u64 = rest[..d]
-            .parse()
-            .map_err(|_| format!("'{s}' is too large"))?;
-        rest = &rest[d..];
-        let u = rest
-            .find(|c: char| c.is_ascii_digit())
-            .unwrap_or(rest.len());
-        let unit = rest[..u].trim();
-        rest = rest[u..].trim_start();
-        let per = match unit {
-            "ms" => Duration::from_millis(1),
-            "s" | "sec" => Duration::from_secs(1),
-            "m" | "min" => Duration::from_secs(60),
-            "h" => Duration::from_secs(3600),
-            "d" => Duration::from_secs(86400),
-            _ => return Err(format!("'{s}': unknown time unit '{unit}'")),
-        };
-        total += per
-            .checked_mul(u32::try_from(n).map_err(|_| format!("'{s}' is too large"))?)
-            .ok_or_else(|| format!("'{s}' is too large"))?;
-    }
-    Ok(total)
-}
-
-/// Parse and normalise a CPU list (`"0-3, 8,4-5"` → `"0-5,8"`), as `AllowedCPUs=` takes it.
-pub fn parse_cpus(s: &str) -> Result<String, String> {
-    let mut cpus: Vec<u32> = Vec::new();
-    for part in s.split(',') {
-        let part = part.trim();
-        if part.is_empty() {
-            return Err(format!("'{s}': empty item in CPU list"));
-        }
-        let num = |x: &str| -> Result<u32, String> {
-            x.trim()
-                .parse::<u32>()
-                .ok()
-                .filter(|n| *n < 65536)
-                .ok_or_else(|| format!("'{s}': '{x}' is not a CPU number"))
-        };
-        let (a, b) = match part.split_once('-') {
-            Some((a, b)) => (num(a)?, num(b)?),
-            None => {
-                let n = num(part)?;
-                (n, n)
-            }
-        };
-        if a > b {
-            return Err(format!("'{s}': range {part} runs backwards"));
-        }
-        cpus.extend(a..=b);
-    }
-    cpus.sort_unstable();
-    cpus.dedup();
-    let mut out: Vec<String> = Vec::new();
-    let mut i = 0;
-    while i < cpus.len() {
-        let start = cpus[i];
-        while i + 1 < cpus.len() && cpus[i + 1] == cpus[i] + 1 {
-            i += 1;
-        }
-        out.push(if cpus[i] == start {
-            start.to_string()
-        } else {
-            format!("{start}-{}", cpus[i])
-        });
-        i += 1;
-    }
-    Ok(out.join(","))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1052,39 +820,6 @@ mod tests {
         let mut d = Vec::new();
         let f = parse_fragment(Path::new("/etc/gpuctl/policy.toml"), text, &mut d);
         (f, d)
-    }
-
-    #[test]
-    fn sizes() {
-        assert_eq!(parse_size("64G"), Ok(Some(Size::Bytes(64 << 30))));
-        assert_eq!(parse_size("512M"), Ok(Some(Size::Bytes(512 << 20))));
-        assert_eq!(parse_size("2TiB"), Ok(Some(Size::Bytes(2 << 40))));
-        assert_eq!(parse_size("1000"), Ok(Some(Size::Bytes(1000))));
-        assert_eq!(parse_size("25%"), Ok(Some(Size::PercentOfRam(25.0))));
-        assert_eq!(parse_size("infinity"), Ok(None));
-        for bad in ["", "G", "64X", "0%", "101%", "-1G", "1.5G", "99999999999T"] {
-            assert!(parse_size(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        for bad in ["", "m", "5 parsecs", "1h-3m"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpus("0-3, 8,4-5").unwrap(), "0-5,8");
-        assert_eq!(parse_cpus("7").unwrap(), "7");
-        for bad in ["", "3-1", "a", "0,,1", "1-"] {
-            assert!(parse_cpus(bad).is_err(), "{bad}");
-        }
     }
 
     #[test]

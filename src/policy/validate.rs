@@ -13,8 +13,8 @@
 
 use super::parse::{suggest, At, Fragment, GpuPart, MpsPart, TeamPart, UsagePart};
 use super::{
-    Diagnostic, GpuAssignment, GpuUse, HostSettings, Limits, Loc, Member, MigSpec, MpsSettings,
-    Policy, Selector, Severity, Size, Team,
+    Diagnostic, GpuAssignment, GpuUse, HostSettings, Loc, Member, MigSpec, MpsSettings, Policy,
+    Selector, Severity, Size, Team,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -101,12 +101,7 @@ fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
     // The team's location follows its latest definition: that is where an admin looks first.
     base.loc = top.loc.clone();
     overlay(&mut base.members, &top.members);
-    overlay(&mut base.memory_max, &top.memory_max);
-    overlay(&mut base.memory_high, &top.memory_high);
-    overlay(&mut base.cpu_weight, &top.cpu_weight);
-    overlay(&mut base.allowed_cpus, &top.allowed_cpus);
-    overlay(&mut base.tasks_max, &top.tasks_max);
-    overlay(&mut base.io_weight, &top.io_weight);
+    base.limits.overlay(&top.limits);
     match (&mut base.mps, &top.mps) {
         (_, None) => {}
         (None, Some(m)) => base.mps = Some(m.clone()),
@@ -120,7 +115,6 @@ fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
 }
 
 fn to_team(t: &TeamPart) -> Team {
-    let v = |o: &Option<At<Option<Size>>>| o.as_ref().and_then(|a| a.value);
     Team {
         name: t.name.clone(),
         members: t
@@ -128,14 +122,7 @@ fn to_team(t: &TeamPart) -> Team {
             .as_ref()
             .map(|m| m.value.clone())
             .unwrap_or_default(),
-        limits: Limits {
-            memory_max: v(&t.memory_max),
-            memory_high: v(&t.memory_high),
-            cpu_weight: t.cpu_weight.as_ref().map(|a| a.value),
-            allowed_cpus: t.allowed_cpus.as_ref().map(|a| a.value.clone()),
-            tasks_max: t.tasks_max.as_ref().and_then(|a| a.value),
-            io_weight: t.io_weight.as_ref().map(|a| a.value),
-        },
+        limits: t.limits.to_limits(),
         mps: t.mps.as_ref().map(|m: &MpsPart| MpsSettings {
             active_thread_percentage: m.active_thread_percentage.as_ref().map(|a| a.value),
             pinned_memory_limit: m.pinned_memory_limit.as_ref().map(|a| a.value),
@@ -195,7 +182,7 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
                 Some("its slice is still created, so members can join it".into()),
             ));
         }
-        if let (Some(max), Some(high)) = (&t.memory_max, &t.memory_high) {
+        if let (Some(max), Some(high)) = (&t.limits.memory_max, &t.limits.memory_high) {
             let bigger = match (max.value, high.value) {
                 (Some(Size::Bytes(m)), Some(Size::Bytes(h))) => h > m,
                 (Some(Size::PercentOfRam(m)), Some(Size::PercentOfRam(h))) => h > m,
@@ -738,13 +725,6 @@ fn check_overlaps_static(gpus: &[&GpuPart], diags: &mut Vec<Diagnostic>) {
     }
 }
 
-/// The highest CPU number in a normalised CPU list (`"0-5,8"` → 8).
-fn max_cpu(list: &str) -> Option<u32> {
-    list.split(',')
-        .filter_map(|part| part.rsplit('-').next()?.parse().ok())
-        .max()
-}
-
 /// Team limits that only make sense on some hosts: CPUs the host does not have (systemd would
 /// accept `AllowedCPUs=` and the kernel would quietly narrow or refuse the set), and percentages
 /// of a RAM size the host did not report (they would resolve to `MemoryMax=0`, which kills every
@@ -760,7 +740,7 @@ fn check_teams_on_host(
         let loc = t.loc.as_ref().unwrap_or(none);
         let key = format!("teams.{}", t.name);
         if let Some(cpus) = &t.limits.allowed_cpus {
-            match max_cpu(cpus) {
+            match cpus.max() {
                 Some(max) if host.cpus > 0 && max >= host.cpus => out.push(error(
                     loc,
                     &format!("{key}.allowed-cpus"),
@@ -1067,8 +1047,6 @@ mod tests {
         obs.host.cpus = 0;
         obs.host.memory_bytes = 1 << 40;
         assert!(check_against_host(&p, &obs).is_empty());
-        assert_eq!(max_cpu("0-5,8"), Some(8));
-        assert_eq!(max_cpu("3"), Some(3));
     }
 
     #[test]

@@ -1,14 +1,14 @@
 //! The async systemd client, and [`BlockingSystemd`], its face for the executor (the slice, MPS
 //! and unit effectors of [`crate::apply`]) and the observer ([`LiveUnits`]).
 
-use super::proxy::{ManagerProxy, SliceProxy, UnitProxy, UnitRow};
+use super::proxy::{ManagerProxy, UnitProxy, UnitRow};
 use super::{mps, props, LiveUnits, SliceUsage, SystemdError};
 use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
+use crate::files::{remove_if_exists, write_if_changed};
 use crate::observe::{MpsSpec, SliceSpec};
 use crate::paths::Root;
 use futures_lite::StreamExt;
 use std::future::Future;
-use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use zbus::zvariant::{OwnedObjectPath, Value};
@@ -84,11 +84,6 @@ impl Systemd {
             root,
             job_timeout: Duration::from_secs(90),
         })
-    }
-
-    /// How long job waits may take (default 90 s, systemd's default start timeout).
-    pub fn set_job_timeout(&mut self, t: Duration) {
-        self.job_timeout = t;
     }
 
     /// The bus connection.
@@ -233,43 +228,6 @@ impl Systemd {
             .map_err(bus(name, "SetUnitProperties"))
     }
 
-    /// Start a transient unit with properties and wait for its start job.
-    pub async fn start_transient(
-        &self,
-        name: &str,
-        properties: &[(&str, Value<'_>)],
-    ) -> Result<(), SystemdError> {
-        self.run_job(
-            name,
-            "StartTransientUnit",
-            self.mgr.start_transient_unit(name, "fail", properties, &[]),
-        )
-        .await
-    }
-
-    /// Put running `pids` into a new transient scope `name` inside `slice` (issue 6's
-    /// `gpuctl shell`); extra properties (e.g. `Description`) are appended.
-    pub async fn start_scope(
-        &self,
-        name: &str,
-        slice: &str,
-        pids: &[u32],
-        extra: Vec<(&str, Value<'_>)>,
-    ) -> Result<(), SystemdError> {
-        if !name.ends_with(".scope") {
-            return Err(SystemdError::Invalid {
-                unit: name.into(),
-                message: "a scope name must end in .scope".into(),
-            });
-        }
-        let mut p: Vec<(&str, Value<'_>)> = vec![
-            ("Slice", Value::from(slice)),
-            ("PIDs", Value::from(pids.to_vec())),
-        ];
-        p.extend(extra);
-        self.start_transient(name, &p).await
-    }
-
     /// Loaded units matching glob `patterns` whose load/active/sub state is in `states`
     /// (empty: any state).
     pub async fn list_units(
@@ -327,17 +285,15 @@ impl Systemd {
             if u.load_state().await? != "loaded" {
                 return Ok(None);
             }
-            let s = SliceProxy::builder(&self.conn).path(path)?.build().await?;
-            Ok::<_, zbus::Error>(Some(props::RawSlice {
-                memory_max: s.memory_max().await?,
-                memory_high: s.memory_high().await?,
-                cpu_weight: s.cpu_weight().await?,
-                allowed_cpus: s.allowed_cpus().await?,
-                tasks_max: s.tasks_max().await?,
-                io_weight: s.io_weight().await?,
-                device_policy: s.device_policy().await?,
-                device_allow: s.device_allow().await?,
-            }))
+            // One `GetAll` reads every setting the table in `crate::settings` knows.
+            let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
+                .destination("org.freedesktop.systemd1")?
+                .path(path)?
+                .build()
+                .await?;
+            let iface =
+                zbus::names::InterfaceName::from_static_str("org.freedesktop.systemd1.Slice")?;
+            Ok::<_, zbus::Error>(Some(props.get_all(iface).await?.into_iter().collect()))
         };
         read.await.map_err(bus(&unit, "Get(Slice properties)"))
     }
@@ -481,36 +437,6 @@ pub fn cgroup_usage(root: &Root, cgroup: &str) -> (Option<u64>, Option<u64>) {
     (mem, pids)
 }
 
-/// Atomically replace `path` with `content` (temp file + rename) unless it already holds it;
-/// returns whether it changed.
-pub fn write_if_changed(path: &Path, content: &str) -> Result<bool, SystemdError> {
-    let io = |source| SystemdError::Io {
-        path: path.to_path_buf(),
-        source,
-    };
-    if std::fs::read_to_string(path).ok().as_deref() == Some(content) {
-        return Ok(false);
-    }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    let tmp = path.with_extension("gpuctl-tmp");
-    std::fs::write(&tmp, content).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)?;
-    Ok(true)
-}
-
-fn remove_if_exists(path: &Path) -> Result<bool, SystemdError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(true),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
-        Err(source) => Err(SystemdError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
-    }
-}
-
 /// The async client as the executor's slice, MPS and unit effectors and the observer's
 /// [`LiveUnits`], for code running on a blocking thread (`tokio::task::spawn_blocking`, or a
 /// CLI's main thread) while a runtime thread keeps driving the bus.
@@ -652,17 +578,5 @@ mod tests {
             cgroup_usage(&root, "gpu.slice/gpu-infer.slice"),
             (Some(4096), Some(3))
         );
-    }
-
-    #[test]
-    fn write_if_changed_reports_changes() {
-        let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("a/b.env");
-        assert!(write_if_changed(&p, "x=1\n").unwrap());
-        assert!(!write_if_changed(&p, "x=1\n").unwrap());
-        assert!(write_if_changed(&p, "x=2\n").unwrap());
-        assert_eq!(std::fs::read_to_string(&p).unwrap(), "x=2\n");
-        assert!(remove_if_exists(&p).unwrap());
-        assert!(!remove_if_exists(&p).unwrap());
     }
 }

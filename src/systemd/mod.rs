@@ -25,6 +25,7 @@ pub mod client;
 pub mod mps;
 pub mod props;
 pub mod proxy;
+pub mod scope;
 
 pub use client::Systemd;
 
@@ -88,6 +89,15 @@ pub enum SystemdError {
         /// What is wrong.
         message: String,
     },
+}
+
+impl From<crate::files::FileError> for SystemdError {
+    fn from(e: crate::files::FileError) -> Self {
+        SystemdError::Io {
+            path: e.path,
+            source: e.source,
+        }
+    }
 }
 
 /// Live usage of a team slice, for `Status`.

@@ -6,12 +6,10 @@
 //! restarts after a crash (`Restart=on-failure`) gets them again without gpuctld's help.
 
 use crate::observe::MpsSpec;
+pub use crate::paths::{
+    mps_log_dir as log_dir, mps_pipe_dir as pipe_dir, MPS_LOG_DIR, MPS_RUN_DIR,
+};
 use std::fmt::Write as _;
-
-/// Runtime directory of all MPS instances.
-pub const MPS_RUN_DIR: &str = "/run/gpuctl/mps";
-/// Log directory root of all MPS instances.
-pub const MPS_LOG_DIR: &str = "/var/log/gpuctl/mps";
 
 /// `gpuctl-mps@<instance>.service`.
 pub fn unit(instance: &str) -> String {
@@ -56,16 +54,6 @@ pub fn env_path(instance: &str) -> String {
 /// Host path of the instance's control-command file.
 pub fn ctl_path(instance: &str) -> String {
     format!("{MPS_RUN_DIR}/{instance}.ctl")
-}
-
-/// Pipe directory of an instance (`CUDA_MPS_PIPE_DIRECTORY`): the unit's `RuntimeDirectory=`.
-pub fn pipe_dir(instance: &str) -> String {
-    format!("{MPS_RUN_DIR}/{instance}")
-}
-
-/// Log directory of an instance (`CUDA_MPS_LOG_DIRECTORY`).
-pub fn log_dir(instance: &str) -> String {
-    format!("{MPS_LOG_DIR}/{instance}")
 }
 
 /// Content of `/run/gpuctl/mps/<instance>.env`.

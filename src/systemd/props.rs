@@ -3,12 +3,14 @@
 //! unit-file text for the generator. No I/O here, so every encoding is unit-tested.
 
 use crate::observe::SliceSpec;
-use std::collections::BTreeSet;
+use std::collections::HashMap;
 use std::fmt::Write as _;
-use zbus::zvariant::Value;
+use zbus::zvariant::{OwnedValue, Value};
 
-/// systemd's "unset / infinity" for `t` cgroup properties.
-pub const UNSET: u64 = u64::MAX;
+pub use crate::settings::UNSET;
+
+/// The properties of the `Slice` D-Bus interface by name, as `GetAll` returns them.
+pub type RawSlice = HashMap<String, OwnedValue>;
 
 /// The unit name of a team's slice: `gpu-<team>.slice` (a child of `gpu.slice`, because systemd
 /// nests slices by their dash-separated prefix).
@@ -28,70 +30,6 @@ pub fn slice_cgroup(team: &str) -> String {
     format!("gpu.slice/gpu-{team}.slice")
 }
 
-/// Parse a CPU list (`0-3,8,10-11`) into sorted CPU numbers.
-pub fn parse_cpu_list(s: &str) -> Result<BTreeSet<u32>, String> {
-    let mut out = BTreeSet::new();
-    for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-        let (lo, hi) = match part.split_once('-') {
-            Some((a, b)) => (a.trim(), b.trim()),
-            None => (part, part),
-        };
-        let lo: u32 = lo.parse().map_err(|_| format!("bad CPU {lo:?} in {s:?}"))?;
-        let hi: u32 = hi.parse().map_err(|_| format!("bad CPU {hi:?} in {s:?}"))?;
-        if lo > hi || hi >= 8192 {
-            return Err(format!("bad CPU range {part:?} in {s:?}"));
-        }
-        out.extend(lo..=hi);
-    }
-    Ok(out)
-}
-
-/// Format CPU numbers as a normalised list (`0-3,8`).
-pub fn format_cpu_list(cpus: &BTreeSet<u32>) -> String {
-    let mut out = String::new();
-    let mut it = cpus.iter().copied().peekable();
-    while let Some(lo) = it.next() {
-        let mut hi = lo;
-        while it.peek() == Some(&(hi + 1)) {
-            hi = it.next().unwrap_or(hi);
-        }
-        if !out.is_empty() {
-            out.push(',');
-        }
-        if lo == hi {
-            let _ = write!(out, "{lo}");
-        } else {
-            let _ = write!(out, "{lo}-{hi}");
-        }
-    }
-    out
-}
-
-/// CPU numbers → systemd's `AllowedCPUs` `ay` bitmask (byte i, bit j = CPU 8i+j).
-pub fn cpus_to_mask(cpus: &BTreeSet<u32>) -> Vec<u8> {
-    let Some(&max) = cpus.iter().next_back() else {
-        return Vec::new();
-    };
-    let mut mask = vec![0u8; (max as usize) / 8 + 1];
-    for &c in cpus {
-        mask[c as usize / 8] |= 1 << (c % 8);
-    }
-    mask
-}
-
-/// systemd's `AllowedCPUs` bitmask → CPU numbers.
-pub fn mask_to_cpus(mask: &[u8]) -> BTreeSet<u32> {
-    let mut out = BTreeSet::new();
-    for (i, byte) in mask.iter().enumerate() {
-        for bit in 0..8 {
-            if byte & (1 << bit) != 0 {
-                out.insert(i as u32 * 8 + bit);
-            }
-        }
-    }
-    out
-}
-
 /// The `SetUnitProperties` list that makes a live slice hold exactly `spec`.
 ///
 /// Every managed property is sent, `None` as systemd's "unset", so a limit removed from the
@@ -104,10 +42,6 @@ pub fn slice_properties(
     team: &str,
     spec: &SliceSpec,
 ) -> Result<Vec<(&'static str, Value<'static>)>, String> {
-    let cpus = match &spec.allowed_cpus {
-        Some(s) => cpus_to_mask(&parse_cpu_list(s)?),
-        None => Vec::new(),
-    };
     // The planner writes a placeholder where a MIG device's cap node is not known yet (the
     // instance is new, or its minor is missing from mig-minors); systemd answers such an entry
     // only with "requires device node or pattern", so name it and what to look at instead.
@@ -123,39 +57,14 @@ pub fn slice_properties(
         .iter()
         .map(|p| (p.clone(), "rw".to_string()))
         .collect();
-    Ok(vec![
-        ("Description", Value::from(format!("gpuctl team {team}"))),
-        ("MemoryMax", Value::from(spec.memory_max.unwrap_or(UNSET))),
-        ("MemoryHigh", Value::from(spec.memory_high.unwrap_or(UNSET))),
-        ("CPUWeight", Value::from(spec.cpu_weight.unwrap_or(UNSET))),
-        ("AllowedCPUs", Value::from(cpus)),
-        ("TasksMax", Value::from(spec.tasks_max.unwrap_or(UNSET))),
-        ("IOWeight", Value::from(spec.io_weight.unwrap_or(UNSET))),
+    let mut props = vec![("Description", Value::from(format!("gpuctl team {team}")))];
+    props.extend(spec.bus_properties());
+    props.extend([
         ("DevicePolicy", Value::from("closed")),
         ("DeviceAllow", Value::from(Vec::<(String, String)>::new())),
         ("DeviceAllow", Value::from(devices)),
-    ])
-}
-
-/// Raw values read from the `Slice` D-Bus interface.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RawSlice {
-    /// `MemoryMax`.
-    pub memory_max: u64,
-    /// `MemoryHigh`.
-    pub memory_high: u64,
-    /// `CPUWeight`.
-    pub cpu_weight: u64,
-    /// `AllowedCPUs` bitmask.
-    pub allowed_cpus: Vec<u8>,
-    /// `TasksMax`.
-    pub tasks_max: u64,
-    /// `IOWeight`.
-    pub io_weight: u64,
-    /// `DevicePolicy`.
-    pub device_policy: String,
-    /// `DeviceAllow` (path, access).
-    pub device_allow: Vec<(String, String)>,
+    ]);
+    Ok(props)
 }
 
 /// Turn live values back into a [`SliceSpec`], so the planner compares like with like.
@@ -164,29 +73,24 @@ pub struct RawSlice {
 /// `closed`): such a slice cannot be described by a `SliceSpec`, and planning a `SetSlice` for it
 /// is exactly what should happen.
 pub fn spec_from_raw(raw: &RawSlice) -> Option<SliceSpec> {
-    if raw.device_policy != "closed" {
+    let get = |name: &str| raw.get(name).map(|v| &**v);
+    if get("DevicePolicy").and_then(|v| <&str>::try_from(v).ok()) != Some("closed") {
         return None;
     }
-    let opt = |v: u64| (v != UNSET).then_some(v);
-    let cpus = mask_to_cpus(&raw.allowed_cpus);
+    let devices = get("DeviceAllow")
+        .and_then(|v| Vec::<(String, String)>::try_from(v.try_clone().ok()?).ok())
+        .unwrap_or_default();
     Some(SliceSpec {
-        memory_max: opt(raw.memory_max),
-        memory_high: opt(raw.memory_high),
-        cpu_weight: opt(raw.cpu_weight),
-        allowed_cpus: (!cpus.is_empty()).then(|| format_cpu_list(&cpus)),
-        tasks_max: opt(raw.tasks_max),
-        io_weight: opt(raw.io_weight),
         // Only full read-write grants count: a narrower grant is not what gpuctl set, and
         // leaving it out makes the planner set the slice again.
-        device_allow: raw
-            .device_allow
-            .iter()
+        device_allow: devices
+            .into_iter()
             .filter(|(_, acc)| acc.contains('r') && acc.contains('w'))
-            .map(|(p, _)| p.clone())
+            .map(|(p, _)| p)
             .collect(),
+        ..SliceSpec::from_bus(get)
     })
 }
-
 /// `[Unit]` + `[Slice]` text of a team slice unit file, as the generator writes it.
 pub fn slice_unit_file(team: &str, spec: &SliceSpec, source: &str) -> String {
     let mut s = String::new();
@@ -201,17 +105,9 @@ pub fn slice_unit_file(team: &str, spec: &SliceSpec, source: &str) -> String {
     s.push_str("[Unit]\n");
     let _ = writeln!(s, "Description=gpuctl team {team}");
     s.push_str("Documentation=man:gpuctld(8)\n\n[Slice]\n");
-    let mut put = |k: &str, v: Option<String>| {
-        if let Some(v) = v {
-            let _ = writeln!(s, "{k}={v}");
-        }
-    };
-    put("MemoryMax", spec.memory_max.map(|v| v.to_string()));
-    put("MemoryHigh", spec.memory_high.map(|v| v.to_string()));
-    put("CPUWeight", spec.cpu_weight.map(|v| v.to_string()));
-    put("AllowedCPUs", spec.allowed_cpus.clone());
-    put("TasksMax", spec.tasks_max.map(|v| v.to_string()));
-    put("IOWeight", spec.io_weight.map(|v| v.to_string()));
+    for (k, v) in spec.unit_lines() {
+        let _ = writeln!(s, "{k}={v}");
+    }
     s.push_str("DevicePolicy=closed\n");
     for dev in &spec.device_allow {
         // Unit-file syntax treats spaces as separators; device paths never contain them, but a
@@ -238,27 +134,15 @@ mod tests {
     fn spec() -> SliceSpec {
         SliceSpec {
             memory_max: Some(1 << 30),
-            memory_high: None,
             cpu_weight: Some(200),
-            allowed_cpus: Some("0-3,8".into()),
+            allowed_cpus: Some("0-3,8".parse().unwrap()),
             tasks_max: Some(512),
-            io_weight: None,
             device_allow: ["/dev/nvidia0", "/dev/nvidiactl"]
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            ..SliceSpec::default()
         }
-    }
-
-    #[test]
-    fn cpu_list_round_trip() {
-        let cpus = parse_cpu_list("8,0-3, 10-11").unwrap();
-        assert_eq!(format_cpu_list(&cpus), "0-3,8,10-11");
-        assert_eq!(cpus_to_mask(&cpus), vec![0b0000_1111, 0b0000_1101]);
-        assert_eq!(mask_to_cpus(&cpus_to_mask(&cpus)), cpus);
-        assert!(parse_cpu_list("3-1").is_err());
-        assert!(parse_cpu_list("x").is_err());
-        assert!(cpus_to_mask(&BTreeSet::new()).is_empty());
     }
 
     #[test]
@@ -300,29 +184,29 @@ mod tests {
     #[test]
     fn live_values_read_back_as_the_spec_that_was_set() {
         let s = spec();
-        let raw = RawSlice {
-            memory_max: 1 << 30,
-            memory_high: UNSET,
-            cpu_weight: 200,
-            allowed_cpus: cpus_to_mask(&parse_cpu_list("0-3,8").unwrap()),
-            tasks_max: 512,
-            io_weight: UNSET,
-            device_policy: "closed".into(),
-            device_allow: vec![
-                ("/dev/nvidia0".into(), "rw".into()),
-                ("/dev/nvidiactl".into(), "rwm".into()),
-            ],
+        let raw = |policy: &str, devices: Vec<(&str, &str)>| -> RawSlice {
+            let devices: Vec<(String, String)> = devices
+                .into_iter()
+                .map(|(p, a)| (p.to_string(), a.to_string()))
+                .collect();
+            [
+                ("MemoryMax", Value::from(1u64 << 30)),
+                ("MemoryHigh", Value::from(UNSET)),
+                ("CPUWeight", Value::from(200u64)),
+                ("AllowedCPUs", Value::from(vec![0b0000_1111u8, 0b0000_0001])),
+                ("TasksMax", Value::from(512u64)),
+                ("IOWeight", Value::from(UNSET)),
+                ("DevicePolicy", Value::from(policy)),
+                ("DeviceAllow", Value::from(devices)),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), OwnedValue::try_from(v).unwrap()))
+            .collect()
         };
-        assert_eq!(spec_from_raw(&raw), Some(s));
-        let auto = RawSlice {
-            device_policy: "auto".into(),
-            ..raw.clone()
-        };
-        assert_eq!(spec_from_raw(&auto), None);
-        let ro = RawSlice {
-            device_allow: vec![("/dev/nvidia0".into(), "r".into())],
-            ..raw
-        };
+        let full = vec![("/dev/nvidia0", "rw"), ("/dev/nvidiactl", "rwm")];
+        assert_eq!(spec_from_raw(&raw("closed", full.clone())), Some(s));
+        assert_eq!(spec_from_raw(&raw("auto", full)), None);
+        let ro = raw("closed", vec![("/dev/nvidia0", "r")]);
         assert!(spec_from_raw(&ro).unwrap().device_allow.is_empty());
     }
 

@@ -120,48 +120,6 @@ pub trait Unit {
     fn drop_in_paths(&self) -> zbus::Result<Vec<String>>;
 }
 
-/// `org.freedesktop.systemd1.Slice`: the cgroup settings and usage of a slice.
-#[proxy(
-    interface = "org.freedesktop.systemd1.Slice",
-    default_service = "org.freedesktop.systemd1",
-    gen_blocking = false
-)]
-pub trait Slice {
-    /// cgroup path below `/sys/fs/cgroup`.
-    #[zbus(property)]
-    fn control_group(&self) -> zbus::Result<String>;
-    /// `MemoryMax=`; `u64::MAX` is infinity.
-    #[zbus(property)]
-    fn memory_max(&self) -> zbus::Result<u64>;
-    /// `MemoryHigh=`; `u64::MAX` is infinity.
-    #[zbus(property)]
-    fn memory_high(&self) -> zbus::Result<u64>;
-    /// `CPUWeight=`; `u64::MAX` is unset.
-    #[zbus(property, name = "CPUWeight")]
-    fn cpu_weight(&self) -> zbus::Result<u64>;
-    /// `AllowedCPUs=` as a little-endian CPU bitmask.
-    #[zbus(property, name = "AllowedCPUs")]
-    fn allowed_cpus(&self) -> zbus::Result<Vec<u8>>;
-    /// `TasksMax=`; `u64::MAX` is infinity.
-    #[zbus(property)]
-    fn tasks_max(&self) -> zbus::Result<u64>;
-    /// `IOWeight=`; `u64::MAX` is unset.
-    #[zbus(property, name = "IOWeight")]
-    fn io_weight(&self) -> zbus::Result<u64>;
-    /// `DevicePolicy=`: `auto`, `closed` or `strict`.
-    #[zbus(property)]
-    fn device_policy(&self) -> zbus::Result<String>;
-    /// `DeviceAllow=` as (path, rwm) pairs.
-    #[zbus(property)]
-    fn device_allow(&self) -> zbus::Result<Vec<(String, String)>>;
-    /// Current memory use in bytes (`u64::MAX` when unknown).
-    #[zbus(property)]
-    fn memory_current(&self) -> zbus::Result<u64>;
-    /// Current number of tasks (`u64::MAX` when unknown).
-    #[zbus(property)]
-    fn tasks_current(&self) -> zbus::Result<u64>;
-}
-
 /// `org.freedesktop.systemd1.Service`: the few service properties gpuctl reads.
 #[proxy(
     interface = "org.freedesktop.systemd1.Service",

@@ -1,14 +1,14 @@
 //! GPU models the fake can impersonate: the MIG models from the reference file
 //! (`data/gpu-profiles.json`, embedded at build time) plus built-in non-MIG models.
 
-use serde::Deserialize;
-use std::collections::BTreeMap;
-use std::sync::OnceLock;
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, OnceLock};
 
 const REFERENCE_JSON: &str = include_str!("../../../data/gpu-profiles.json");
 
 /// A `{start, size}` placement in memory slices (GI) or compute slices (CI).
-#[derive(Debug, Clone, Copy, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Span {
     /// First slice.
     pub start: u32,
@@ -24,7 +24,7 @@ impl Span {
 }
 
 /// A GPU-instance profile as the driver publishes it.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct GiProfile {
     /// Profile name without the `MIG ` prefix, e.g. `1g.10gb`.
     pub name: String,
@@ -55,7 +55,7 @@ pub struct GiProfile {
 }
 
 /// A compute-instance profile valid inside one GI profile.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct CiProfile {
     /// Name without `MIG ` prefix, e.g. `1c.3g.20gb`.
     pub name: String,
@@ -125,20 +125,76 @@ impl MigModel {
 
 #[derive(Deserialize)]
 struct RefFile {
-    gpus: BTreeMap<String, RefGpu>,
+    gpus: BTreeMap<String, ModelDef>,
 }
 
-#[derive(Deserialize)]
-struct RefGpu {
-    nvml_name: String,
-    pci_device_ids: Vec<String>,
-    memory_total_mib: u64,
-    memory_slices: u32,
-    max_mig_device_count: u32,
-    enable_requires_gpu_reset: bool,
-    gi_profiles: Vec<GiProfile>,
+/// A model definition in the reference file's schema (`data/gpu-profiles.json`, one entry of
+/// `gpus`). A state file may carry its own under `models` (a recorded host, a tampered table);
+/// keys the reference file has for documentation only are ignored.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ModelDef {
+    /// `nvmlDeviceGetName`.
+    pub nvml_name: String,
+    /// PCI device ids (`"0x233010DE"`, optionally followed by words); the first is reported.
     #[serde(default)]
-    ci_profiles_by_gi: BTreeMap<String, Vec<CiProfile>>,
+    pub pci_device_ids: Vec<String>,
+    /// Framebuffer in MiB.
+    pub memory_total_mib: u64,
+    /// Whether the GPU can do MIG at all; absent means "has GI profiles".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_capable: Option<bool>,
+    /// Memory slices (8 or 4).
+    #[serde(default)]
+    pub memory_slices: u32,
+    /// `nvmlDeviceGetMaxMigDeviceCount`.
+    #[serde(default)]
+    pub max_mig_device_count: u32,
+    /// Whether a MIG mode change needs a GPU reset.
+    #[serde(default)]
+    pub enable_requires_gpu_reset: bool,
+    /// GI profiles.
+    #[serde(default)]
+    pub gi_profiles: Vec<GiProfile>,
+    /// CI profiles by GI profile name.
+    #[serde(default)]
+    pub ci_profiles_by_gi: BTreeMap<String, Vec<CiProfile>>,
+}
+
+impl ModelDef {
+    /// The model this definition describes, under `key`.
+    pub fn to_model(&self, key: &str) -> Model {
+        let mig_capable = self.mig_capable.unwrap_or(!self.gi_profiles.is_empty());
+        Model {
+            key: key.to_string(),
+            nvml_name: self.nvml_name.clone(),
+            pci_device_id: self.pci_device_ids.first().map_or(0, |s| parse_pci_id(s)),
+            memory_total_mib: self.memory_total_mib,
+            mig: mig_capable.then(|| MigModel {
+                memory_slices: self.memory_slices,
+                max_mig_device_count: self.max_mig_device_count,
+                enable_requires_gpu_reset: self.enable_requires_gpu_reset,
+                gi_profiles: self.gi_profiles.clone(),
+                ci_profiles_by_gi: self.ci_profiles_by_gi.clone(),
+            }),
+        }
+    }
+}
+
+/// A model defined in a state file, made `'static` like the built-in ones. Every call re-reads
+/// the state, so definitions are interned: each distinct (key, definition) is leaked once, and
+/// the memory held is bounded by the number of distinct definitions a process ever sees.
+pub fn intern_model(key: &str, def: &ModelDef) -> &'static Model {
+    static INTERNED: OnceLock<Mutex<HashMap<String, &'static Model>>> = OnceLock::new();
+    let id = format!(
+        "{key}\0{}",
+        serde_json::to_string(def).expect("model definition serializes")
+    );
+    let mut map = INTERNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    map.entry(id)
+        .or_insert_with(|| Box::leak(Box::new(def.to_model(key))))
 }
 
 fn parse_pci_id(s: &str) -> u32 {
@@ -152,23 +208,7 @@ pub fn models() -> &'static [Model] {
     MODELS.get_or_init(|| {
         let file: RefFile =
             serde_json::from_str(REFERENCE_JSON).expect("embedded gpu-profiles.json parses");
-        let mut out: Vec<Model> = file
-            .gpus
-            .into_iter()
-            .map(|(key, g)| Model {
-                key,
-                nvml_name: g.nvml_name,
-                pci_device_id: g.pci_device_ids.first().map_or(0, |s| parse_pci_id(s)),
-                memory_total_mib: g.memory_total_mib,
-                mig: Some(MigModel {
-                    memory_slices: g.memory_slices,
-                    max_mig_device_count: g.max_mig_device_count,
-                    enable_requires_gpu_reset: g.enable_requires_gpu_reset,
-                    gi_profiles: g.gi_profiles,
-                    ci_profiles_by_gi: g.ci_profiles_by_gi,
-                }),
-            })
-            .collect();
+        let mut out: Vec<Model> = file.gpus.iter().map(|(key, g)| g.to_model(key)).collect();
         // Non-MIG models are not in the reference file; values from nvidia-smi on L40S.
         out.push(Model {
             key: "L40S".into(),

@@ -1,7 +1,7 @@
 //! The shared GPU state: a JSON file, read and written under an exclusive `flock`
 //! on a sibling `<state>.lock` file so that every process sees one driver.
 
-use crate::model::{find_model, Model};
+use crate::model::{find_model, intern_model, Model, ModelDef};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -42,6 +42,11 @@ pub struct State {
     /// Source of unique instance serials (handles and MIG UUIDs derive from them).
     #[serde(default)]
     pub next_serial: u64,
+    /// Models defined by this state, by key, in the reference file's schema. A GPU's `model`
+    /// names one of these before the built-in models, so a state can replay a recorded
+    /// driver's profile tables (`gpuctl doctor --record`) or carry a tampered one.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub models: BTreeMap<String, ModelDef>,
 }
 
 /// MIG mode pair as `nvmlDeviceGetMigMode` reports it.
@@ -80,6 +85,9 @@ pub struct Gpu {
     /// GPU instances.
     #[serde(default)]
     pub gpu_instances: Vec<GpuInstance>,
+    /// The model `model` names, resolved by [`State::normalize`] (state-defined or built-in).
+    #[serde(skip)]
+    pub resolved: Option<&'static Model>,
 }
 
 /// A GPU instance.
@@ -182,11 +190,14 @@ impl Gpu {
             mig: MigMode::default(),
             inline_reset_ok: false,
             gpu_instances: Vec::new(),
+            resolved: None,
         }
     }
     /// The model (validated when the state is loaded).
     pub fn model(&self) -> &'static Model {
-        find_model(&self.model).expect("model validated on load")
+        self.resolved
+            .or_else(|| find_model(&self.model))
+            .expect("model validated on load")
     }
     /// Minor number.
     pub fn minor_number(&self, index: usize) -> u32 {
@@ -246,9 +257,13 @@ impl State {
     pub fn normalize(&mut self) -> Result<(), String> {
         self.next_serial = self.next_serial.max(1);
         for (i, g) in self.gpus.iter_mut().enumerate() {
-            let model = find_model(&g.model)
-                .ok_or_else(|| format!("gpus[{i}].model: unknown model {:?}", g.model))?;
+            let model = match self.models.get(&g.model) {
+                Some(def) => intern_model(&g.model, def),
+                None => find_model(&g.model)
+                    .ok_or_else(|| format!("gpus[{i}].model: unknown model {:?}", g.model))?,
+            };
             g.model = model.key.clone();
+            g.resolved = Some(model);
             if g.uuid.is_empty() {
                 g.uuid = format!("GPU-{}", derive_uuid(&format!("{}/{}", model.key, i)));
             }

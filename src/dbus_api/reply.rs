@@ -1,0 +1,248 @@
+//! The typed replies of `org.gpuctl.Agent1`, defined once and used by both sides: gpuctld
+//! serialises them into the JSON strings its methods return, `gpuctl` deserialises the same
+//! types. Fields are declared in alphabetical order, the order the documents have always had
+//! (they used to be built with `json!`, whose maps sort their keys); `gpuctl --json` prints
+//! the document through `serde_json::Value`, which sorts nested keys too, so its output is the
+//! same as before. Status structs take `#[serde(default)]`: a client reads what an older or
+//! newer daemon sends.
+
+use crate::join::Via;
+use crate::observe::{GpuInstance, GpuState, MpsSpec, SliceSpec};
+use crate::plan::desired::MigDevice;
+use crate::plan::TeamView;
+use crate::policy::{Limits, MpsSettings};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// The outcome of one reconcile (or of a dry run, for `Plan`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ReconcileReport {
+    /// Unix time (seconds) of the end of the run.
+    pub at: u64,
+    /// Teams in the policy.
+    pub teams: usize,
+    /// GPUs the policy assigns.
+    pub gpus: usize,
+    /// What was changed (or, in a dry run, would be), one line each.
+    pub changes: Vec<String>,
+    /// What failed, one line each, naming the unit or path.
+    pub errors: Vec<String>,
+    /// What was left alone and why: blocked MIG changes, pending modes, slices kept because
+    /// jobs still run in them, NVML missing.
+    pub warnings: Vec<String>,
+    /// Units the policy wants to exist (team slices, MPS daemons): systemd removing one of
+    /// these triggers a reconcile; removals of any other unit are noise.
+    #[serde(default)]
+    pub units: Vec<String>,
+    /// What the host looked like at the end of the run, for `Status` (not part of the JSON
+    /// report).
+    #[serde(skip)]
+    pub view: Option<HostView>,
+}
+
+/// The host as the last reconcile left it: what each team gets and the GPUs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostView {
+    /// Team views (devices, MIG devices with UUIDs, slice, MPS instances) by team.
+    pub teams: BTreeMap<String, TeamView>,
+    /// GPUs as observed, MIG state included.
+    pub gpus: Vec<GpuState>,
+}
+
+impl ReconcileReport {
+    /// The host matches the policy as far as this run could tell.
+    pub fn converged(&self) -> bool {
+        self.errors.is_empty()
+    }
+
+    /// One line for `STATUS=`.
+    pub fn summary(&self) -> String {
+        if self.converged() {
+            format!("{} teams, {} GPUs converged", self.teams, self.gpus)
+        } else {
+            format!(
+                "{} teams, {} GPUs: {} error(s), first: {}",
+                self.teams,
+                self.gpus,
+                self.errors.len(),
+                self.errors[0]
+            )
+        }
+    }
+}
+
+/// `Plan`, `Apply` and `Reload`: the report and whether the host converged.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReportReply {
+    /// No errors.
+    pub converged: bool,
+    /// The report.
+    pub report: ReconcileReport,
+}
+
+impl From<ReconcileReport> for ReportReply {
+    fn from(report: ReconcileReport) -> Self {
+        ReportReply {
+            converged: report.converged(),
+            report,
+        }
+    }
+}
+
+/// `Status`: what `gpuctl status` shows.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct StatusReply {
+    /// Per GPU: node, owning teams, MIG state.
+    pub gpus: Vec<GpuStatus>,
+    /// The last reconcile.
+    pub last_reconcile: Option<LastReconcile>,
+    /// The last policy error (`file:line:col: key: message`), cleared by a good load.
+    pub policy_error: Option<String>,
+    /// `current` or `last-good`.
+    pub policy_in_force: Option<String>,
+    /// The files of the policy in force.
+    pub policy_sources: Option<Vec<PathBuf>>,
+    /// The one-line truth (`STATUS=`).
+    pub status: String,
+    /// Per team: devices, slice, MPS daemons.
+    pub teams: BTreeMap<String, TeamStatus>,
+}
+
+impl StatusReply {
+    /// No policy error pending and the last reconcile converged (`gpuctl status` exits 0).
+    pub fn healthy(&self) -> bool {
+        self.policy_error.is_none()
+            && self
+                .last_reconcile
+                .as_ref()
+                .is_some_and(|r| r.result == "converged")
+    }
+}
+
+/// The last reconcile, in `Status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LastReconcile {
+    /// Unix time of its end.
+    pub at: u64,
+    /// What it changed.
+    pub changes: Vec<String>,
+    /// What failed.
+    pub errors: Vec<String>,
+    /// `converged` or `errors`.
+    pub result: String,
+    /// What was left alone and why.
+    pub warnings: Vec<String>,
+}
+
+impl From<&ReconcileReport> for LastReconcile {
+    fn from(r: &ReconcileReport) -> Self {
+        LastReconcile {
+            at: r.at,
+            changes: r.changes.clone(),
+            errors: r.errors.clone(),
+            result: if r.converged() { "converged" } else { "errors" }.into(),
+            warnings: r.warnings.clone(),
+        }
+    }
+}
+
+/// One team in `Status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TeamStatus {
+    /// Whole GPUs.
+    pub gpus: Vec<GpuRef>,
+    /// MIG devices, with UUIDs.
+    pub mig_instances: Vec<MigDevice>,
+    /// MPS daemons.
+    pub mps: Vec<MpsUnitStatus>,
+    /// The team slice.
+    pub slice: SliceStatus,
+}
+
+/// A whole GPU a team has.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuRef {
+    /// NVML index.
+    pub index: u32,
+    /// UUID, when the GPU was seen.
+    pub uuid: Option<String>,
+}
+
+/// A team slice in `Status`: wanted and live settings, live usage.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SliceStatus {
+    /// `ActiveState`, when the unit is loaded.
+    pub active_state: Option<String>,
+    /// What systemd has now.
+    pub live: Option<SliceSpec>,
+    /// `memory.current`.
+    pub memory_current: Option<u64>,
+    /// `pids.current`.
+    pub tasks_current: Option<u64>,
+    /// `gpu-<team>.slice`.
+    pub unit: String,
+    /// What the policy wants.
+    pub wanted: Option<SliceSpec>,
+}
+
+/// An MPS daemon in `Status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MpsUnitStatus {
+    /// `ActiveState`.
+    pub active_state: Option<String>,
+    /// Its settings as last configured.
+    pub settings: Option<MpsSpec>,
+    /// `SubState`.
+    pub sub_state: Option<String>,
+    /// `gpuctl-mps@<instance>.service`.
+    pub unit: String,
+}
+
+/// One GPU in `Status`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct GpuStatus {
+    /// NVML index.
+    pub index: u32,
+    /// MIG instances, on MIG-capable GPUs.
+    pub instances: Option<Vec<GpuInstance>>,
+    /// MIG mode in words (`on, 3 instance(s)`), on MIG-capable GPUs.
+    pub mig: Option<String>,
+    /// Product name.
+    pub name: String,
+    /// `/dev/nvidiaN`.
+    pub node: String,
+    /// Teams with a share of it.
+    pub teams: Vec<String>,
+    /// UUID.
+    pub uuid: String,
+}
+
+/// One entry of `Teams`: a team the caller may use and what it gives.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TeamInfo {
+    /// `CUDA_VISIBLE_DEVICES`, when the team has devices.
+    pub devices: Option<String>,
+    /// The team's environment, when it has devices.
+    pub env: Option<BTreeMap<String, String>>,
+    /// Its slice limits.
+    pub limits: Limits,
+    /// Members as written in the policy (`alice`, `@ml`).
+    #[serde(default)]
+    pub members: Vec<String>,
+    /// MPS settings, when the team runs MPS.
+    pub mps: Option<MpsSettings>,
+    /// `gpu-<team>.slice`.
+    pub slice: String,
+    /// The team.
+    pub team: String,
+    /// Why the caller may use it.
+    pub via: Via,
+}

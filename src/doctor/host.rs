@@ -1,0 +1,691 @@
+//! Host checks that need no NVML: cgroup v2 and its controllers, systemd and whether its
+//! device control (`DevicePolicy=`/`DeviceAllow=`) can work, the nvidia character-device majors,
+//! device and capability nodes, `mig-minors`, the MPS binaries. Every path is read under the
+//! injectable root, so tests fake `/proc`, `/sys/fs/cgroup`, `/dev`, `/run` and `/usr`.
+
+use super::{Check, Status};
+use crate::paths::{Root, MIG_MINORS};
+use std::collections::BTreeMap;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+use std::path::Path;
+
+/// Controllers gpuctl's slices set limits with: without them the limits are not enforced.
+const REQUIRED_CONTROLLERS: &[&str] = &["cpu", "memory", "pids"];
+/// Controllers for optional settings (`io-weight`, `cpus`).
+const OPTIONAL_CONTROLLERS: &[&str] = &["io", "cpuset"];
+/// systemd enforces `DeviceAllow=` on the unified hierarchy with a BPF device program since
+/// v238; doctor asks for v243 or later (the first release whose BPF device code the project
+/// treats as settled) and warns in between.
+const SYSTEMD_BPF_DEVICES: u32 = 238;
+const SYSTEMD_SETTLED: u32 = 243;
+/// Where distributions put `libsystemd-shared-<version>.so`, whose name carries the version.
+const SYSTEMD_LIB_DIRS: &[&str] = &[
+    "/usr/lib/systemd",
+    "/usr/lib64/systemd",
+    "/lib/systemd",
+    "/usr/lib/x86_64-linux-gnu/systemd",
+    "/usr/lib/aarch64-linux-gnu/systemd",
+];
+
+fn check(id: &str, status: Status, summary: impl Into<String>) -> Check {
+    Check {
+        id: id.to_string(),
+        status,
+        summary: summary.into(),
+    }
+}
+
+/// `cgroup`: the unified hierarchy and the controllers it offers.
+pub fn cgroup(root: &Root) -> (Check, bool) {
+    let path = root.join("/sys/fs/cgroup/cgroup.controllers");
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        let hybrid = root
+            .join("/sys/fs/cgroup/unified/cgroup.controllers")
+            .exists();
+        let why = if hybrid {
+            "hybrid hierarchy (cgroup v2 only at /sys/fs/cgroup/unified): gpuctl needs the \
+             unified hierarchy (boot with systemd.unified_cgroup_hierarchy=1)"
+        } else {
+            "no cgroup v2 at /sys/fs/cgroup (no cgroup.controllers): gpuctl needs the unified \
+             hierarchy"
+        };
+        return (check("cgroup", Status::Fail, why), false);
+    };
+    let have: Vec<&str> = text.split_whitespace().collect();
+    let missing: Vec<&str> = REQUIRED_CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| !have.contains(c))
+        .collect();
+    let optional: Vec<&str> = OPTIONAL_CONTROLLERS
+        .iter()
+        .copied()
+        .filter(|c| !have.contains(c))
+        .collect();
+    let list = have.join(" ");
+    let c = if !missing.is_empty() {
+        check(
+            "cgroup",
+            Status::Fail,
+            format!(
+                "cgroup v2, controllers [{list}]: missing {}: team limits would not be enforced",
+                missing.join(", ")
+            ),
+        )
+    } else if !optional.is_empty() {
+        check(
+            "cgroup",
+            Status::Warn,
+            format!(
+                "cgroup v2, controllers [{list}]: missing {} (io-weight / cpus settings have \
+                 no effect)",
+                optional.join(", ")
+            ),
+        )
+    } else {
+        check(
+            "cgroup",
+            Status::Ok,
+            format!("cgroup v2, controllers [{list}]"),
+        )
+    };
+    (c, true)
+}
+
+/// The systemd version from the name of `libsystemd-shared-<N>[.x].so` under the root.
+pub fn systemd_version(root: &Root) -> Option<u32> {
+    SYSTEMD_LIB_DIRS
+        .iter()
+        .filter_map(|d| std::fs::read_dir(root.join(d)).ok())
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let rest = name.strip_prefix("libsystemd-shared-")?;
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            digits.parse().ok()
+        })
+        .max()
+}
+
+/// `systemd`: running as init (`/run/systemd/system`, as `sd_booted()` tests) and its version.
+pub fn systemd(root: &Root) -> (Check, Option<u32>) {
+    let booted = root.join("/run/systemd/system").is_dir();
+    let version = systemd_version(root);
+    let c = match (booted, version) {
+        (false, _) => check(
+            "systemd",
+            Status::Fail,
+            "/run/systemd/system absent: systemd is not the init system; gpuctl needs it",
+        ),
+        (true, None) => check(
+            "systemd",
+            Status::Warn,
+            format!(
+                "running, version unknown (no libsystemd-shared-N.so in {})",
+                SYSTEMD_LIB_DIRS.join(", ")
+            ),
+        ),
+        (true, Some(v)) => check("systemd", Status::Ok, format!("running, version {v}")),
+    };
+    (c, version)
+}
+
+/// `device-control`: whether `DevicePolicy=closed` + `DeviceAllow=` can be enforced. On cgroup
+/// v2 systemd does it with a BPF program of type `BPF_PROG_TYPE_CGROUP_DEVICE` per unit, which
+/// needs the unified hierarchy, systemd ≥ 238 and a kernel built with `CONFIG_CGROUP_BPF`. This
+/// reads those three facts; it does not start a unit to try (doctor changes nothing).
+pub fn device_control(root: &Root, cgroup2: bool, systemd: Option<u32>) -> Check {
+    let id = "device-control";
+    if !cgroup2 {
+        return check(
+            id,
+            Status::Fail,
+            "no cgroup v2: systemd cannot restrict devices per slice",
+        );
+    }
+    match systemd {
+        Some(v) if v < SYSTEMD_BPF_DEVICES => {
+            return check(
+                id,
+                Status::Fail,
+                format!("systemd {v} < {SYSTEMD_BPF_DEVICES}: no BPF device control on cgroup v2"),
+            )
+        }
+        _ => {}
+    }
+    let release = std::fs::read_to_string(root.join("/proc/sys/kernel/osrelease"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
+    let config_path = root.join(format!("/boot/config-{release}"));
+    let config = if release.is_empty() {
+        None
+    } else {
+        std::fs::read_to_string(&config_path).ok()
+    };
+    let bpf = config
+        .as_deref()
+        .map(|c| c.lines().any(|l| l.trim() == "CONFIG_CGROUP_BPF=y"));
+    let sd = systemd.map_or("systemd version unknown".to_string(), |v| {
+        format!("systemd {v}")
+    });
+    match bpf {
+        Some(false) => check(
+            id,
+            Status::Fail,
+            format!(
+                "kernel {release} built without CONFIG_CGROUP_BPF ({}): DeviceAllow= cannot be \
+                 enforced",
+                config_path.display()
+            ),
+        ),
+        None => check(
+            id,
+            Status::Warn,
+            format!(
+                "cgroup v2 and {sd}, but CONFIG_CGROUP_BPF unverified (no /boot/config-{release}); \
+                 DeviceAllow= needs it"
+            ),
+        ),
+        Some(true) => match systemd {
+            Some(v) if v >= SYSTEMD_SETTLED => check(
+                id,
+                Status::Ok,
+                format!("cgroup v2, {sd} (BPF device control), kernel {release} CONFIG_CGROUP_BPF=y"),
+            ),
+            _ => check(
+                id,
+                Status::Warn,
+                format!(
+                    "cgroup v2 and CONFIG_CGROUP_BPF=y, but {sd} (doctor expects ≥ {SYSTEMD_SETTLED})"
+                ),
+            ),
+        },
+    }
+}
+
+/// Character-device majors by name, from the `Character devices:` section of `/proc/devices`.
+pub fn char_majors(root: &Root) -> Option<BTreeMap<String, u32>> {
+    let text = std::fs::read_to_string(root.join("/proc/devices")).ok()?;
+    let mut out = BTreeMap::new();
+    let mut in_char = false;
+    for line in text.lines() {
+        let l = line.trim();
+        if l.ends_with(':') {
+            in_char = l == "Character devices:";
+            continue;
+        }
+        if !in_char {
+            continue;
+        }
+        if let Some((n, name)) = l.split_once(char::is_whitespace) {
+            if let Ok(n) = n.parse() {
+                out.insert(name.trim().to_string(), n);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// The nvidia majors that matter: the GPU driver (`nvidia-frontend` or `nvidia`), `nvidia-uvm`,
+/// `nvidia-caps`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Majors {
+    /// `/dev/nvidiaN` and `/dev/nvidiactl`.
+    pub nvidia: Option<u32>,
+    /// `/dev/nvidia-uvm`, `/dev/nvidia-uvm-tools`.
+    pub uvm: Option<u32>,
+    /// `/dev/nvidia-caps/nvidia-capN`.
+    pub caps: Option<u32>,
+}
+
+/// `majors.*`: one check per major.
+pub fn majors(root: &Root, mig_on: bool, out: &mut Vec<Check>) -> Majors {
+    let Some(m) = char_majors(root) else {
+        out.push(check(
+            "majors",
+            Status::Fail,
+            "/proc/devices unreadable: cannot tell whether the nvidia driver is loaded",
+        ));
+        return Majors::default();
+    };
+    let nvidia = m
+        .get("nvidia-frontend")
+        .or_else(|| m.get("nvidia"))
+        .copied();
+    let uvm = m.get("nvidia-uvm").copied();
+    let caps = m.get("nvidia-caps").copied();
+    out.push(match nvidia {
+        Some(n) => check("majors.nvidia", Status::Ok, format!("nvidia major {n}")),
+        None => check(
+            "majors.nvidia",
+            Status::Fail,
+            "no nvidia (nvidia-frontend) character device in /proc/devices: the kernel module \
+             is not loaded",
+        ),
+    });
+    out.push(match uvm {
+        Some(n) => check(
+            "majors.nvidia-uvm",
+            Status::Ok,
+            format!("nvidia-uvm major {n}"),
+        ),
+        None => check(
+            "majors.nvidia-uvm",
+            Status::Warn,
+            "nvidia-uvm not loaded (CUDA needs it; `nvidia-modprobe -u -c=0` loads it)",
+        ),
+    });
+    out.push(match caps {
+        Some(n) => check(
+            "majors.nvidia-caps",
+            Status::Ok,
+            format!("nvidia-caps major {n}"),
+        ),
+        None => check(
+            "majors.nvidia-caps",
+            if mig_on { Status::Fail } else { Status::Warn },
+            "no nvidia-caps character device: MIG devices cannot be opened",
+        ),
+    });
+    Majors { nvidia, uvm, caps }
+}
+
+/// What one node is: absent, not a char device, or (major, minor).
+fn node(path: &Path) -> Result<(u32, u32), &'static str> {
+    let md = std::fs::metadata(path).map_err(|_| "absent")?;
+    if !md.file_type().is_char_device() {
+        return Err("not a character device");
+    }
+    let rdev = md.rdev();
+    Ok((
+        nix::sys::stat::major(rdev) as u32,
+        nix::sys::stat::minor(rdev) as u32,
+    ))
+}
+
+/// Check one device node: it exists, is a character device of `major` and (when given) has
+/// `minor`.
+fn node_check(
+    root: &Root,
+    host_path: &str,
+    major: Option<u32>,
+    minor: Option<u32>,
+    absent: Status,
+) -> Check {
+    let id = format!("node.{}", host_path.trim_start_matches("/dev/"));
+    match node(&root.join(host_path)) {
+        Err("absent") => check(&id, absent, format!("{host_path} absent")),
+        Err(why) => check(&id, Status::Warn, format!("{host_path}: {why}")),
+        Ok((ma, mi)) => {
+            if major.is_some_and(|m| m != ma) {
+                check(
+                    &id,
+                    Status::Fail,
+                    format!(
+                        "{host_path} is {ma}:{mi}, but the driver's major is {}",
+                        major.unwrap_or(0)
+                    ),
+                )
+            } else if minor.is_some_and(|m| m != mi) {
+                check(
+                    &id,
+                    Status::Fail,
+                    format!(
+                        "{host_path} is {ma}:{mi}, expected minor {}",
+                        minor.unwrap_or(0)
+                    ),
+                )
+            } else {
+                check(&id, Status::Ok, format!("{host_path} {ma}:{mi}"))
+            }
+        }
+    }
+}
+
+/// `node.*`: the control nodes and `/dev/nvidiaN` of each GPU minor.
+pub fn nodes(root: &Root, m: Majors, gpu_minors: &[u32], out: &mut Vec<Check>) {
+    out.push(node_check(
+        root,
+        "/dev/nvidiactl",
+        m.nvidia,
+        None,
+        Status::Fail,
+    ));
+    for minor in gpu_minors {
+        out.push(node_check(
+            root,
+            &format!("/dev/nvidia{minor}"),
+            m.nvidia,
+            Some(*minor),
+            Status::Fail,
+        ));
+    }
+    out.push(node_check(
+        root,
+        "/dev/nvidia-uvm",
+        m.uvm,
+        None,
+        Status::Warn,
+    ));
+    out.push(node_check(
+        root,
+        "/dev/nvidia-uvm-tools",
+        m.uvm,
+        None,
+        Status::Warn,
+    ));
+}
+
+/// Parsed `mig-minors`: `gpu0/gi1/ci0/access` → minor.
+pub fn mig_minors(root: &Root) -> Option<BTreeMap<String, u32>> {
+    let text = std::fs::read_to_string(root.join(MIG_MINORS)).ok()?;
+    Some(
+        text.lines()
+            .filter_map(|l| {
+                let (k, v) = l.trim().rsplit_once(' ')?;
+                Some((k.trim().to_string(), v.parse().ok()?))
+            })
+            .collect(),
+    )
+}
+
+/// `mig-minors` and `cap-nodes`: the driver's capability table covers every live instance, and
+/// the `/dev/nvidia-caps/nvidia-capN` nodes present are of the caps major with minor N.
+/// `live` are the mig-minors keys of live instances (`gpu0/gi1/access`, `gpu0/gi1/ci0/access`).
+pub fn caps(root: &Root, m: Majors, mig_on: bool, live: &[String], out: &mut Vec<Check>) {
+    match mig_minors(root) {
+        None => out.push(check(
+            "mig-minors",
+            if mig_on { Status::Fail } else { Status::Warn },
+            format!("{MIG_MINORS} absent: MIG capability minors unknown"),
+        )),
+        Some(t) => {
+            let missing: Vec<&String> = live.iter().filter(|k| !t.contains_key(*k)).collect();
+            out.push(if missing.is_empty() {
+                check(
+                    "mig-minors",
+                    Status::Ok,
+                    format!(
+                        "{} entries, every live instance listed ({})",
+                        t.len(),
+                        live.len()
+                    ),
+                )
+            } else {
+                check(
+                    "mig-minors",
+                    Status::Fail,
+                    format!(
+                        "{} entries, live instances missing: {}",
+                        t.len(),
+                        missing
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                )
+            });
+            let dir = root.join("/dev/nvidia-caps");
+            let mut bad = vec![];
+            let mut count = 0;
+            let mut present = std::collections::BTreeSet::new();
+            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let Some(n) = name
+                    .strip_prefix("nvidia-cap")
+                    .and_then(|n| n.parse::<u32>().ok())
+                else {
+                    continue;
+                };
+                count += 1;
+                present.insert(n);
+                match node(&e.path()) {
+                    Ok((ma, mi)) if m.caps.is_none_or(|c| c == ma) && mi == n => {}
+                    Ok((ma, mi)) => bad.push(format!("{name} is {ma}:{mi}")),
+                    Err(why) => bad.push(format!("{name}: {why}")),
+                }
+            }
+            let live_minors: Vec<u32> = live.iter().filter_map(|k| t.get(k).copied()).collect();
+            let without = live_minors.iter().filter(|n| !present.contains(n)).count();
+            out.push(if bad.is_empty() {
+                check(
+                    "cap-nodes",
+                    Status::Ok,
+                    format!(
+                        "/dev/nvidia-caps: {count} nodes, all of the caps major with the minor of \
+                         their name; {without} of {} live instance nodes absent (gpuctl apply \
+                         creates those of team instances)",
+                        live_minors.len()
+                    ),
+                )
+            } else {
+                check(
+                    "cap-nodes",
+                    Status::Fail,
+                    format!("/dev/nvidia-caps: {}", bad.join("; ")),
+                )
+            });
+        }
+    }
+}
+
+/// `mps`: `nvidia-cuda-mps-control` at the policy's path, and `nvidia-cuda-mps-server` next to
+/// it (the control daemon starts the server from its own directory or PATH).
+pub fn mps(root: &Root, control: &Path) -> Check {
+    let exec = |p: &Path| {
+        std::fs::metadata(root.join(p))
+            .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            .unwrap_or(false)
+    };
+    let server = control.with_file_name("nvidia-cuda-mps-server");
+    match (exec(control), exec(&server)) {
+        (true, true) => check(
+            "mps",
+            Status::Ok,
+            format!("{} and {}", control.display(), server.display()),
+        ),
+        (true, false) => check(
+            "mps",
+            Status::Warn,
+            format!("{} present, {} absent", control.display(), server.display()),
+        ),
+        _ => check(
+            "mps",
+            Status::Warn,
+            format!(
+                "{} absent or not executable: teams with `mps` cannot start their daemon",
+                control.display()
+            ),
+        ),
+    }
+}
+
+/// `kernel-module`: `/proc/driver/nvidia/version` against the library's driver version (a
+/// mismatch is NVML's "Driver/library version mismatch").
+pub fn kernel_module(root: &Root, library_driver: Option<&str>) -> Check {
+    let path = "/proc/driver/nvidia/version";
+    let Ok(text) = std::fs::read_to_string(root.join(path)) else {
+        return check(
+            "kernel-module",
+            Status::Fail,
+            format!("{path} absent: the nvidia kernel module is not loaded"),
+        );
+    };
+    let first = text.lines().next().unwrap_or("");
+    // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 …"
+    let version = first
+        .split_whitespace()
+        .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'));
+    match (version, library_driver) {
+        (Some(k), Some(l)) if k != l => check(
+            "kernel-module",
+            Status::Fail,
+            format!("kernel module {k}, library {l}: driver/library version mismatch"),
+        ),
+        (Some(k), _) => check(
+            "kernel-module",
+            Status::Ok,
+            format!("nvidia kernel module {k}"),
+        ),
+        (None, _) => check(
+            "kernel-module",
+            Status::Warn,
+            format!("{path}: no version in {first:?}"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn root() -> (tempfile::TempDir, Root) {
+        let d = tempfile::tempdir().unwrap();
+        let r = Root::new(d.path());
+        (d, r)
+    }
+
+    fn write(r: &Root, p: &str, text: &str) {
+        let p = r.join(p);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, text).unwrap();
+    }
+
+    #[test]
+    fn cgroup_levels() {
+        let (_d, r) = root();
+        assert_eq!(cgroup(&r).0.status, Status::Fail);
+        write(&r, "/sys/fs/cgroup/unified/cgroup.controllers", "memory");
+        assert!(cgroup(&r).0.summary.contains("hybrid"));
+        write(&r, "/sys/fs/cgroup/cgroup.controllers", "cpu io pids\n");
+        let (c, v2) = cgroup(&r);
+        assert!(
+            v2 && c.status == Status::Fail && c.summary.contains("missing memory"),
+            "{c:?}"
+        );
+        write(
+            &r,
+            "/sys/fs/cgroup/cgroup.controllers",
+            "cpuset cpu io memory pids\n",
+        );
+        assert_eq!(cgroup(&r).0.status, Status::Ok);
+    }
+
+    #[test]
+    fn systemd_version_from_the_shared_library_name() {
+        let (_d, r) = root();
+        assert_eq!(systemd(&r).0.status, Status::Fail);
+        std::fs::create_dir_all(r.join("/run/systemd/system")).unwrap();
+        assert_eq!(systemd(&r).0.status, Status::Warn);
+        write(
+            &r,
+            "/usr/lib/x86_64-linux-gnu/systemd/libsystemd-shared-252.so",
+            "",
+        );
+        write(&r, "/usr/lib/systemd/libsystemd-shared-255.5-1.fc40.so", "");
+        assert_eq!(systemd(&r).1, Some(255));
+        assert_eq!(device_control(&r, true, Some(230)).status, Status::Fail);
+        let c = device_control(&r, true, Some(255));
+        assert_eq!(c.status, Status::Warn, "no kernel config: {c:?}");
+        write(&r, "/proc/sys/kernel/osrelease", "6.1.0-9-amd64\n");
+        write(
+            &r,
+            "/boot/config-6.1.0-9-amd64",
+            "# CONFIG_CGROUP_BPF is not set\n",
+        );
+        assert_eq!(device_control(&r, true, Some(255)).status, Status::Fail);
+        write(&r, "/boot/config-6.1.0-9-amd64", "CONFIG_CGROUP_BPF=y\n");
+        assert_eq!(device_control(&r, true, Some(255)).status, Status::Ok);
+        assert_eq!(device_control(&r, true, Some(240)).status, Status::Warn);
+    }
+
+    #[test]
+    fn majors_from_the_char_section_only() {
+        let (_d, r) = root();
+        write(
+            &r,
+            "/proc/devices",
+            "Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-uvm\n\nBlock devices:\n509 nvidia-caps\n",
+        );
+        let mut out = vec![];
+        let m = majors(&r, true, &mut out);
+        assert_eq!((m.nvidia, m.uvm, m.caps), (Some(195), Some(508), None));
+        assert_eq!(out[2].status, Status::Fail, "{out:?}");
+    }
+
+    #[test]
+    fn nodes_and_cap_nodes_are_checked_by_type_major_and_minor() {
+        let (_d, r) = root();
+        std::fs::create_dir_all(r.join("/dev/nvidia-caps")).unwrap();
+        // /dev/null is 1:3 on Linux: stands in for a node of major 1.
+        std::os::unix::fs::symlink("/dev/null", r.join("/dev/nvidia3")).unwrap();
+        std::os::unix::fs::symlink("/dev/null", r.join("/dev/nvidia4")).unwrap();
+        std::fs::write(r.join("/dev/nvidiactl"), "").unwrap();
+        let m = Majors {
+            nvidia: Some(1),
+            uvm: None,
+            caps: Some(1),
+        };
+        let mut out = vec![];
+        nodes(&r, m, &[3, 4], &mut out);
+        let st: Vec<_> = out.iter().map(|c| (c.id.as_str(), c.status)).collect();
+        assert_eq!(
+            st,
+            [
+                ("node.nvidiactl", Status::Warn),
+                ("node.nvidia3", Status::Ok),
+                ("node.nvidia4", Status::Fail),
+                ("node.nvidia-uvm", Status::Warn),
+                ("node.nvidia-uvm-tools", Status::Warn),
+            ]
+        );
+        write(
+            &r,
+            MIG_MINORS,
+            "config 1\nmonitor 2\ngpu0/gi1/access 12\ngpu0/gi1/ci0/access 13\n",
+        );
+        std::os::unix::fs::symlink("/dev/null", r.join("/dev/nvidia-caps/nvidia-cap3")).unwrap();
+        let mut out = vec![];
+        let live = [
+            "gpu0/gi1/access".to_string(),
+            "gpu0/gi1/ci0/access".to_string(),
+        ];
+        caps(&r, m, true, &live, &mut out);
+        assert_eq!(out[0].status, Status::Ok, "{out:?}");
+        assert!(
+            out[1].status == Status::Ok && out[1].summary.contains("2 of 2"),
+            "{out:?}"
+        );
+        std::os::unix::fs::symlink("/dev/null", r.join("/dev/nvidia-caps/nvidia-cap12")).unwrap();
+        let mut out = vec![];
+        caps(
+            &r,
+            m,
+            true,
+            &[live[0].clone(), "gpu0/gi2/access".into()],
+            &mut out,
+        );
+        assert_eq!(out[0].status, Status::Fail);
+        assert!(out[0].summary.contains("gpu0/gi2/access"), "{out:?}");
+        assert!(out[1].summary.contains("nvidia-cap12 is 1:3"), "{out:?}");
+    }
+
+    #[test]
+    fn kernel_module_version_against_the_library() {
+        let (_d, r) = root();
+        assert_eq!(kernel_module(&r, None).status, Status::Fail);
+        write(
+            &r,
+            "/proc/driver/nvidia/version",
+            "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC 2024\n",
+        );
+        assert_eq!(kernel_module(&r, Some("550.54.15")).status, Status::Ok);
+        let c = kernel_module(&r, Some("555.42.02"));
+        assert!(
+            c.status == Status::Fail && c.summary.contains("mismatch"),
+            "{c:?}"
+        );
+    }
+}

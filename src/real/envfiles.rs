@@ -1,0 +1,45 @@
+//! Team env files: `/run/gpuctl/teams/<team>.env`, what `EnvironmentFile=` and `gpuctl
+//! shell/run/env` read.
+
+use crate::files::{remove_if_exists, write_atomic, FileError};
+use crate::paths::{Root, RUN_DIR};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// Team env files directory, under [`RUN_DIR`].
+pub const TEAMS_DIR: &str = "teams";
+
+fn path(root: &Root, team: &str) -> PathBuf {
+    root.join(RUN_DIR)
+        .join(TEAMS_DIR)
+        .join(format!("{team}.env"))
+}
+
+/// Write a team's env file (atomically).
+pub fn write(root: &Root, team: &str, content: &str) -> Result<(), FileError> {
+    write_atomic(&path(root, team), content.as_bytes())
+}
+
+/// Remove a team's env file, if there is one.
+pub fn remove(root: &Root, team: &str) -> Result<(), FileError> {
+    remove_if_exists(&path(root, team)).map(|_| ())
+}
+
+/// Every team env file's text, by team.
+pub fn read_all(root: &Root) -> Result<BTreeMap<String, String>, FileError> {
+    let mut out = BTreeMap::new();
+    let Ok(rd) = std::fs::read_dir(root.join(RUN_DIR).join(TEAMS_DIR)) else {
+        return Ok(out);
+    };
+    for e in rd.flatten() {
+        let p = e.path();
+        if let (Some(team), Some("env")) = (
+            p.file_stem().and_then(|s| s.to_str()),
+            p.extension().and_then(|s| s.to_str()),
+        ) {
+            let text = std::fs::read_to_string(&p).map_err(|e| FileError::new(&p, e))?;
+            out.insert(team.to_string(), text);
+        }
+    }
+    Ok(out)
+}

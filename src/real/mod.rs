@@ -1,0 +1,325 @@
+//! The real host: NVML for the GPUs, files under the [`Root`] for everything gpuctl keeps
+//! itself (owner labels, team env files, capability nodes), `/proc` for PIDs' cgroups, and
+//! systemd (team slices, MPS daemons, draining units) through a [`SystemdSide`] when one is
+//! attached ([`RealHost::with_systemd`]).
+//!
+//! Without systemd (no system bus: a rescue shell, a container) the slice, MPS and unit
+//! methods fail with [`no_systemd`], and [`RealHost::phases`] tells the caller which phases to
+//! leave out, so `gpuctl apply --local` can say what it skipped.
+
+//! Submodules hold one concern each: [`owners`] (owner labels), [`procfs`] (`/proc` reading),
+//! [`devnodes`] (capability nodes), [`envfiles`] (team env files). This file is only the wiring
+//! of the effector traits to them, NVML and systemd. Every file written goes through
+//! [`crate::files`].
+
+use crate::apply::{
+    EffectError, FileEffector, GpuEffector, MpsEffector, Observer, OwnerLabels, SliceEffector,
+    UnitEffector,
+};
+use crate::nvml::{NvmlBackend, NvmlUnavailable, ResetCommand};
+use crate::observe::{GpuState, MpsSpec, Observed, SliceSpec};
+use crate::paths::{Root, MIG_MINORS};
+use crate::plan::Phase;
+use crate::profiles::Placement;
+use crate::systemd::SystemdSide;
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub mod devnodes;
+pub mod envfiles;
+pub mod owners;
+pub mod procfs;
+
+pub use devnodes::CAPS_DIR;
+pub use envfiles::TEAMS_DIR;
+pub use owners::{OwnerLabel, OwnersFile, OWNERS_FILE};
+pub use procfs::pid_cgroup;
+
+/// The error of a systemd-backed effector on a host without a reachable systemd.
+pub fn no_systemd(what: &str) -> EffectError {
+    EffectError::Other {
+        what: what.to_string(),
+        message: "needs systemd, and no system bus is reachable".into(),
+    }
+}
+
+/// The real host.
+#[derive(Debug)]
+pub struct RealHost {
+    root: Root,
+    lib: Option<PathBuf>,
+    nvml: Result<NvmlBackend, NvmlUnavailable>,
+    systemd: Option<Box<dyn SystemdSide>>,
+}
+
+impl RealHost {
+    /// Open NVML (`lib` as resolved by [`crate::nvml::library_path`]) and use `root` for files.
+    /// A missing driver is not an error here: it is recorded and reported by
+    /// [`Observer::observe`] in [`Observed::nvml_unavailable`].
+    pub fn open(root: Root, lib: Option<PathBuf>) -> Self {
+        let nvml = NvmlBackend::open(lib.clone(), ResetCommand::from_env());
+        RealHost {
+            root,
+            lib,
+            nvml,
+            systemd: None,
+        }
+    }
+
+    /// Drive slices, MPS daemons and team units through `sd`, and observe the live slices and
+    /// daemons from it.
+    pub fn with_systemd(mut self, sd: Box<dyn SystemdSide>) -> Self {
+        self.systemd = Some(sd);
+        self
+    }
+
+    /// Use the NVML library `lib` from now on (the policy's `nvml-library` may change while the
+    /// daemon runs); reopens only when it differs, or when the last open failed.
+    pub fn set_nvml_library(&mut self, lib: Option<PathBuf>) {
+        if lib != self.lib || self.nvml.is_err() {
+            self.nvml = NvmlBackend::open(lib.clone(), ResetCommand::from_env());
+            self.lib = lib;
+        }
+    }
+
+    /// Why NVML cannot be used, if it cannot.
+    pub fn nvml_unavailable(&self) -> Option<&NvmlUnavailable> {
+        self.nvml.as_ref().err()
+    }
+
+    /// The root files are resolved under.
+    pub fn root(&self) -> &Root {
+        &self.root
+    }
+
+    /// Whether this host can carry out actions of `phase`: drain, slices, MPS and resume go
+    /// through systemd.
+    pub fn supports(&self, phase: Phase) -> bool {
+        self.systemd.is_some()
+            || matches!(phase, Phase::MigMode | Phase::MigInstances | Phase::Devices)
+    }
+
+    /// The phases this host can carry out, for [`crate::apply::execute_with`]; `None`: all.
+    pub fn phases(&self) -> Option<BTreeSet<Phase>> {
+        self.systemd.is_none().then(|| {
+            [Phase::MigMode, Phase::MigInstances, Phase::Devices]
+                .into_iter()
+                .collect()
+        })
+    }
+
+    fn systemd(&mut self, what: &str) -> Result<&mut Box<dyn SystemdSide>, EffectError> {
+        self.systemd.as_mut().ok_or_else(|| no_systemd(what))
+    }
+
+    fn backend(&mut self, what: &str) -> Result<&mut NvmlBackend, EffectError> {
+        self.nvml.as_mut().map_err(|why| EffectError::Other {
+            what: what.to_string(),
+            message: why.to_string(),
+        })
+    }
+}
+
+impl RealHost {
+    /// Cgroup and unit of every process of `g`, from `/proc/<pid>/cgroup` under the root.
+    fn resolve_pids(&self, g: &mut GpuState) {
+        let procs = g.processes.iter_mut().chain(
+            g.mig
+                .iter_mut()
+                .flat_map(|m| m.instances.iter_mut())
+                .flat_map(|i| i.compute.iter_mut())
+                .flat_map(|c| c.processes.iter_mut()),
+        );
+        for p in procs {
+            let (cg, unit) = pid_cgroup(&self.root, p.pid);
+            p.cgroup = cg;
+            p.unit = unit;
+        }
+    }
+
+    /// Everything but the GPUs' driver state: owner labels (on `obs.gpus`), MIG minors, team
+    /// env files, slices and MPS daemons, capability nodes.
+    fn observe_rest(&mut self, obs: &mut Observed) -> Result<(), EffectError> {
+        owners::apply(&self.root, &mut obs.gpus)?;
+        obs.mig_minors.clear();
+        if let Ok(t) = std::fs::read_to_string(self.root.join(MIG_MINORS)) {
+            obs.mig_minors = devnodes::parse_mig_minors(&t);
+        }
+        obs.env_files = envfiles::read_all(&self.root)?;
+        obs.slices.clear();
+        obs.mps.clear();
+        if let Some(sd) = self.systemd.as_mut() {
+            // Only slices gpuctl controls (DevicePolicy=closed) count as existing: any other
+            // gpu-<team>.slice is planned to be set, which is what it needs.
+            for team in sd.list_slices()? {
+                if let Some(spec) = sd.read_slice(&team)? {
+                    obs.slices.insert(team, spec);
+                }
+            }
+            obs.mps = sd.list_mps()?.into_iter().collect();
+        }
+        obs.cap_nodes = devnodes::existing(&self.root);
+        Ok(())
+    }
+}
+
+impl Observer for RealHost {
+    fn observe(&mut self) -> Result<Observed, EffectError> {
+        let mut obs = Observed {
+            host: procfs::host_info(&self.root),
+            ..Default::default()
+        };
+        match &mut self.nvml {
+            Ok(b) => obs.gpus = b.observe_gpus()?,
+            Err(why) => obs.nvml_unavailable = Some(why.to_string()),
+        }
+        let mut gpus = std::mem::take(&mut obs.gpus);
+        for g in &mut gpus {
+            self.resolve_pids(g);
+        }
+        obs.gpus = gpus;
+        self.observe_rest(&mut obs)?;
+        Ok(obs)
+    }
+
+    /// Only the GPUs in `gpus` go to NVML, through [`NvmlBackend::observe_gpu`]; without
+    /// NVML, or for a GPU `prev` does not know, this is a full observation.
+    fn refresh(
+        &mut self,
+        prev: &Observed,
+        gpus: &BTreeSet<String>,
+    ) -> Result<Observed, EffectError> {
+        let known = gpus.iter().all(|u| prev.gpus.iter().any(|g| &g.uuid == u));
+        if self.nvml.is_err() || prev.nvml_unavailable.is_some() || !known {
+            return self.observe();
+        }
+        let mut obs = prev.clone();
+        for g in &mut obs.gpus {
+            if gpus.contains(&g.uuid) {
+                let mut fresh = self.backend(&g.uuid)?.observe_gpu(g)?;
+                self.resolve_pids(&mut fresh);
+                *g = fresh;
+            }
+        }
+        self.observe_rest(&mut obs)?;
+        Ok(obs)
+    }
+
+    fn refresh_processes(&mut self, obs: &mut Observed, gpu: &str) -> Result<(), EffectError> {
+        let Some(g) = obs.gpus.iter_mut().find(|g| g.uuid == gpu) else {
+            return Ok(());
+        };
+        self.backend(gpu)?.refresh_processes(g)?;
+        self.resolve_pids(g);
+        Ok(())
+    }
+}
+
+impl GpuEffector for RealHost {
+    fn set_mig_mode(&mut self, gpu: &str, enable: bool) -> Result<bool, EffectError> {
+        self.backend(gpu)?.set_mig_mode(gpu, enable)
+    }
+    fn reset_gpu(&mut self, gpu: &str) -> Result<(), EffectError> {
+        self.backend(gpu)?.reset_gpu(gpu)
+    }
+    fn create_gi(
+        &mut self,
+        gpu: &str,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, EffectError> {
+        self.backend(gpu)?.create_gi(gpu, profile_id, placement)
+    }
+    fn destroy_gi(&mut self, gpu: &str, gi: u32) -> Result<(), EffectError> {
+        self.backend(gpu)?.destroy_gi(gpu, gi)
+    }
+    fn create_ci(
+        &mut self,
+        gpu: &str,
+        gi: u32,
+        profile_id: u32,
+        placement: Placement,
+    ) -> Result<u32, EffectError> {
+        self.backend(gpu)?.create_ci(gpu, gi, profile_id, placement)
+    }
+    fn destroy_ci(&mut self, gpu: &str, gi: u32, ci: u32) -> Result<(), EffectError> {
+        self.backend(gpu)?.destroy_ci(gpu, gi, ci)
+    }
+}
+
+impl OwnerLabels for RealHost {
+    fn set_owner(&mut self, gpu: &str, gi: u32, owner: &str) -> Result<(), EffectError> {
+        let (profile_id, p) = self.backend(gpu)?.gi_identity(gpu, gi)?;
+        Ok(owners::set(&self.root, gpu, profile_id, p, owner)?)
+    }
+}
+
+impl UnitEffector for RealHost {
+    fn stop_units(&mut self, units: &[String], timeout: Duration) -> Result<(), EffectError> {
+        self.systemd(&format!("stop {}", units.join(" ")))?
+            .stop_units(units, timeout)
+    }
+    fn start_units(&mut self, units: &[String]) -> Result<(), EffectError> {
+        self.systemd(&format!("start {}", units.join(" ")))?
+            .start_units(units)
+    }
+}
+
+impl SliceEffector for RealHost {
+    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+        self.systemd(&format!("gpu-{team}.slice"))?
+            .set_slice(team, spec)
+    }
+    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+        self.systemd(&format!("gpu-{team}.slice"))?
+            .remove_slice(team)
+    }
+}
+
+impl MpsEffector for RealHost {
+    fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError> {
+        self.systemd(&crate::systemd::mps::unit(instance))?
+            .start_mps(instance, spec)
+    }
+    fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError> {
+        self.systemd(&crate::systemd::mps::unit(instance))?
+            .stop_mps(instance)
+    }
+}
+
+impl FileEffector for RealHost {
+    fn write_env(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
+        Ok(envfiles::write(&self.root, team, content)?)
+    }
+
+    fn remove_env(&mut self, team: &str) -> Result<(), EffectError> {
+        Ok(envfiles::remove(&self.root, team)?)
+    }
+
+    fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError> {
+        Ok(devnodes::create(&self.root, minors)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_driver_is_recorded_not_fatal() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut h = RealHost::open(
+            Root::new(dir.path()),
+            Some(dir.path().join("libnvidia-ml.so.1")),
+        );
+        let o = h.observe().unwrap();
+        assert!(o.gpus.is_empty());
+        let why = o.nvml_unavailable.unwrap();
+        assert!(why.starts_with("NVML not available:"), "{why}");
+        let e = h.create_gi("GPU-x", 19, Placement { start: 0, size: 1 });
+        assert!(e.unwrap_err().to_string().contains("NVML not available"));
+        h.write_env("prod", "X=1\n").unwrap();
+        assert_eq!(h.observe().unwrap().env_files["prod"], "X=1\n");
+    }
+}

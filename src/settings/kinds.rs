@@ -1,0 +1,324 @@
+//! The value shapes of team settings ([`Kind`]s): how each parses from the policy, resolves for
+//! the host, travels over D-Bus, reads back, lands in a unit file and shows for people.
+
+use super::value::{human_bytes, int_in, size_item, type_name, want_str, CpuSet, Fail, Size};
+use super::{Kind, UNSET};
+use std::collections::BTreeMap;
+use toml_edit::Item;
+use zbus::zvariant::Value;
+
+fn u64_to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
+    vec![Value::from(v.copied().unwrap_or(UNSET))]
+}
+
+fn u64_from_bus(v: &Value<'_>) -> Option<u64> {
+    u64::try_from(v).ok().filter(|n| *n != UNSET)
+}
+
+fn dash_or(v: Option<String>) -> Option<String> {
+    Some(v.unwrap_or_else(|| "-".into()))
+}
+
+/// A memory size (`t`): bytes, or a share of host RAM in the policy; `"infinity"` is no limit.
+pub struct Memory;
+
+impl Kind for Memory {
+    type Policy = Size;
+    type Live = u64;
+    fn parse(item: &Item) -> Result<Option<Size>, Fail> {
+        size_item(item, true)
+    }
+    fn resolve(v: &Size, host_ram: u64) -> u64 {
+        v.resolve(host_ram)
+    }
+    fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
+        u64_to_bus(v)
+    }
+    fn from_bus(v: &Value<'_>) -> Option<u64> {
+        u64_from_bus(v)
+    }
+    fn unit_values(v: &u64) -> Vec<String> {
+        vec![v.to_string()]
+    }
+    fn show(v: Option<&u64>) -> Option<String> {
+        dash_or(v.map(|b| human_bytes(*b)))
+    }
+}
+
+/// An integer (`t`) in `LO..=HI`; where `INFINITY`, also `"infinity"` (no limit).
+pub struct Int<const LO: u64, const HI: u64, const INFINITY: bool>;
+
+/// A weight, as `CPUWeight=` and `IOWeight=` take it.
+pub type Weight = Int<1, 10_000, false>;
+
+/// A task count or `"infinity"`, as `TasksMax=` takes it.
+pub type Tasks = Int<1, { u32::MAX as u64 }, true>;
+
+impl<const LO: u64, const HI: u64, const INFINITY: bool> Kind for Int<LO, HI, INFINITY> {
+    type Policy = u64;
+    type Live = u64;
+    fn parse(item: &Item) -> Result<Option<u64>, Fail> {
+        if !INFINITY {
+            return int_in(item, LO, HI).map(Some);
+        }
+        if item.as_str() == Some("infinity") {
+            return Ok(None);
+        }
+        let help = "expected a positive integer or \"infinity\"";
+        int_in(item, LO, HI)
+            .map(Some)
+            .map_err(|(m, _)| (m, Some(help.into())))
+    }
+    fn resolve(v: &u64, _: u64) -> u64 {
+        *v
+    }
+    fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
+        u64_to_bus(v)
+    }
+    fn from_bus(v: &Value<'_>) -> Option<u64> {
+        u64_from_bus(v)
+    }
+    fn unit_values(v: &u64) -> Vec<String> {
+        vec![v.to_string()]
+    }
+    fn show(v: Option<&u64>) -> Option<String> {
+        dash_or(v.map(u64::to_string))
+    }
+}
+
+/// A CPU list; on D-Bus the `ay` bitmask of `AllowedCPUs`, where an empty mask is unset.
+pub struct Cpus;
+
+impl Kind for Cpus {
+    type Policy = CpuSet;
+    type Live = CpuSet;
+    fn parse(item: &Item) -> Result<Option<CpuSet>, Fail> {
+        want_str(item)?.parse().map(Some).map_err(|m| {
+            (
+                m,
+                Some("expected CPU numbers and ranges, e.g. \"0-15,32\"".into()),
+            )
+        })
+    }
+    fn resolve(v: &CpuSet, _: u64) -> CpuSet {
+        v.clone()
+    }
+    fn to_bus(v: Option<&CpuSet>) -> Vec<Value<'static>> {
+        vec![Value::from(v.map(CpuSet::to_mask).unwrap_or_default())]
+    }
+    fn from_bus(v: &Value<'_>) -> Option<CpuSet> {
+        let mask = Vec::<u8>::try_from(v.try_clone().ok()?).ok()?;
+        Some(CpuSet::from_mask(&mask)).filter(|c| !c.is_empty())
+    }
+    fn unit_values(v: &CpuSet) -> Vec<String> {
+        vec![v.to_string()]
+    }
+    fn show(v: Option<&CpuSet>) -> Option<String> {
+        Some(v.map_or_else(|| "all".into(), CpuSet::to_string))
+    }
+}
+
+/// Bytes per second per block device (`a(st)` on D-Bus), as `IOReadBandwidthMax=` and
+/// `IOWriteBandwidthMax=` take it. Written `{ "/dev/nvme0n1" = "100M" }`; suffixes K, M, G, T
+/// are powers of 1000, as systemd reads them for bandwidths.
+pub struct Bandwidth;
+
+const RATE_HELP: &str = "expected a table of block devices and bytes per second, e.g. \
+                         { \"/dev/nvme0n1\" = \"200M\" } (K, M, G, T are powers of 1000), \
+                         or \"infinity\"";
+
+fn rate(v: &Item) -> Option<u64> {
+    if let Some(n) = v.as_integer() {
+        return u64::try_from(n).ok().filter(|n| *n > 0);
+    }
+    let s = v.as_str()?.trim();
+    let (num, pow) = match s.char_indices().last()? {
+        (i, c @ ('K' | 'M' | 'G' | 'T')) => (&s[..i], "KMGT".find(c)? as u32 + 1),
+        _ => (s, 0),
+    };
+    let n: u64 = num.parse().ok().filter(|n| *n > 0)?;
+    n.checked_mul(1000u64.checked_pow(pow)?)
+}
+
+impl Kind for Bandwidth {
+    type Policy = BTreeMap<String, u64>;
+    type Live = BTreeMap<String, u64>;
+    fn parse(item: &Item) -> Result<Option<Self::Policy>, Fail> {
+        if item.as_str() == Some("infinity") {
+            return Ok(None);
+        }
+        let fail = |m: String| (m, Some(RATE_HELP.into()));
+        let Some(t) = item.as_table_like() else {
+            return Err(fail(format!("expected a table, found {}", type_name(item))));
+        };
+        let mut out = BTreeMap::new();
+        for (dev, v) in t.iter() {
+            // A unit file splits `path rate` at whitespace; a relative path means nothing.
+            if !dev.starts_with("/dev/") || dev.contains(char::is_whitespace) {
+                return Err(fail(format!("'{dev}' is not a block device path")));
+            }
+            let Some(r) = rate(v) else {
+                return Err(fail(format!("'{dev}': not a positive rate")));
+            };
+            out.insert(dev.to_string(), r);
+        }
+        Ok(Some(out).filter(|m| !m.is_empty()))
+    }
+    fn resolve(v: &Self::Policy, _: u64) -> Self::Live {
+        v.clone()
+    }
+    /// An empty array resets the list (systemd merges the entries of an assignment into what
+    /// the unit has), so it goes first, then the wanted entries, as with `DeviceAllow`.
+    fn to_bus(v: Option<&Self::Live>) -> Vec<Value<'static>> {
+        let empty = Value::from(Vec::<(String, u64)>::new());
+        match v {
+            None => vec![empty],
+            Some(m) => vec![
+                empty,
+                Value::from(m.clone().into_iter().collect::<Vec<_>>()),
+            ],
+        }
+    }
+    fn from_bus(v: &Value<'_>) -> Option<Self::Live> {
+        let list = Vec::<(String, u64)>::try_from(v.try_clone().ok()?).ok()?;
+        // A reset keeps the device's entry with the limit back at infinity.
+        let m: BTreeMap<_, _> = list.into_iter().filter(|(_, r)| *r != UNSET).collect();
+        Some(m).filter(|m| !m.is_empty())
+    }
+    fn unit_values(v: &Self::Live) -> Vec<String> {
+        v.iter().map(|(d, r)| format!("{d} {r}")).collect()
+    }
+    fn show(v: Option<&Self::Live>) -> Option<String> {
+        let m = v?;
+        let rates = m.iter().map(|(d, r)| {
+            let (n, unit) = [
+                (1_000_000_000_000, "T"),
+                (1_000_000_000, "G"),
+                (1_000_000, "M"),
+                (1_000, "K"),
+            ]
+            .into_iter()
+            .find(|(f, _)| r % f == 0)
+            .map_or((*r, ""), |(f, u)| (r / f, u));
+            format!("{d} {n}{unit}B/s")
+        });
+        Some(rates.collect::<Vec<_>>().join(", "))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::{Limits, LimitsPart, SliceSpec};
+    use std::path::PathBuf;
+
+    fn parse(toml: &str) -> (LimitsPart, Vec<String>) {
+        let doc: toml_edit::ImDocument<&str> = toml_edit::ImDocument::parse(toml).unwrap();
+        let loc = |_: &toml_edit::Key, _: &Item| crate::settings::value::Loc {
+            file: PathBuf::from("/etc/gpuctl/policy.toml"),
+            line: 1,
+            col: 1,
+        };
+        let mut errors = Vec::new();
+        let part = LimitsPart::parse(doc.as_table(), &loc, &mut errors);
+        let errors = errors
+            .into_iter()
+            .map(|(k, _, (m, _))| format!("{k}: {m}"))
+            .collect();
+        (part, errors)
+    }
+
+    #[test]
+    fn bandwidths_parse_with_systemd_units_and_refuse_what_systemd_would_misread() {
+        let (p, e) = parse(
+            "io-read-bandwidth-max = { \"/dev/vda\" = \"10M\", \"/dev/nvme0n1\" = 4096 }\n\
+             io-write-bandwidth-max = \"infinity\"\n",
+        );
+        assert!(e.is_empty(), "{e:?}");
+        let read = p.io_read_bandwidth_max.unwrap().value.unwrap();
+        assert_eq!(read["/dev/vda"], 10_000_000);
+        assert_eq!(read["/dev/nvme0n1"], 4096);
+        assert_eq!(p.io_write_bandwidth_max.unwrap().value, None);
+        for bad in [
+            "{ \"vda\" = \"1M\" }",
+            "{ \"/dev/my disk\" = \"1M\" }",
+            "{ \"/dev/vda\" = 0 }",
+            "{ \"/dev/vda\" = \"1.5M\" }",
+            "{ \"/dev/vda\" = \"10X\" }",
+            "{ \"/dev/vda\" = \"99999999T\" }",
+            "\"10M\"",
+        ] {
+            let (p, e) = parse(&format!("io-read-bandwidth-max = {bad}\n"));
+            assert!(p.io_read_bandwidth_max.is_none(), "{bad}");
+            assert_eq!(e.len(), 1, "{bad}: {e:?}");
+            assert!(e[0].starts_with("io-read-bandwidth-max: "), "{e:?}");
+        }
+    }
+
+    fn io_spec() -> SliceSpec {
+        let limits = Limits {
+            io_read_bandwidth_max: Some([("/dev/vda".to_string(), 10_000_000)].into()),
+            io_write_bandwidth_max: Some([("/dev/vda".to_string(), 2_000)].into()),
+            io_weight: Some(50),
+            ..Limits::default()
+        };
+        limits.resolve(1 << 30)
+    }
+
+    #[test]
+    fn bandwidths_reset_then_set_on_the_bus_and_read_back_as_set() {
+        let spec = io_spec();
+        let props = spec.bus_properties();
+        let read: Vec<&Value> = props
+            .iter()
+            .filter(|(k, _)| *k == "IOReadBandwidthMax")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(read.len(), 2, "reset, then set");
+        assert_eq!(read[0].value_signature().to_string(), "a(st)");
+        assert_eq!(*read[0], Value::from(Vec::<(String, u64)>::new()));
+        // What systemd answers after that call; a device reset elsewhere reads as infinity.
+        let live: Vec<(String, Value)> = vec![
+            ("IOWeight".into(), Value::from(50u64)),
+            (
+                "IOReadBandwidthMax".into(),
+                Value::from(vec![
+                    ("/dev/vda".to_string(), 10_000_000u64),
+                    ("/dev/sdb".into(), UNSET),
+                ]),
+            ),
+            (
+                "IOWriteBandwidthMax".into(),
+                Value::from(vec![("/dev/vda".to_string(), 2_000u64)]),
+            ),
+        ];
+        let back = SliceSpec::from_bus(|n| live.iter().find(|(k, _)| k == n).map(|(_, v)| v));
+        assert_eq!(back, spec);
+        let unset = SliceSpec::default().bus_properties();
+        assert!(unset.contains(&(
+            "IOWriteBandwidthMax",
+            Value::from(Vec::<(String, u64)>::new())
+        )));
+        assert_eq!(SliceSpec::from_bus(|_| None), SliceSpec::default());
+    }
+
+    #[test]
+    fn bandwidths_in_unit_files_and_for_people() {
+        let spec = io_spec();
+        let lines = spec.unit_lines();
+        assert!(
+            lines.contains(&("IOReadBandwidthMax", "/dev/vda 10000000".into())),
+            "{lines:?}"
+        );
+        assert!(
+            lines.contains(&("IOWriteBandwidthMax", "/dev/vda 2000".into())),
+            "{lines:?}"
+        );
+        assert_eq!(
+            spec.show(),
+            "memory: max - high - · cpu: weight - cpus all · tasks - · io 50 \
+             read /dev/vda 10MB/s write /dev/vda 2KB/s"
+        );
+        assert!(SliceSpec::default().show().ends_with("· io -"));
+    }
+}

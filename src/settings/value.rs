@@ -1,0 +1,406 @@
+//! Values as they come from outside (a policy file, a bus call, systemd): where they were written,
+//! and the one parser and one formatter of each kind (sizes, durations, CPU lists, bytes).
+//!
+//! This is a leaf: it imports nothing of the crate, so the policy parser, the team settings
+//! table, the systemd encodings and the CLI can all share it without import cycles.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+use toml_edit::{Item, Value};
+
+/// A place in a policy file, for error messages.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Loc {
+    /// The file as the admin knows it (the host path, not the test root).
+    pub file: PathBuf,
+    /// 1-based line.
+    pub line: u32,
+    /// 1-based column.
+    pub col: u32,
+}
+
+impl fmt::Display for Loc {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}:{}", self.file.display(), self.line, self.col)
+    }
+}
+
+/// A value and where it was written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct At<T> {
+    /// The value.
+    pub value: T,
+    /// Where its value starts.
+    pub loc: Loc,
+}
+
+/// A size: absolute bytes or a share of host RAM.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub enum Size {
+    /// Bytes.
+    Bytes(u64),
+    /// Percent of host RAM (0 < p ≤ 100).
+    PercentOfRam(f64),
+}
+
+impl Size {
+    /// Bytes on a host with `host_ram` bytes of memory.
+    pub fn resolve(&self, host_ram: u64) -> u64 {
+        match *self {
+            Size::Bytes(b) => b,
+            Size::PercentOfRam(p) => ((host_ram as f64) * p / 100.0) as u64,
+        }
+    }
+}
+
+/// A value that did not parse: the message, and what would be valid when that can be said.
+pub type Fail = (String, Option<String>);
+
+/// Help for sizes that may be a share of RAM.
+pub const SIZE_HELP: &str =
+    "expected bytes with an optional K, M, G or T suffix (powers of 1024), \
+                             a percentage of host RAM such as \"25%\", or \"infinity\"";
+/// Help for absolute sizes.
+pub const SIZE_HELP_BYTES: &str =
+    "expected bytes with an optional K, M, G or T suffix (powers of 1024), e.g. \"20G\"";
+
+/// How a TOML item is called in messages ("a string", "an array").
+pub fn type_name(item: &Item) -> &'static str {
+    match item {
+        Item::None => "nothing",
+        Item::Table(_) => "a table",
+        Item::ArrayOfTables(_) => "an array of tables",
+        Item::Value(v) => match v {
+            Value::String(_) => "a string",
+            Value::Integer(_) => "an integer",
+            Value::Float(_) => "a float",
+            Value::Boolean(_) => "a boolean",
+            Value::Datetime(_) => "a date-time",
+            Value::Array(_) => "an array",
+            Value::InlineTable(_) => "an inline table",
+        },
+    }
+}
+
+/// The string of an item, or an error naming what was found.
+pub fn want_str(i: &Item) -> Result<&str, Fail> {
+    i.as_str()
+        .ok_or_else(|| (format!("expected a string, found {}", type_name(i)), None))
+}
+
+/// An integer in `lo..=hi`.
+pub fn int_in(i: &Item, lo: u64, hi: u64) -> Result<u64, Fail> {
+    match i.as_integer() {
+        Some(n) if n >= 0 && (lo..=hi).contains(&(n as u64)) => Ok(n as u64),
+        Some(n) => Err((
+            format!("{n} is out of range"),
+            Some(format!("expected an integer from {lo} to {hi}")),
+        )),
+        None => Err((
+            format!("expected an integer, found {}", type_name(i)),
+            Some(format!("expected an integer from {lo} to {hi}")),
+        )),
+    }
+}
+
+/// A size written as an integer or a string; `Ok(None)` is `"infinity"`. Percentages of host RAM
+/// only where `allow_percent`.
+pub fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
+    let help = if allow_percent {
+        SIZE_HELP
+    } else {
+        SIZE_HELP_BYTES
+    };
+    if let Some(n) = i.as_integer() {
+        return if n >= 0 {
+            Ok(Some(Size::Bytes(n as u64)))
+        } else {
+            Err((format!("negative size {n}"), Some(help.into())))
+        };
+    }
+    let s = i.as_str().ok_or_else(|| {
+        (
+            format!("expected a size, found {}", type_name(i)),
+            Some(help.into()),
+        )
+    })?;
+    match parse_size(s) {
+        Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err((
+            format!("'{s}': a percentage of host RAM makes no sense here"),
+            Some(help.into()),
+        )),
+        Ok(None) if !allow_percent => Err((format!("'{s}' is not a size"), Some(help.into()))),
+        Ok(v) => Ok(v),
+        Err(m) => Err((m, Some(help.into()))),
+    }
+}
+
+/// Parse a size: `"64G"`, `"512M"`, `"1048576"`, `"25%"`, `"12.5%"`, or `"infinity"` (→ `None`,
+/// no limit). Suffixes K, M, G, T are powers of 1024, as in systemd; `KiB`-style spellings are
+/// accepted too.
+pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
+    let t = s.trim();
+    if t == "infinity" {
+        return Ok(None);
+    }
+    if let Some(p) = t.strip_suffix('%') {
+        let v: f64 = p
+            .trim()
+            .parse()
+            .map_err(|_| format!("'{s}' is not a percentage"))?;
+        if !(v > 0.0 && v <= 100.0) {
+            return Err(format!(
+                "'{s}': a percentage must be more than 0 and at most 100"
+            ));
+        }
+        return Ok(Some(Size::PercentOfRam(v)));
+    }
+    let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits);
+    if num.is_empty() {
+        return Err(format!("'{s}' is not a size"));
+    }
+    let shift = match unit.trim() {
+        "" | "B" => 0,
+        "K" | "KiB" | "k" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        u => return Err(format!("'{s}': unknown size unit '{u}'")),
+    };
+    let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
+    n.checked_mul(1u64 << shift)
+        .map(|b| Some(Size::Bytes(b)))
+        .ok_or_else(|| format!("'{s}' is too large"))
+}
+
+/// Parse a duration: `"90"` (seconds), `"5m"`, `"1h30m"`, `"500ms"`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    if t.is_empty() {
+        return Err("empty duration".into());
+    }
+    if let Ok(secs) = t.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = t;
+    while !rest.is_empty() {
+        let d = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if d == 0 {
+            return Err(format!("'{s}' is not a duration"));
+        }
+        let n: u64 = rest[..d]
+            .parse()
+            .map_err(|_| format!("'{s}' is too large"))?;
+        rest = &rest[d..];
+        let u = rest
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let unit = rest[..u].trim();
+        rest = rest[u..].trim_start();
+        let per = match unit {
+            "ms" => Duration::from_millis(1),
+            "s" | "sec" => Duration::from_secs(1),
+            "m" | "min" => Duration::from_secs(60),
+            "h" => Duration::from_secs(3600),
+            "d" => Duration::from_secs(86400),
+            _ => return Err(format!("'{s}': unknown time unit '{unit}'")),
+        };
+        total += per
+            .checked_mul(u32::try_from(n).map_err(|_| format!("'{s}' is too large"))?)
+            .ok_or_else(|| format!("'{s}' is too large"))?;
+    }
+    Ok(total)
+}
+
+/// A set of CPU numbers, as `AllowedCPUs=` and `/sys/devices/system/cpu/online` write them
+/// (`0-5,8`). The one CPU-list parser: it reads the list an admin writes and the list systemd
+/// or the kernel report, and prints the normalised form.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CpuSet(BTreeSet<u32>);
+
+impl CpuSet {
+    /// The CPUs of a systemd `AllowedCPUs` bitmask (byte i, bit j = CPU 8i+j).
+    pub fn from_mask(mask: &[u8]) -> CpuSet {
+        let bits = mask.iter().enumerate().flat_map(|(i, byte)| {
+            (0..8u32)
+                .filter(move |bit| byte & (1 << bit) != 0)
+                .map(move |bit| i as u32 * 8 + bit)
+        });
+        CpuSet(bits.collect())
+    }
+
+    /// systemd's `AllowedCPUs` bitmask of these CPUs.
+    pub fn to_mask(&self) -> Vec<u8> {
+        let Some(&max) = self.0.iter().next_back() else {
+            return Vec::new();
+        };
+        let mut mask = vec![0u8; (max as usize) / 8 + 1];
+        for &c in &self.0 {
+            mask[c as usize / 8] |= 1 << (c % 8);
+        }
+        mask
+    }
+
+    /// The highest CPU number.
+    pub fn max(&self) -> Option<u32> {
+        self.0.iter().next_back().copied()
+    }
+
+    /// How many CPUs.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the set is empty.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl FromStr for CpuSet {
+    type Err = String;
+
+    /// `"0-3, 8,4-5"`: numbers below 65536 and ascending ranges, comma-separated.
+    fn from_str(s: &str) -> Result<CpuSet, String> {
+        let mut cpus = BTreeSet::new();
+        for part in s.split(',') {
+            let part = part.trim();
+            if part.is_empty() {
+                return Err(format!("'{s}': empty item in CPU list"));
+            }
+            let num = |x: &str| -> Result<u32, String> {
+                x.trim()
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|n| *n < 65536)
+                    .ok_or_else(|| format!("'{s}': '{x}' is not a CPU number"))
+            };
+            let (a, b) = match part.split_once('-') {
+                Some((a, b)) => (num(a)?, num(b)?),
+                None => (num(part)?, num(part)?),
+            };
+            if a > b {
+                return Err(format!("'{s}': range {part} runs backwards"));
+            }
+            cpus.extend(a..=b);
+        }
+        Ok(CpuSet(cpus))
+    }
+}
+
+impl fmt::Display for CpuSet {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut it = self.0.iter().copied().peekable();
+        let mut first = true;
+        while let Some(lo) = it.next() {
+            let mut hi = lo;
+            while it.peek() == Some(&(hi + 1)) {
+                hi = it.next().unwrap_or(hi);
+            }
+            if !first {
+                f.write_str(",")?;
+            }
+            first = false;
+            if lo == hi {
+                write!(f, "{lo}")?;
+            } else {
+                write!(f, "{lo}-{hi}")?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<String> for CpuSet {
+    type Error = String;
+    fn try_from(s: String) -> Result<CpuSet, String> {
+        s.parse()
+    }
+}
+
+impl From<CpuSet> for String {
+    fn from(c: CpuSet) -> String {
+        c.to_string()
+    }
+}
+
+/// Parse and normalise a CPU list (`"0-3, 8,4-5"` → `"0-5,8"`).
+pub fn parse_cpus(s: &str) -> Result<String, String> {
+    s.parse::<CpuSet>().map(|c| c.to_string())
+}
+
+/// Bytes as GiB/MiB for people.
+pub fn human_bytes(b: u64) -> String {
+    const GIB: f64 = (1u64 << 30) as f64;
+    if b >= 1 << 30 {
+        let g = b as f64 / GIB;
+        if g.fract() == 0.0 {
+            format!("{g:.0} GiB")
+        } else {
+            format!("{g:.1} GiB")
+        }
+    } else {
+        format!("{} MiB", b >> 20)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("64G"), Ok(Some(Size::Bytes(64 << 30))));
+        assert_eq!(parse_size("512M"), Ok(Some(Size::Bytes(512 << 20))));
+        assert_eq!(parse_size("2TiB"), Ok(Some(Size::Bytes(2 << 40))));
+        assert_eq!(parse_size("1000"), Ok(Some(Size::Bytes(1000))));
+        assert_eq!(parse_size("25%"), Ok(Some(Size::PercentOfRam(25.0))));
+        assert_eq!(parse_size("infinity"), Ok(None));
+        for bad in ["", "G", "64X", "0%", "101%", "-1G", "1.5G", "99999999999T"] {
+            assert!(parse_size(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("90"), Ok(Duration::from_secs(90)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "m", "5 parsecs", "1h-3m"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpus("0-3, 8,4-5").unwrap(), "0-5,8");
+        assert_eq!(parse_cpus("7").unwrap(), "7");
+        for bad in ["", "3-1", "a", "0,,1", "1-", "65536"] {
+            assert!(parse_cpus(bad).is_err(), "{bad}");
+        }
+        let c: CpuSet = "8,0-3, 10-11".parse().unwrap();
+        assert_eq!((c.max(), c.len()), (Some(11), 7));
+        assert_eq!(c.to_mask(), vec![0b0000_1111, 0b0000_1101]);
+        assert_eq!(CpuSet::from_mask(&c.to_mask()), c);
+        assert!(CpuSet::default().to_mask().is_empty());
+        assert_eq!(serde_json::to_string(&c).unwrap(), "\"0-3,8,10-11\"");
+        assert!(serde_json::from_str::<CpuSet>("\"3-1\"").is_err());
+    }
+
+    #[test]
+    fn bytes_for_people() {
+        assert_eq!(human_bytes(80 << 30), "80 GiB");
+        assert_eq!(human_bytes(3 << 29), "1.5 GiB");
+        assert_eq!(human_bytes(512 << 20), "512 MiB");
+    }
+}

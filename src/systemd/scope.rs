@@ -1,0 +1,208 @@
+//! Placing a running process into a new transient scope, on the path of every `gpuctl run` and
+//! `shell` (gpuctld's `Join`): one long-lived `JobRemoved` subscription shared by all
+//! placements ([`JobWaiter`]), and a slice property read by object path without a `LoadUnit`
+//! round trip.
+
+use super::client::Systemd;
+use super::SystemdError;
+use futures_lite::StreamExt;
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use zbus::zvariant::{OwnedValue, Value};
+
+/// How long a scope's start job may take.
+const SCOPE_START_LIMIT: Duration = Duration::from_secs(30);
+
+/// systemd's object path of a unit (`bus_label_escape`: every byte other than an ASCII letter
+/// or digit, and a leading digit, becomes `_xx`).
+pub fn unit_object_path(unit: &str) -> String {
+    let mut p = String::from("/org/freedesktop/systemd1/unit/");
+    for (i, b) in unit.bytes().enumerate() {
+        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
+            p.push(b as char);
+        } else {
+            p.push_str(&format!("_{b:02x}"));
+        }
+    }
+    p
+}
+
+/// Waits for systemd jobs on one long-lived `JobRemoved` subscription, so a placement costs no
+/// `AddMatch`/`RemoveMatch` round trips of its own.
+#[derive(Default)]
+pub struct JobWaiter {
+    state: Mutex<WaitState>,
+}
+
+#[derive(Default)]
+struct WaitState {
+    waiting: HashMap<String, oneshot::Sender<String>>,
+    /// Results that arrived before their waiter registered (the job finished before the
+    /// `StartTransientUnit` reply was handled); bounded, oldest dropped.
+    early: VecDeque<(String, String)>,
+}
+
+impl JobWaiter {
+    /// Subscribe and route results until the stream ends.
+    pub async fn spawn(sd: &Systemd) -> zbus::Result<Arc<JobWaiter>> {
+        let mut stream = sd.manager().receive_job_removed().await?;
+        let w = Arc::new(JobWaiter::default());
+        let w2 = w.clone();
+        tokio::spawn(async move {
+            while let Some(sig) = stream.next().await {
+                let Ok(args) = sig.args() else { continue };
+                w2.finished(args.job().to_string(), args.result().to_string());
+            }
+        });
+        Ok(w)
+    }
+
+    fn finished(&self, job: String, result: String) {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        match st.waiting.remove(&job) {
+            Some(tx) => {
+                let _ = tx.send(result);
+            }
+            None => {
+                st.early.push_back((job, result));
+                if st.early.len() > 256 {
+                    st.early.pop_front();
+                }
+            }
+        }
+    }
+
+    /// The result of `job` (`done`, `failed`, …), or `None` after `timeout`.
+    pub async fn wait(&self, job: &str, timeout: Duration) -> Option<String> {
+        let rx = {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = st.early.iter().position(|(j, _)| j == job) {
+                return st.early.remove(i).map(|(_, r)| r);
+            }
+            let (tx, rx) = oneshot::channel();
+            st.waiting.insert(job.to_string(), tx);
+            rx
+        };
+        let r = tokio::time::timeout(timeout, rx)
+            .await
+            .ok()
+            .and_then(Result::ok);
+        if r.is_none() {
+            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.waiting.remove(job);
+        }
+        r
+    }
+}
+
+impl Systemd {
+    /// `DevicePolicy` of a slice in one call: systemd loads a unit named by its object path, so
+    /// no `LoadUnit` round trip is needed.
+    pub async fn slice_device_policy(&self, slice: &str) -> Result<String, SystemdError> {
+        let get = async {
+            let reply = self
+                .connection()
+                .call_method(
+                    Some("org.freedesktop.systemd1"),
+                    unit_object_path(slice).as_str(),
+                    Some("org.freedesktop.DBus.Properties"),
+                    "Get",
+                    &("org.freedesktop.systemd1.Slice", "DevicePolicy"),
+                )
+                .await?;
+            let v: OwnedValue = reply.body().deserialize()?;
+            String::try_from(v).map_err(zbus::Error::from)
+        };
+        get.await.map_err(|source| SystemdError::Bus {
+            unit: slice.to_string(),
+            op: "Get(DevicePolicy)",
+            source: Box::new(source),
+        })
+    }
+
+    /// Move the running `pid` into a new transient scope `scope` in `slice` and wait (on
+    /// `jobs`) for its start job.
+    pub async fn start_scope(
+        &self,
+        jobs: &JobWaiter,
+        scope: &str,
+        slice: &str,
+        pid: u32,
+        description: String,
+    ) -> Result<(), SystemdError> {
+        let props: Vec<(&str, Value<'_>)> = vec![
+            ("Slice", Value::from(slice)),
+            ("PIDs", Value::from(vec![pid])),
+            ("Description", Value::from(description)),
+            // A failed scope would otherwise stay loaded and block the name for this pid.
+            ("CollectMode", Value::from("inactive-or-failed")),
+        ];
+        let job = self
+            .manager()
+            .start_transient_unit(scope, "fail", &props, &[])
+            .await
+            .map_err(|source| SystemdError::Bus {
+                unit: scope.to_string(),
+                op: "StartTransientUnit",
+                source: Box::new(source),
+            })?;
+        match jobs.wait(job.as_str(), SCOPE_START_LIMIT).await {
+            Some(r) if r == "done" => Ok(()),
+            Some(result) => Err(SystemdError::Job {
+                unit: scope.to_string(),
+                op: "start",
+                result,
+            }),
+            None => Err(SystemdError::JobTimeout {
+                unit: scope.to_string(),
+                op: "start",
+                secs: SCOPE_START_LIMIT.as_secs(),
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unit_object_paths_match_systemds_escaping() {
+        assert_eq!(
+            unit_object_path("gpu-infer.slice"),
+            "/org/freedesktop/systemd1/unit/gpu_2dinfer_2eslice"
+        );
+        assert_eq!(
+            unit_object_path("gpu-ml_2.slice"),
+            "/org/freedesktop/systemd1/unit/gpu_2dml_5f2_2eslice"
+        );
+        assert_eq!(
+            unit_object_path("1x"),
+            "/org/freedesktop/systemd1/unit/_31x"
+        );
+    }
+
+    #[tokio::test]
+    async fn job_results_reach_waiters_whether_they_come_before_or_after() {
+        let w = JobWaiter::default();
+        w.finished("/job/1".into(), "done".into());
+        assert_eq!(
+            w.wait("/job/1", Duration::from_secs(1)).await.as_deref(),
+            Some("done")
+        );
+        let w = Arc::new(w);
+        let w2 = w.clone();
+        let t = tokio::spawn(async move { w2.wait("/job/2", Duration::from_secs(5)).await });
+        tokio::task::yield_now().await;
+        w.finished("/job/3".into(), "failed".into());
+        w.finished("/job/2".into(), "failed".into());
+        assert_eq!(t.await.unwrap().as_deref(), Some("failed"));
+        assert_eq!(w.wait("/job/9", Duration::from_millis(10)).await, None);
+        assert!(
+            w.state.lock().unwrap().waiting.is_empty(),
+            "timed-out waiter removed"
+        );
+    }
+}
