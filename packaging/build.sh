@@ -91,6 +91,8 @@ stage() {
     install -D -m 644 packaging/files/gpuctl.tmpfiles "$d/usr/lib/tmpfiles.d/gpuctl.conf"
     install -D -m 644 packaging/files/org.gpuctl.Agent1.conf "$d/usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf"
     install -D -m 644 packaging/files/policy.toml "$d/etc/gpuctl/policy.toml"
+    # Shipped disabled: an admin links it into /etc/systemd/system/gpuctld.service.d/.
+    install -D -m 644 packaging/files/nss-network.conf "$d/usr/share/gpuctl/gpuctld.service.d/nss-network.conf"
     install -d -m 755 "$d/etc/gpuctl/policy.d" "$d/usr/lib/gpuctl/policy.d"
     local m
     for m in "$GEN"/man/*.1; do install -D -m 644 "$m" "$d/usr/share/man/man1/${m##*/}"; done

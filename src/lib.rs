@@ -22,6 +22,7 @@ pub mod dbus_api;
 pub mod doctor;
 pub mod files;
 pub mod geometry;
+pub mod import;
 pub mod join;
 pub mod nvml;
 pub mod observe;

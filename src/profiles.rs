@@ -115,6 +115,10 @@ pub struct GpuModel {
     pub key: String,
     /// Name NVML reports, e.g. `NVIDIA H100 80GB HBM3`.
     pub nvml_name: String,
+    /// PCI device IDs (`0x233010DE`, as mig-parted's `device-filter` writes them), each maybe
+    /// followed by a note in parentheses (`0x20F110DE (PCIE-40GB)`).
+    #[serde(default)]
+    pub pci_device_ids: Vec<String>,
     /// Framebuffer in MiB outside MIG.
     pub memory_total_mib: u64,
     /// SMs outside MIG.
@@ -244,6 +248,7 @@ impl Catalog {
             models.push(GpuModel {
                 key: "L40S-48GB".into(),
                 nvml_name: "NVIDIA L40S".into(),
+                pci_device_ids: vec![],
                 memory_total_mib: 46068,
                 sm_total: 142,
                 memory_slices: 0,
@@ -277,6 +282,17 @@ impl Catalog {
     /// Model by the name NVML reports.
     pub fn by_nvml_name(&self, name: &str) -> Option<&GpuModel> {
         self.models.iter().find(|m| m.nvml_name == name)
+    }
+
+    /// The model with this PCI device ID (`0x20B010DE`, case-insensitive).
+    pub fn by_pci_device_id(&self, id: &str) -> Option<&GpuModel> {
+        self.models.iter().find(|m| {
+            m.pci_device_ids.iter().any(|p| {
+                p.split_whitespace()
+                    .next()
+                    .is_some_and(|p| p.eq_ignore_ascii_case(id))
+            })
+        })
     }
 }
 

@@ -3,9 +3,23 @@ use anyhow::Context;
 use clap::Parser;
 use std::path::PathBuf;
 
+/// The environment gpuctld reads, shown by `--help` and kept equal to gpuctld(8)'s ENVIRONMENT
+/// section by `tests/man_gpuctld.rs` (which also checks that every variable the daemon's code
+/// reads is listed here).
+const ENVIRONMENT: &str = "\
+Environment:
+  GPUCTL_LOG               log filter when --log-level is not given [default: info]
+  GPUCTL_NVML_LIBRARY      NVML library to load; wins over the policy's nvml-library
+  GPUCTL_GPU_RESET_CMD     GPU reset command ({index}, {uuid} substituted)
+                           [default: nvidia-smi -r -i {index}]
+  JOURNAL_STREAM           set by systemd: log to the journal with structured fields
+  NOTIFY_SOCKET            set by systemd: where READY=1, STATUS= and WATCHDOG=1 go
+  DBUS_SYSTEM_BUS_ADDRESS  the system bus
+                           [default: unix:path=/run/dbus/system_bus_socket]";
+
 /// Keep this host's GPUs, MPS daemons and team slices matching the gpuctl policy.
 #[derive(Debug, Parser)]
-#[command(name = "gpuctld", version)]
+#[command(name = "gpuctld", version, after_help = ENVIRONMENT)]
 struct Args {
     /// Log filter (`info`, `debug`, `gpuctl=trace`); overrides GPUCTL_LOG.
     #[arg(long, value_name = "FILTER")]

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod env;
+pub mod import;
 pub mod plan;
 pub mod run;
 pub mod shell;
@@ -77,6 +78,8 @@ pub enum Command {
     Teams(teams::TeamsArgs),
     /// What gpuctld reports: teams, GPUs, last reconcile, last policy error.
     Status(status::StatusArgs),
+    /// Turn another tool's GPU layout (NVIDIA mig-parted) into a policy drop-in.
+    Import(import::ImportArgs),
     /// Is this host ready for gpuctl? Read-only checks of driver, cgroups, systemd, devices, MIG.
     Doctor(doctor::DoctorArgs),
 }
@@ -95,6 +98,7 @@ pub fn run() -> i32 {
         Command::Plan(a) => plan::run_plan(&cli, a),
         Command::Apply(a) => plan::run_apply(&cli, a),
         Command::Check(a) => plan::run_check(&cli, a),
+        Command::Import(a) => import::run(a),
         Command::Doctor(a) => doctor::run(&cli, a),
         // These talk to gpuctld and print their own one-line refusals with their own codes.
         Command::Shell(a) => return shell::run(a),

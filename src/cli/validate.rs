@@ -1,7 +1,7 @@
 //! `gpuctl validate`.
 use super::Cli;
 use crate::paths::Root;
-use crate::policy::{load, load_files, Diagnostic, LoadOutcome, Severity};
+use crate::policy::{inplace, load, load_files, Diagnostic, LoadOutcome, Severity};
 use clap::Args;
 use std::path::PathBuf;
 
@@ -12,6 +12,11 @@ Without PATH, validates the policy the agent would load: /etc/gpuctl/policy.toml
 *.toml fragments of /usr/lib/gpuctl/policy.d, /run/gpuctl/policy.d and /etc/gpuctl/policy.d \
 (same name: /etc beats /run beats /usr/lib; a symlink to /dev/null masks), all under --root.
 
+With --as DEST and one FILE, validates FILE as if it were installed at DEST (/etc/gpuctl/policy.toml \
+or NAME.toml in one of the policy.d directories), merged with the host's other policy files under \
+--root; it replaces the file installed at DEST. Errors in FILE name FILE as given. For config \
+management: Ansible `validate: \"gpuctl validate --as /etc/gpuctl/policy.d/50-gpus.toml %s\"`.
+
 Each problem is printed on one line as FILE:LINE:COL: error|warning: KEY: MESSAGE (HELP). \
 Every problem is reported, not only the first.
 
@@ -21,6 +26,9 @@ See gpuctl.policy(5) for the policy format.")]
 pub struct ValidateArgs {
     /// Files to check, merged in the order given; default: the host's policy directories.
     pub paths: Vec<PathBuf>,
+    /// Validate the one FILE as if installed at DEST, merged with the host's other policy files.
+    #[arg(long = "as", value_name = "DEST")]
+    pub as_path: Option<PathBuf>,
     /// Print one JSON object for config management: {"valid", "files", "unreadable",
     /// "diagnostics": [{"severity", "file", "line", "column", "key", "message", "help"}]}.
     #[arg(long)]
@@ -29,7 +37,13 @@ pub struct ValidateArgs {
 
 /// Run `gpuctl validate`.
 pub fn run(cli: &Cli, args: &ValidateArgs) -> anyhow::Result<i32> {
-    let outcome = if args.paths.is_empty() {
+    let outcome = if let Some(dest) = &args.as_path {
+        let [file] = args.paths.as_slice() else {
+            anyhow::bail!("--as {} takes exactly one FILE", dest.display());
+        };
+        let target = inplace::parse_target(dest).map_err(anyhow::Error::msg)?;
+        inplace::load_as(&Root::new(&cli.root), &target, file)
+    } else if args.paths.is_empty() {
         load(&Root::new(&cli.root))
     } else {
         load_files(&args.paths)

@@ -15,6 +15,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod inplace;
 pub mod load;
 pub mod parse;
 pub mod validate;

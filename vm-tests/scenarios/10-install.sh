@@ -27,6 +27,7 @@ expected=(
     /usr/share/zsh/vendor-completions/_gpuctl
     /usr/share/fish/vendor_completions.d/gpuctl.fish
     /usr/share/doc/gpuctl/copyright
+    /usr/share/gpuctl/gpuctld.service.d/nss-network.conf
 )
 missing=()
 for p in "${expected[@]}"; do

@@ -1,0 +1,683 @@
+//! `gpuctl import mig-parted`: one config of an NVIDIA mig-parted file → a gpuctl policy drop-in.
+//!
+//! mig-parted's format (`version: v1`, `mig-configs: NAME: [entry…]`) describes only the MIG
+//! geometry: each entry selects GPUs (`devices: all | [indices]`, optionally narrowed by
+//! `device-filter:` PCI device IDs) and sets `mig-enabled` and `mig-devices` (profile → count).
+//! It has no owners, so every imported share gets the `--owner` team or a placeholder the admin
+//! must replace (an invalid team name, so the drop-in cannot validate until they do).
+//!
+//! The mapping:
+//! - `devices: all` → `all = true`; `devices: [0, 1]` → `index = [0, 1]`;
+//!   `device-filter` (with `devices: all`) → one `[[gpu]]` per model, `model = "<reference key>"`,
+//!   the PCI IDs looked up in the compiled-in catalog (`data/gpu-profiles.json`);
+//! - `mig-enabled: false` → whole GPUs, `owner = …`;
+//! - `mig-devices: {"1g.10gb": 7}` → `mig = [{ profile = "1g.10gb", count = 7, owner = … }]`;
+//!   a compute-instance name `"1c.3g.40gb": 2` → two `3g.40gb` GPU instances with one `1c`
+//!   compute instance each (mig-parted creates one GI per listed device).
+//!
+//! What has no gpuctl equivalent is never dropped silently: every such field is returned as an
+//! [`Unsupported`] with its YAML path, and the CLI refuses to write unless told to skip them.
+//!
+//! The YAML is walked as a generic value rather than deserialized into structs so that every
+//! unknown or unsupported key is named with its full path, not rejected at the first one.
+
+use crate::profiles::Catalog;
+use serde::Serialize;
+use serde_norway::Value;
+use std::fmt;
+
+/// The owner written when no `--owner` is given: not a valid team name, so validation fails
+/// until the admin replaces it (`gpuctl validate` then says "unknown team").
+pub const OWNER_PLACEHOLDER: &str = "FILL-IN-TEAM";
+
+/// A mig-parted field gpuctl cannot express, with its YAML path and the reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unsupported {
+    /// YAML path, e.g. `mig-configs.custom[1].device-filter`.
+    pub path: String,
+    /// Why it cannot be imported.
+    pub why: String,
+}
+
+impl fmt::Display for Unsupported {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: unsupported: {}", self.path, self.why)
+    }
+}
+
+/// The result of an import: the drop-in text, and what it leaves out.
+#[derive(Debug, Clone)]
+pub struct Imported {
+    /// The policy drop-in (TOML, with a comment header).
+    pub toml: String,
+    /// Fields left out, each named; empty when the import is complete.
+    pub unsupported: Vec<Unsupported>,
+}
+
+/// A malformed mig-parted file: not YAML, not the documented shape, or no such config.
+#[derive(Debug, thiserror::Error)]
+pub enum ImportError {
+    /// The text is not YAML.
+    #[error("not YAML: {0}")]
+    Yaml(#[from] serde_norway::Error),
+    /// The YAML does not have mig-parted's shape; the string names the path.
+    #[error("{0}")]
+    Shape(String),
+    /// The requested config is not in `mig-configs`.
+    #[error("no config '{name}' in mig-configs (configs: {available})")]
+    NoConfig {
+        /// The config asked for.
+        name: String,
+        /// The configs in the file, comma-separated.
+        available: String,
+    },
+}
+
+/// The drop-in, as the `toml` crate serializes it.
+#[derive(Debug, Serialize)]
+struct DropIn {
+    version: u32,
+    gpu: Vec<GpuEntry>,
+}
+
+/// One `[[gpu]]` entry: one selector, one use. Field order matters: plain values before the
+/// `mig` array of tables, as TOML requires.
+#[derive(Debug, Serialize)]
+struct GpuEntry {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    all: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    index: Option<Vec<u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    model: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    owner: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mig: Option<Vec<MigEntry>>,
+}
+
+#[derive(Debug, Serialize)]
+struct MigEntry {
+    profile: String,
+    owner: String,
+    #[serde(skip_serializing_if = "is_one")]
+    count: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    compute: Option<Vec<String>>,
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
+/// Which GPUs an entry selects.
+enum Devices {
+    All,
+    Index(Vec<u32>),
+}
+
+/// Import config `config` of the mig-parted document `yaml`; `source` names the file in the
+/// header comment, `owner` is the team for every share (placeholder when `None`).
+pub fn import(
+    yaml: &str,
+    config: &str,
+    owner: Option<&str>,
+    source: &str,
+) -> Result<Imported, ImportError> {
+    let doc: Value = serde_norway::from_str(yaml)?;
+    let top = doc.as_mapping().ok_or_else(|| {
+        ImportError::Shape("top level: expected a mapping with mig-configs".into())
+    })?;
+    let mut unsupported = Vec::new();
+    for (k, _) in top {
+        match k.as_str() {
+            Some("version") | Some("mig-configs") => {}
+            other => unsupported.push(Unsupported {
+                path: other.unwrap_or("?").to_string(),
+                why: "not a mig-parted v1 key gpuctl knows".into(),
+            }),
+        }
+    }
+    match top.get("version").and_then(Value::as_str) {
+        Some("v1") => {}
+        Some(v) => {
+            return Err(ImportError::Shape(format!(
+                "version: '{v}' is not supported (gpuctl reads mig-parted version v1)"
+            )))
+        }
+        None => return Err(ImportError::Shape("version: missing (expected v1)".into())),
+    }
+    let configs = top
+        .get("mig-configs")
+        .and_then(Value::as_mapping)
+        .ok_or_else(|| ImportError::Shape("mig-configs: missing or not a mapping".into()))?;
+    let entries = configs.get(config).ok_or_else(|| ImportError::NoConfig {
+        name: config.to_string(),
+        available: configs
+            .keys()
+            .filter_map(Value::as_str)
+            .collect::<Vec<_>>()
+            .join(", "),
+    })?;
+    let base = format!("mig-configs.{config}");
+    let entries = entries
+        .as_sequence()
+        .ok_or_else(|| ImportError::Shape(format!("{base}: expected a list of entries")))?;
+
+    let owner_name = owner.unwrap_or(OWNER_PLACEHOLDER).to_string();
+    let mut gpus = Vec::new();
+    for (i, entry) in entries.iter().enumerate() {
+        let at = format!("{base}[{i}]");
+        let map = entry
+            .as_mapping()
+            .ok_or_else(|| ImportError::Shape(format!("{at}: expected a mapping")))?;
+        for (k, _) in map {
+            match k.as_str() {
+                Some("devices" | "mig-enabled" | "mig-devices" | "device-filter") => {}
+                other => unsupported.push(Unsupported {
+                    path: format!("{at}.{}", other.unwrap_or("?")),
+                    why: "not a mig-parted config field gpuctl knows".into(),
+                }),
+            }
+        }
+        let devices = match map.get("devices") {
+            Some(Value::String(s)) if s == "all" => Devices::All,
+            Some(Value::Sequence(seq)) => {
+                let mut idx = Vec::new();
+                for (j, v) in seq.iter().enumerate() {
+                    let n = v
+                        .as_u64()
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| {
+                            ImportError::Shape(format!(
+                                "{at}.devices[{j}]: expected a GPU index, found {}",
+                                show(v)
+                            ))
+                        })?;
+                    idx.push(n);
+                }
+                Devices::Index(idx)
+            }
+            Some(v) => {
+                return Err(ImportError::Shape(format!(
+                    "{at}.devices: expected \"all\" or a list of GPU indices, found {}",
+                    show(v)
+                )))
+            }
+            None => return Err(ImportError::Shape(format!("{at}.devices: missing"))),
+        };
+        let enabled = match map.get("mig-enabled") {
+            Some(Value::Bool(b)) => *b,
+            Some(v) => {
+                return Err(ImportError::Shape(format!(
+                    "{at}.mig-enabled: expected true or false, found {}",
+                    show(v)
+                )))
+            }
+            None => return Err(ImportError::Shape(format!("{at}.mig-enabled: missing"))),
+        };
+
+        // Selectors: a device-filter narrows "all" to models; gpuctl has one selector per
+        // entry, so a filter on an index list cannot be expressed.
+        let mut selectors: Vec<GpuEntry> = Vec::new();
+        let filter = match map.get("device-filter") {
+            None => None,
+            Some(Value::String(s)) => Some(vec![s.clone()]),
+            Some(Value::Sequence(seq)) => Some(
+                seq.iter()
+                    .map(|v| {
+                        v.as_str().map(str::to_string).ok_or_else(|| {
+                            ImportError::Shape(format!(
+                                "{at}.device-filter: expected PCI device IDs, found {}",
+                                show(v)
+                            ))
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            Some(v) => {
+                return Err(ImportError::Shape(format!(
+                    "{at}.device-filter: expected a PCI device ID or a list of them, found {}",
+                    show(v)
+                )))
+            }
+        };
+        match (&devices, filter) {
+            (Devices::All, None) => selectors.push(selector(Some(true), None, None)),
+            (Devices::Index(i), None) => selectors.push(selector(None, Some(i.clone()), None)),
+            (Devices::All, Some(ids)) => {
+                let mut models: Vec<String> = Vec::new();
+                for id in &ids {
+                    match Catalog::get().by_pci_device_id(id) {
+                        Some(m) if !models.contains(&m.key) => models.push(m.key.clone()),
+                        Some(_) => {}
+                        None => unsupported.push(Unsupported {
+                            path: format!("{at}.device-filter"),
+                            why: format!(
+                                "PCI device ID {id} is not a GPU model gpuctl knows; \
+                                 its GPUs are left out"
+                            ),
+                        }),
+                    }
+                }
+                selectors.extend(models.into_iter().map(|m| selector(None, None, Some(m))));
+            }
+            (Devices::Index(_), Some(_)) => {
+                unsupported.push(Unsupported {
+                    path: format!("{at}.device-filter"),
+                    why: "a device-filter on a devices list: a gpuctl [[gpu]] entry has one \
+                          selector (index or model); this entry is left out"
+                        .into(),
+                });
+            }
+        }
+
+        let mig = if enabled {
+            let devs = match map.get("mig-devices") {
+                Some(Value::Mapping(m)) => m,
+                None | Some(Value::Null) => {
+                    unsupported.push(Unsupported {
+                        path: format!("{at}.mig-devices"),
+                        why: "MIG enabled with no MIG devices: gpuctl has no MIG-on-but-empty \
+                              layout; this entry is left out"
+                            .into(),
+                    });
+                    continue;
+                }
+                Some(v) => {
+                    return Err(ImportError::Shape(format!(
+                        "{at}.mig-devices: expected a mapping of profile to count, found {}",
+                        show(v)
+                    )))
+                }
+            };
+            let mut out = Vec::new();
+            for (k, v) in devs {
+                let name = k.as_str().ok_or_else(|| {
+                    ImportError::Shape(format!(
+                        "{at}.mig-devices: profile {} is not a name",
+                        show(k)
+                    ))
+                })?;
+                let count = v
+                    .as_u64()
+                    .and_then(|n| u32::try_from(n).ok())
+                    .ok_or_else(|| {
+                        ImportError::Shape(format!(
+                            "{at}.mig-devices.\"{name}\": expected a count, found {}",
+                            show(v)
+                        ))
+                    })?;
+                if count == 0 {
+                    continue; // zero instances of a profile: nothing to create
+                }
+                let (profile, compute) = split_profile(name);
+                out.push(MigEntry {
+                    profile,
+                    owner: owner_name.clone(),
+                    count,
+                    compute: compute.map(|c| vec![c]),
+                });
+            }
+            if out.is_empty() {
+                unsupported.push(Unsupported {
+                    path: format!("{at}.mig-devices"),
+                    why: "MIG enabled with no MIG devices: gpuctl has no MIG-on-but-empty \
+                          layout; this entry is left out"
+                        .into(),
+                });
+                continue;
+            }
+            Some(out)
+        } else {
+            if map.get("mig-devices").is_some_and(|v| {
+                v.as_mapping().is_some_and(|m| !m.is_empty()) || v.as_sequence().is_some()
+            }) {
+                unsupported.push(Unsupported {
+                    path: format!("{at}.mig-devices"),
+                    why: "MIG devices with mig-enabled: false (mig-parted ignores them too)".into(),
+                });
+            }
+            None
+        };
+        for mut s in selectors {
+            match &mig {
+                Some(m) => {
+                    s.mig = Some(
+                        m.iter()
+                            .map(|e| MigEntry {
+                                profile: e.profile.clone(),
+                                owner: e.owner.clone(),
+                                count: e.count,
+                                compute: e.compute.clone(),
+                            })
+                            .collect(),
+                    )
+                }
+                None => s.owner = Some(owner_name.clone()),
+            }
+            gpus.push(s);
+        }
+    }
+
+    let body = toml::to_string(&DropIn {
+        version: 1,
+        gpu: gpus,
+    })
+    .map_err(|e| ImportError::Shape(format!("cannot write the drop-in: {e}")))?;
+    let mut header = format!(
+        "# Imported from mig-parted config '{config}' of {source} by `gpuctl import mig-parted`.\n"
+    );
+    if owner.is_none() {
+        header.push_str(&format!(
+            "# mig-parted has no owners: replace every \"{OWNER_PLACEHOLDER}\" with a team from \
+             [teams.*]\n# (the file does not validate until you do).\n"
+        ));
+    }
+    header.push_str(
+        "# Check it in place before installing: gpuctl validate --as /etc/gpuctl/policy.d/NAME.toml FILE\n",
+    );
+    for u in &unsupported {
+        header.push_str(&format!("# NOT IMPORTED: {u}\n"));
+    }
+    Ok(Imported {
+        toml: format!("{header}\n{body}"),
+        unsupported,
+    })
+}
+
+fn selector(all: Option<bool>, index: Option<Vec<u32>>, model: Option<String>) -> GpuEntry {
+    GpuEntry {
+        all,
+        index,
+        model,
+        owner: None,
+        mig: None,
+    }
+}
+
+/// `"1c.3g.40gb"` → (`3g.40gb`, `Some("1c")`); `"3g.40gb"`, `"1g.10gb+me"` → unchanged, `None`.
+fn split_profile(name: &str) -> (String, Option<String>) {
+    if let Some((first, rest)) = name.split_once('.') {
+        let is_ci = first.len() >= 2
+            && first.ends_with('c')
+            && first[..first.len() - 1].bytes().all(|b| b.is_ascii_digit());
+        if is_ci && rest.contains('g') {
+            return (rest.to_string(), Some(first.to_string()));
+        }
+    }
+    (name.to_string(), None)
+}
+
+/// A short rendering of a YAML value for messages.
+fn show(v: &Value) -> String {
+    serde_norway::to_string(v)
+        .map(|s| s.trim().replace('\n', " "))
+        .unwrap_or_else(|_| "?".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::policy::parse::parse_fragment;
+    use crate::policy::validate::build;
+    use crate::policy::Severity;
+    use std::path::Path;
+
+    /// Written from mig-parted's documented format (README "Configuration" and the example
+    /// `examples/config.yaml`): the A100-40GB `all-*` configs and the README's `custom-config`.
+    const EXAMPLE: &str = r#"
+version: v1
+mig-configs:
+  all-disabled:
+    - devices: all
+      mig-enabled: false
+
+  all-enabled:
+    - devices: all
+      mig-enabled: true
+      mig-devices: {}
+
+  all-1g.5gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb": 7
+
+  all-2g.10gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "2g.10gb": 3
+
+  all-3g.20gb:
+    - devices: all
+      mig-enabled: true
+      mig-devices:
+        "3g.20gb": 2
+
+  all-balanced:
+    - device-filter: ["0x20B010DE", "0x20B110DE", "0x20F110DE", "0x20F610DE"]
+      devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb": 2
+        "2g.10gb": 1
+        "3g.20gb": 1
+
+    - device-filter: "0x233010DE"
+      devices: all
+      mig-enabled: true
+      mig-devices:
+        "1g.10gb": 2
+        "2g.20gb": 1
+        "3g.40gb": 1
+
+  custom-config:
+    - devices: [0,1,2,3]
+      mig-enabled: false
+    - devices: [4]
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb": 7
+    - devices: [5]
+      mig-enabled: true
+      mig-devices:
+        "2g.10gb": 3
+    - devices: [6]
+      mig-enabled: true
+      mig-devices:
+        "3g.20gb": 2
+    - devices: [7]
+      mig-enabled: true
+      mig-devices:
+        "1g.5gb": 2
+        "2g.10gb": 1
+        "3g.20gb": 1
+
+  compute-split:
+    - devices: [0]
+      mig-enabled: true
+      mig-devices:
+        "1c.3g.20gb": 1
+        "2c.3g.20gb": 1
+"#;
+
+    /// The drop-in plus a team fragment, through gpuctl's own parser and validator.
+    fn validate(toml: &str, team: &str) -> Vec<String> {
+        let mut diags = Vec::new();
+        let teams = format!("version = 1\n[teams.{team}]\nmembers = [\"alice\"]\n");
+        let a = parse_fragment(Path::new("teams.toml"), &teams, &mut diags).unwrap();
+        let b = parse_fragment(Path::new("import.toml"), toml, &mut diags).expect("parses");
+        build(&[a, b], &mut diags);
+        diags
+            .iter()
+            .filter(|d| d.severity == Severity::Error)
+            .map(|d| d.to_string())
+            .collect()
+    }
+
+    #[test]
+    fn published_all_configs_import_and_validate() {
+        for config in ["all-disabled", "all-1g.5gb", "all-2g.10gb", "all-3g.20gb"] {
+            let i = import(EXAMPLE, config, Some("infer"), "config.yaml").unwrap();
+            assert!(i.unsupported.is_empty(), "{config}: {:?}", i.unsupported);
+            assert_eq!(
+                validate(&i.toml, "infer"),
+                Vec::<String>::new(),
+                "{config}:\n{}",
+                i.toml
+            );
+        }
+        let i = import(EXAMPLE, "all-1g.5gb", Some("infer"), "config.yaml").unwrap();
+        assert!(i.toml.contains(
+            "[[gpu]]\nall = true\n\n[[gpu.mig]]\nprofile = \"1g.5gb\"\nowner = \"infer\"\ncount = 7\n"
+        ), "{}", i.toml);
+        let i = import(EXAMPLE, "all-disabled", Some("infer"), "config.yaml").unwrap();
+        assert!(
+            i.toml.contains("[[gpu]]\nall = true\nowner = \"infer\"\n"),
+            "{}",
+            i.toml
+        );
+    }
+
+    #[test]
+    fn custom_config_maps_indices_and_mixes() {
+        let i = import(EXAMPLE, "custom-config", Some("infer"), "config.yaml").unwrap();
+        assert!(i.unsupported.is_empty());
+        assert_eq!(
+            validate(&i.toml, "infer"),
+            Vec::<String>::new(),
+            "{}",
+            i.toml
+        );
+        let v: toml::Value = toml::from_str(&i.toml).unwrap();
+        let gpus = v["gpu"].as_array().unwrap();
+        assert_eq!(gpus.len(), 5);
+        assert_eq!(gpus[0]["index"].as_array().unwrap().len(), 4);
+        assert_eq!(gpus[0]["owner"].as_str(), Some("infer"));
+        assert_eq!(gpus[4]["index"][0].as_integer(), Some(7));
+        let mig = gpus[4]["mig"].as_array().unwrap();
+        let got: Vec<_> = mig
+            .iter()
+            .map(|m| {
+                (
+                    m["profile"].as_str().unwrap(),
+                    m.get("count")
+                        .and_then(toml::Value::as_integer)
+                        .unwrap_or(1),
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![("1g.5gb", 2), ("2g.10gb", 1), ("3g.20gb", 1)]);
+    }
+
+    #[test]
+    fn device_filter_becomes_model_selectors() {
+        let i = import(EXAMPLE, "all-balanced", Some("infer"), "config.yaml").unwrap();
+        // 0x20B110DE and 0x20F610DE (A100 variants outside the catalog) are named, not dropped.
+        let paths: Vec<_> = i.unsupported.iter().map(|u| u.to_string()).collect();
+        assert_eq!(paths.len(), 2, "{paths:?}");
+        assert!(paths[0].starts_with(
+            "mig-configs.all-balanced[0].device-filter: unsupported: PCI device ID 0x20B110DE"
+        ));
+        assert!(i
+            .toml
+            .contains("# NOT IMPORTED: mig-configs.all-balanced[0].device-filter"));
+        let v: toml::Value = toml::from_str(&i.toml).unwrap();
+        let models: Vec<_> = v["gpu"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|g| g["model"].as_str().unwrap())
+            .collect();
+        assert_eq!(models, vec!["A100-SXM4-40GB", "H100-SXM5-80GB"]);
+        assert_eq!(
+            validate(&i.toml, "infer"),
+            Vec::<String>::new(),
+            "{}",
+            i.toml
+        );
+    }
+
+    #[test]
+    fn unsupported_fields_are_named() {
+        let i = import(EXAMPLE, "all-enabled", Some("infer"), "c.yaml").unwrap();
+        assert_eq!(
+            i.unsupported,
+            vec![Unsupported {
+                path: "mig-configs.all-enabled[0].mig-devices".into(),
+                why: "MIG enabled with no MIG devices: gpuctl has no MIG-on-but-empty layout; \
+                      this entry is left out"
+                    .into()
+            }]
+        );
+        let yaml = "version: v1\nextra: 1\nmig-configs:\n  c:\n    - devices: [0]\n      \
+                    mig-enabled: false\n      mig-devices: {\"1g.5gb\": 1}\n      \
+                    future-field: x\n    - devices: [1]\n      device-filter: \"0x233010DE\"\n      \
+                    mig-enabled: false\n";
+        let i = import(yaml, "c", None, "c.yaml").unwrap();
+        let got: Vec<_> = i.unsupported.iter().map(|u| u.path.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "extra",
+                "mig-configs.c[0].future-field",
+                "mig-configs.c[0].mig-devices",
+                "mig-configs.c[1].device-filter",
+            ]
+        );
+        // Without --owner, the placeholder keeps the drop-in from validating.
+        assert!(i.toml.contains(&format!("owner = \"{OWNER_PLACEHOLDER}\"")));
+        assert!(!validate(&i.toml, "infer").is_empty());
+    }
+
+    #[test]
+    fn compute_instance_names_split_into_gi_and_ci() {
+        assert_eq!(
+            split_profile("1c.3g.20gb"),
+            ("3g.20gb".into(), Some("1c".into()))
+        );
+        assert_eq!(split_profile("1g.5gb+me"), ("1g.5gb+me".into(), None));
+        assert_eq!(split_profile("7g.80gb"), ("7g.80gb".into(), None));
+        let i = import(EXAMPLE, "compute-split", Some("infer"), "c.yaml").unwrap();
+        assert!(i.toml.contains("profile = \"3g.20gb\"\nowner = \"infer\"\ncompute = [\"1c\"]\n\n[[gpu.mig]]\nprofile = \"3g.20gb\"\nowner = \"infer\"\ncompute = [\"2c\"]"), "{}", i.toml);
+        assert_eq!(
+            validate(&i.toml, "infer"),
+            Vec::<String>::new(),
+            "{}",
+            i.toml
+        );
+    }
+
+    #[test]
+    fn malformed_input_is_an_error_naming_the_path() {
+        let e = import(EXAMPLE, "nope", None, "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("no config 'nope' in mig-configs (configs: all-disabled, all-enabled"),
+            "{e}"
+        );
+        let e = import(
+            "version: v1\nmig-configs:\n  c:\n    - devices: [0, x]\n      mig-enabled: true\n",
+            "c",
+            None,
+            "c.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert_eq!(
+            e,
+            "mig-configs.c[0].devices[1]: expected a GPU index, found x"
+        );
+        let e = import("version: v2\nmig-configs: {}\n", "c", None, "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("v2"), "{e}");
+        assert!(matches!(
+            import(": : [", "c", None, "c.yaml"),
+            Err(ImportError::Yaml(_))
+        ));
+    }
+}

@@ -1,0 +1,122 @@
+#!/bin/bash
+# 97: the Ansible role (contrib/ansible) with Debian's ansible-core, connection local. It installs
+# the .deb, pushes a two-team policy (limits live), a second run changes nothing (changed=0), a
+# broken variable is caught by `gpuctl validate --as` before anything is installed (file, limits
+# and gpuctld's status stay), a problem gpuctld reports fails the play, and a changed limit goes
+# live. BENCH: ansible-playbook start -> new MemoryMax live, against a no-op run of the same play.
+# Under TCG one play takes minutes (a python per task): measured on the shared 2-core host under
+# load, first run 616 s, a no-op run 308 s; the five plays need more than 1800 s there.
+# vmtest: timeout=3000
+# vmtest: group=fleet
+# vmtest: no-install
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+
+echo "ansible: $(ansible-playbook --version | head -n1)"
+check "gpuctl is not installed before the play" sh -c '! dpkg-query -W gpuctl 2>/dev/null'
+gpuctld_setup 2 # fake GPUs + fake NVML drop-in for the gpuctld the role installs
+test_users
+
+W=/tmp/ansible
+mkdir -p "$W"
+DEB=$(vm_deb)
+cat >"$W/inventory" <<'EOF2'
+localhost ansible_connection=local ansible_python_interpreter=/usr/bin/python3
+EOF2
+cat >"$W/play.yml" <<'EOF2'
+- hosts: localhost
+  gather_facts: false
+  roles: [gpuctl]
+EOF2
+# vars MEM OWNER1: the inventory variables, as a site would keep them.
+vars() {
+    cat >"$W/vars.yml" <<EOF2
+gpuctl_package_path: $DEB
+gpuctl_teams:
+  infer: {members: ["@ml-infer"], memory-max: "$1", tasks-max: 512}
+  train: {members: ["@ml-train", "carol"], memory-max: "256M"}
+gpuctl_gpus:
+  - {index: [0], owner: infer}
+  - {index: [1], owner: ${2:-train}}
+EOF2
+}
+# Pipelining: one python per task instead of mkdir/put/chmod/exec/rm (each a process, slow
+# under TCG). Each run's log is kept in the results as it goes.
+export ANSIBLE_ROLES_PATH=$VMTEST_DIR/contrib/ansible/roles ANSIBLE_NOCOLOR=1 \
+    ANSIBLE_LOCALHOST_WARNING=false ANSIBLE_INVENTORY_UNPARSED_WARNING=false \
+    ANSIBLE_PIPELINING=1
+n_play=0
+play() {
+    n_play=$((n_play + 1))
+    ansible-playbook -i "$W/inventory" -e "@$W/vars.yml" "$W/play.yml" >"$W/last.log" 2>&1
+    local rc=$?
+    cp "$W/last.log" "$VMTEST_RESULTS/play-$n_play.log"
+    return $rc
+}
+recap() { grep -E '^localhost +:' "$W/last.log"; }
+ms_since() { echo $((($(date +%s%N) - $1) / 1000000)); }
+memmax() { systemctl show -P MemoryMax gpu-infer.slice; }
+DEST=/etc/gpuctl/policy.d/50-ansible.toml
+
+# 1. Install and first policy.
+vars 256M
+t=$(date +%s%N); play; rc=$?; first_ms=$(ms_since "$t")
+_vm_show "$(cat "$W/last.log")" 40
+check "first run succeeds (${first_ms} ms)" test $rc = 0
+check "the role installed the package" sh -c 'dpkg-query -W -f="\${db:Status-Status}" gpuctl | grep -qx installed'
+check "the drop-in is in place" test -s $DEST
+echo "--- $DEST:"; cat $DEST
+check "gpuctld runs" systemctl is-active -q gpuctld.service
+check "infer's MemoryMax is live (256M)" test "$(memmax)" = 268435456
+check "train's slice exists with its limit" test "$(systemctl show -P MemoryMax gpu-train.slice)" = 268435456
+check "gpuctl status is clean" gpuctl status
+
+# 2. Idempotent: nothing changes, nothing reloads.
+t=$(date +%s%N); play; rc=$?; noop_ms=$(ms_since "$t")
+echo "second run: $(recap) (${noop_ms} ms)"
+check "second run succeeds" test $rc = 0
+check "second run reports changed=0" grep -Eq '^localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' <(recap)
+check "no reload task ran on the second run" sh -c "! grep -q 'systemctl reload gpuctld' $W/last.log"
+
+# 3. A broken variable (a typo in an owner) is caught before install.
+sum=$(sha256sum $DEST)
+vars 256M trian
+play; rc=$?
+_vm_show "$(grep -E 'fatal|msg|error' "$W/last.log")" 10
+check "the play fails on the broken variable" test $rc != 0
+check "in-place validation names the unknown team" grep -q "gpu\[1\].owner: unknown team 'trian'" "$W/last.log"
+check "the installed drop-in is unchanged" test "$(sha256sum $DEST)" = "$sum"
+check "gpuctld still has the good policy (status clean)" gpuctl status
+check "infer's limit is unchanged" test "$(memmax)" = 268435456
+
+# 4. A changed limit goes live; measured from ansible-playbook's start.
+vars 384M
+t=$(date +%s%N)
+play &
+pid=$!
+# shellcheck disable=SC2317 # called through wait_for
+live() { test "$(memmax)" = 402653184; }
+if wait_for 1200 live; then live_ms=$(ms_since "$t"); else live_ms=; fi
+wait $pid; rc=$?; total_ms=$(ms_since "$t")
+echo "changed run: $(recap)"
+check "the changed run succeeds" test $rc = 0
+check "infer's new MemoryMax (384M) is live" test -n "$live_ms"
+check "the changed run reloaded gpuctld" grep -q 'systemctl reload gpuctld' "$W/last.log"
+check "gpuctl status is clean after the change" gpuctl status
+if [ -n "$live_ms" ]; then
+    echo "BENCH ansible: playbook start -> new MemoryMax live ${live_ms} ms; same play, no change: ${noop_ms} ms; ratio $(awk -v a="$live_ms" -v b="$noop_ms" 'BEGIN{printf "%.2f", a/b}') (changed run total ${total_ms} ms, first run with install ${first_ms} ms)"
+fi
+# 5. A problem gpuctld reports fails the play, though the role's own file is unchanged.
+put_policy 90-hand.toml <<<'version = 1
+[teams.hand]
+memroy-max = "1G"'
+reload_wait
+play; rc=$? # same variables: the template is unchanged, so only gpuctl status can fail it
+_vm_show "$(grep -A3 'gpuctld reports no problem' "$W/last.log")" 8
+check "the play fails while gpuctld reports a policy error" test $rc != 0
+check "... naming gpuctl status's report" grep -q "policy error" "$W/last.log"
+rm -f /etc/gpuctl/policy.d/90-hand.toml
+reload_wait
+
+finish
