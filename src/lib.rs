@@ -11,6 +11,8 @@
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
 //!   bus interface;
 //! - [`join`]: who may step into which team share (`gpuctl shell/run/env`), checked by gpuctld;
+//! - [`usage`]: who uses which GPU (NVML + `/proc`), served by gpuctld's `Usage` call;
+//!   [`metrics`]: the Prometheus metrics of its `Metrics` call;
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
@@ -18,8 +20,10 @@ pub mod apply;
 pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
+pub mod exporter;
 pub mod geometry;
 pub mod join;
+pub mod metrics;
 pub mod nvml;
 pub mod observe;
 pub mod paths;
@@ -29,3 +33,4 @@ pub mod profiles;
 pub mod real;
 pub mod sim;
 pub mod systemd;
+pub mod usage;

@@ -5,11 +5,13 @@ use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
 pub mod env;
+pub mod metrics;
 pub mod plan;
 pub mod run;
 pub mod shell;
 pub mod status;
 pub mod teams;
+pub mod top;
 pub mod validate;
 
 /// Exit codes shared by subcommands.
@@ -67,6 +69,10 @@ pub enum Command {
     Teams(teams::TeamsArgs),
     /// What gpuctld reports: teams, GPUs, last reconcile, last policy error.
     Status(status::StatusArgs),
+    /// Who uses which GPU and MIG device: teams, users, units, memory, strays.
+    Top(top::TopArgs),
+    /// gpuctld's Prometheus metrics, on stdout or as a node_exporter textfile.
+    Metrics(metrics::MetricsArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -89,6 +95,8 @@ pub fn run() -> i32 {
         Command::Env(a) => return env::run(a),
         Command::Teams(a) => return teams::run(a),
         Command::Status(a) => return status::run(a),
+        Command::Top(a) => return top::run(a),
+        Command::Metrics(a) => return metrics::run(a),
     };
     match result {
         Ok(code) => code,

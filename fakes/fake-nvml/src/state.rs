@@ -42,6 +42,9 @@ pub struct State {
     /// Source of unique instance serials (handles and MIG UUIDs derive from them).
     #[serde(default)]
     pub next_serial: u64,
+    /// Utilisation, power, temperature, graphics processes and GPM activity.
+    #[serde(default)]
+    pub usage: crate::usage::UsageModel,
 }
 
 /// MIG mode pair as `nvmlDeviceGetMigMode` reports it.
