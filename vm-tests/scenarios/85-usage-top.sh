@@ -32,6 +32,6 @@ human=$("${alice[@]}" gpuctl top --once 2>&1)
 while IFS= read -r l; do echo "    top| $l"; done <<<"$human"
 check "the human view marks the stray" grep -Eq "^ +!$P_STRAY +root" <<<"$human"
 check_output "--team train shows only train's device" \
-    test "$("${alice[@]}" gpuctl top --once --json --team train | jq -c '[.gpus | length, .gpus[0].index, (.gpus[0].mig_devices | length)]')" = '[1,1,1]'
+    test "$("${alice[@]}" gpuctl top --once --json --team train | jq -c '[(.gpus | length), .gpus[0].index, (.gpus[0].mig_devices | length)]')" = '[1,1,1]'
 usage_teardown
 finish

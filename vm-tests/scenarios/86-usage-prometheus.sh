@@ -3,7 +3,7 @@
 # and running as a DynamicUser; PromQL over Prometheus's HTTP API returns team-labelled series,
 # and the memory-near-full alert (infer holds 95% of GPU 0; `for:` shortened in a test copy of
 # the shipped rules) reaches `firing` in /api/v1/alerts.
-# vmtest: timeout=300
+# vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
@@ -16,7 +16,7 @@ check_output "promtool accepts the shipped rules" promtool check rules /usr/shar
 mkdir -p /tmp/prom
 sed '/GpuctlTeamGpuMemoryNearFull/,/for:/ s/for: 5m/for: 5s/' /usr/share/gpuctl/gpuctl.rules.yml >/tmp/prom/rules.yml
 cat >/tmp/prom/prometheus.yml <<'Y'
-global: {scrape_interval: 1s, evaluation_interval: 1s}
+global: {scrape_interval: 5s, scrape_timeout: 5s, evaluation_interval: 1s}
 rule_files: [/tmp/prom/rules.yml]
 scrape_configs:
   - job_name: gpuctl
@@ -27,11 +27,13 @@ systemd-run -q --unit=vmtest-prometheus /usr/bin/prometheus --config.file=/tmp/p
 P=http://127.0.0.1:9090
 # shellcheck disable=SC2317 # called through wait_for
 scraped() { [ "$(http query "$P" 'up{job="gpuctl"}' 2>/dev/null | jq -r '.[0].value[1]')" = 1 ]; }
-check "Prometheus scrapes the exporter (up == 1)" wait_for 90 scraped
+check "Prometheus scrapes the exporter (up == 1)" wait_for 240 scraped
 
 pid=$(systemctl show -P MainPID gpuctl-exporter.service)
+uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+echo "    exporter: pid $pid, uid ${uid:-?}, NRestarts $(systemctl show -P NRestarts gpuctl-exporter.service)"
 check_output "the exporter unit is a DynamicUser" test "$(systemctl show -P DynamicUser gpuctl-exporter.service)" = yes
-check_output "and runs unprivileged (uid $(ps -o uid= -p "$pid" | tr -d ' '))" test "$(ps -o uid= -p "$pid" | tr -d ' ')" -ge 61184
+check_output "and runs unprivileged (uid ${uid:-?}, in systemd's dynamic range)" test "${uid:-0}" -ge 61184
 
 r=$(http query "$P" 'sum by (team) (gpuctl_team_gpu_processes{team!=""})')
 echo "    processes per team: $r"
@@ -46,10 +48,11 @@ check_output "PromQL: one stray on train's device" test "$(jq -r '.[0].value[1]'
 
 # shellcheck disable=SC2317 # called through wait_for
 firing() { http alerts "$P" | jq -e '.[] | select(.labels.alertname == "GpuctlTeamGpuMemoryNearFull" and .labels.team == "infer" and .state == "firing")' >/dev/null; }
-check "GpuctlTeamGpuMemoryNearFull is firing for infer" wait_for 120 firing
+check "GpuctlTeamGpuMemoryNearFull is firing for infer" wait_for 180 firing
 http alerts "$P" | jq -c '.[] | [.labels.alertname, .labels.team, .state]' | sed 's/^/    alert| /'
 # shellcheck disable=SC2317 # called through check_not
 train_alert() { http alerts "$P" | jq -e '.[] | select(.labels.alertname == "GpuctlTeamGpuMemoryNearFull" and .labels.team == "train")' >/dev/null; }
 check_not "train (10% full) has no memory alert" train_alert
+journalctl -u gpuctl-exporter.service -o cat --no-pager | tail -n 5 | sed 's/^/    exporter journal| /'
 usage_teardown
 finish

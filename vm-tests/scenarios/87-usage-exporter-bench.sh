@@ -3,7 +3,7 @@
 # not stall a scrape; a malformed request gets 400; then BENCH: scrape latency p50/p99 over 1,000
 # scrapes of gpuctl-exporter against 1,000 of Prometheus's own /metrics (the same-run baseline),
 # and gpuctld's wakeups over 10 s idle before any scrape and after the scrapes stopped.
-# vmtest: timeout=420
+# vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
