@@ -54,8 +54,9 @@ RELEASE=${GPUCTL_PKG_RELEASE:-1}
 # ---- 1. binaries and generated assets -----------------------------------------------------------
 cargo_flags=()
 [ "$PROFILE" = release ] && cargo_flags+=(--release)
-log "cargo build ($PROFILE): gpuctl, gpuctld, gpuctl-generator, gen-assets"
+log "cargo build ($PROFILE): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter, gen-assets"
 cargo build --locked -q "${cargo_flags[@]}" --bin gpuctl --bin gpuctld --bin gpuctl-generator \
+    --bin gpuctl-exporter \
     --example gen-assets
 BIN=$ROOT/target/$PROFILE
 GEN=$OUT/generated
@@ -84,7 +85,9 @@ stage() {
     # systemd runs it at boot and on every daemon-reload: team slices from the last applied state.
     install -D -m 755 "$BIN/gpuctl-generator" "$d$sd/system-generators/gpuctl-generator"
     # Debug builds carry ~100 MB of DWARF; the package needs none of it.
-    strip --strip-debug "$d/usr/bin/gpuctl" "$d/usr/sbin/gpuctld" "$d$sd/system-generators/gpuctl-generator"
+    install -D -m 755 "$BIN/gpuctl-exporter" "$d/usr/libexec/gpuctl-exporter"
+    strip --strip-debug "$d/usr/bin/gpuctl" "$d/usr/sbin/gpuctld" "$d$sd/system-generators/gpuctl-generator" \
+        "$d/usr/libexec/gpuctl-exporter"
     local u
     for u in units/*; do install -D -m 644 "$u" "$d$sd/system/${u##*/}"; done
     install -D -m 644 packaging/files/90-gpuctl.preset "$d$sd/system-preset/90-gpuctl.preset"
@@ -93,6 +96,10 @@ stage() {
     install -D -m 644 packaging/files/policy.toml "$d/etc/gpuctl/policy.toml"
     # Shipped disabled: an admin links it into /etc/systemd/system/gpuctld.service.d/.
     install -D -m 644 packaging/files/nss-network.conf "$d/usr/share/gpuctl/gpuctld.service.d/nss-network.conf"
+    # Monitoring (docs/monitoring.md): alert rules, their promtool unit tests, Grafana dashboard.
+    for f in gpuctl.rules.yml gpuctl.rules.test.yml gpuctl-dashboard.json; do
+        install -D -m 644 "monitoring/$f" "$d/usr/share/gpuctl/$f"
+    done
     install -d -m 755 "$d/etc/gpuctl/policy.d" "$d/usr/lib/gpuctl/policy.d"
     local m
     for m in "$GEN"/man/*.1; do install -D -m 644 "$m" "$d/usr/share/man/man1/${m##*/}"; done
@@ -106,6 +113,7 @@ stage() {
         install -d -m 755 "$d/usr/share/doc/gpuctl/examples"
         install -m 644 policies/*.toml "$d/usr/share/doc/gpuctl/examples/"
     fi
+    install -D -m 644 docs/monitoring.md "$d/usr/share/doc/gpuctl/monitoring.md"
 }
 
 # $1: maintainer script body; prints a self-contained POSIX sh script.
@@ -130,6 +138,7 @@ if command -v dpkg-shlibdeps >/dev/null; then
     mkdir "$tmp/debian"
     printf 'Source: gpuctl\n\nPackage: gpuctl\nArchitecture: any\n' >"$tmp/debian/control"
     SHLIBS=$(cd "$tmp" && dpkg-shlibdeps -O --warnings=0 "$DR/usr/bin/gpuctl" "$DR/usr/sbin/gpuctld" \
+        "$DR/usr/libexec/gpuctl-exporter" \
         "$DR/lib/systemd/system-generators/gpuctl-generator" |
         sed -n 's/^shlibs:Depends=//p')
     rm -rf "$tmp"
@@ -163,7 +172,9 @@ if [ "$RPM" = 1 ]; then
         echo '%dir /etc/gpuctl/policy.d'
         echo '%dir /usr/lib/gpuctl'
         echo '%dir /usr/lib/gpuctl/policy.d'
-        [ -d usr/share/doc/gpuctl ] && echo '%dir /usr/share/doc/gpuctl' && echo '%dir /usr/share/doc/gpuctl/examples'
+        echo '%dir /usr/share/gpuctl'
+        [ -d usr/share/doc/gpuctl ] && echo '%dir /usr/share/doc/gpuctl'
+        [ -d usr/share/doc/gpuctl/examples ] && echo '%dir /usr/share/doc/gpuctl/examples'
         echo '%dir /usr/share/licenses/gpuctl'
         echo '%ghost %dir /run/gpuctl'
         echo '%ghost %dir /var/lib/gpuctl'

@@ -12,6 +12,8 @@
 //!   bus interface;
 //! - [`join`]: who may step into which team share (`gpuctl shell/run/env`), checked by gpuctld;
 //! - [`doctor`]: read-only host readiness checks and driver recordings (`gpuctl doctor`);
+//! - [`usage`]: who uses which GPU (NVML + `/proc`), served by gpuctld's `Usage` call;
+//!   [`metrics`]: the Prometheus metrics of its `Metrics` call;
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
@@ -20,10 +22,12 @@ pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
 pub mod doctor;
+pub mod exporter;
 pub mod files;
 pub mod geometry;
 pub mod import;
 pub mod join;
+pub mod metrics;
 pub mod nvml;
 pub mod observe;
 pub mod paths;
@@ -34,3 +38,4 @@ pub mod real;
 pub mod settings;
 pub mod sim;
 pub mod systemd;
+pub mod usage;

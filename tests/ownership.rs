@@ -264,7 +264,6 @@ fn whole_gpu_is_not_handed_over_while_the_old_team_uses_it() {
             let want = policy(teams.clone(), vec![whole("train")], reconf);
             let mut h2 = SimHost {
                 state: h.state.clone(),
-                ..SimHost::from_spec("l40s").unwrap()
             };
             let p = plan(&want, &h2.state);
             let b = p

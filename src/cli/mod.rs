@@ -7,11 +7,13 @@ use std::path::PathBuf;
 pub mod doctor;
 pub mod env;
 pub mod import;
+pub mod metrics;
 pub mod plan;
 pub mod run;
 pub mod shell;
 pub mod status;
 pub mod teams;
+pub mod top;
 pub mod validate;
 
 /// Exit codes shared by subcommands.
@@ -82,6 +84,10 @@ pub enum Command {
     Import(import::ImportArgs),
     /// Is this host ready for gpuctl? Read-only checks of driver, cgroups, systemd, devices, MIG.
     Doctor(doctor::DoctorArgs),
+    /// Who uses which GPU and MIG device: teams, users, units, memory, strays.
+    Top(top::TopArgs),
+    /// gpuctld's Prometheus metrics, on stdout or as a node_exporter textfile.
+    Metrics(metrics::MetricsArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -106,6 +112,8 @@ pub fn run() -> i32 {
         Command::Env(a) => return env::run(a),
         Command::Teams(a) => return teams::run(a),
         Command::Status(a) => return status::run(a),
+        Command::Top(a) => return top::run(a),
+        Command::Metrics(a) => return metrics::run(a),
     };
     match result {
         Ok(code) => code,

@@ -251,6 +251,7 @@ impl Looper {
             sh.cycle_started_us = unix_now_us();
         }
         let policy = self.load();
+        let started = std::time::Instant::now();
         let report = match policy {
             Some(p) => {
                 let rec = self.reconciler.clone();
@@ -287,6 +288,8 @@ impl Looper {
             sh.busy = false;
             sh.status_text.clone()
         };
+        crate::metrics::counters().reconciled(started.elapsed().as_secs_f64(), report.converged());
+        crate::dbus_api::usage::sync_hpc_job_map(&self.shared, &self.root);
         notify(&[sd_notify::NotifyState::Status(&text)]);
         crate::dbus_api::status_text_changed(&self.conn).await;
         info!(gpuctl_action = "reconciled", "{text}");

@@ -25,6 +25,10 @@ pub trait Agent1 {
     fn env(&self, team: &str) -> zbus::Result<HashMap<String, String>>;
     /// JSON array of the caller's teams.
     fn teams(&self) -> zbus::Result<String>;
+    /// JSON of [`crate::usage::Usage`].
+    fn usage(&self) -> zbus::Result<String>;
+    /// Prometheus metrics (`openmetrics` or `prometheus-text`).
+    fn metrics(&self, format: &str) -> zbus::Result<String>;
     /// One-line status.
     #[zbus(property)]
     fn status_text(&self) -> zbus::Result<String>;

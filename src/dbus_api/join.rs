@@ -52,6 +52,21 @@ pub enum JoinError {
     PlacementFailed(String),
 }
 
+/// The outcome label of a `Join` result for metrics: `ok` or the refusal's kind.
+pub fn outcome<T>(r: &Result<T, JoinError>) -> &'static str {
+    match r {
+        Ok(_) => "ok",
+        Err(JoinError::ZBus(_)) => "bus-error",
+        Err(JoinError::InvalidTeamName(_)) => "invalid-team-name",
+        Err(JoinError::UnknownTeam(_)) => "unknown-team",
+        Err(JoinError::NotMember(_)) => "not-member",
+        Err(JoinError::NoDevices(_)) => "no-devices",
+        Err(JoinError::NotYourProcess(_)) => "not-your-process",
+        Err(JoinError::NoPolicy(_)) => "no-policy",
+        Err(JoinError::PlacementFailed(_)) => "placement-failed",
+    }
+}
+
 impl From<Refusal> for JoinError {
     fn from(r: Refusal) -> Self {
         let m = r.to_string();

@@ -9,6 +9,8 @@
 //! | `Join(s team) -> (a{ss} env, s scope)` | method: move the caller's own process into a new scope in `gpu-<team>.slice` | members, root |
 //! | `Env(s team) -> a{ss}` | method: the team's environment | members, root |
 //! | `Teams() -> s` | method, JSON: the teams the caller may use and what each gives | anyone (sees own teams) |
+//! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone |
+//! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
 //!
@@ -34,6 +36,7 @@ use zbus::{fdo, interface, message::Header, Connection};
 pub mod client;
 pub mod join;
 pub mod reply;
+pub mod usage;
 pub mod wire;
 
 /// What the daemon shows on the bus (and in `STATUS=`), as of the call.
@@ -183,7 +186,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
-        join::join(
+        let r = join::join(
             &*self.backend,
             &self.sd,
             &self.jobs,
@@ -192,7 +195,20 @@ impl Agent {
             &hdr,
             &team,
         )
-        .await
+        .await;
+        crate::metrics::counters().joined(&team, join::outcome(&r));
+        r
+    }
+
+    /// Who uses which GPU and MIG device now, as JSON of [`crate::usage::Usage`].
+    async fn usage(&self) -> fdo::Result<String> {
+        let u = usage::usage(&*self.backend, &self.root).await?;
+        serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Prometheus metrics in `format` (`openmetrics` or `prometheus-text`).
+    async fn metrics(&self, format: String) -> fdo::Result<String> {
+        usage::metrics(&*self.backend, &self.sd, &self.root, &format).await
     }
 
     /// The environment of a team the caller may use (what `/run/gpuctl/teams/<team>.env`

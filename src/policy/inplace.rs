@@ -202,14 +202,17 @@ mod tests {
         std::fs::write(&file, GPUS).unwrap();
 
         let alone = crate::policy::load_files(std::slice::from_ref(&file));
-        assert_eq!(alone.exit_code(), 1);
+        assert_eq!(
+            alone.verdict().err(),
+            Some(crate::policy::Rejected::Invalid)
+        );
 
         let o = load_as(
             &Root::new(root.path()),
             &target("/etc/gpuctl/policy.d/50-gpus.toml"),
             &file,
         );
-        assert_eq!(o.exit_code(), 0, "{:?}", o.diagnostics);
+        assert!(o.verdict().is_ok(), "{:?}", o.diagnostics);
         assert_eq!(
             o.files,
             vec![PathBuf::from("/etc/gpuctl/policy.d/10-teams.toml"), file]
@@ -237,7 +240,7 @@ mod tests {
             &target("/etc/gpuctl/policy.d/50-gpus.toml"),
             &file,
         );
-        assert_eq!(o.exit_code(), 1);
+        assert_eq!(o.verdict().err(), Some(crate::policy::Rejected::Invalid));
         let errs: Vec<_> = o
             .diagnostics
             .iter()
@@ -295,7 +298,7 @@ mod tests {
             &target("/usr/lib/gpuctl/policy.d/50-gpus.toml"),
             &file,
         );
-        assert_eq!(o.exit_code(), 1);
+        assert_eq!(o.verdict().err(), Some(crate::policy::Rejected::Invalid));
         let d = o.diagnostics[0].to_string();
         assert!(
             d.starts_with(&format!("{}:1:1: error: ", file.display())),

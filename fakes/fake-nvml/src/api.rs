@@ -883,15 +883,15 @@ unsafe fn no_processes(name: &str, device: NvmlDevice, count: *mut c_uint) -> Nv
     })
 }
 
-/// `nvmlDeviceGetGraphicsRunningProcesses_v3` (always empty).
+/// `nvmlDeviceGetGraphicsRunningProcesses_v3` (the graphics processes of `usage`).
 #[no_mangle]
 pub unsafe extern "C" fn nvmlDeviceGetGraphicsRunningProcesses_v3(
     d: NvmlDevice,
     c: *mut c_uint,
-    _i: *mut ProcessInfo,
+    i: *mut ProcessInfo,
 ) -> NvmlReturn {
-    // SAFETY: NVML contract on c.
-    unsafe { no_processes("nvmlDeviceGetGraphicsRunningProcesses_v3", d, c) }
+    // SAFETY: NVML contract on c and i.
+    unsafe { crate::usage::graphics_processes(d, c, i) }
 }
 
 /// `nvmlDeviceGetMPSComputeRunningProcesses_v3` (always empty).

@@ -8,7 +8,8 @@
 //!
 //! Modules: [`types`] (C ABI), [`model`] (reference profiles), [`state`] (state file),
 //! [`mig`] (placement and id rules), [`api`] (exported NVML functions), [`control`]
-//! (test controls: reset, reboot, processes, faults), `stubs` (every other symbol
+//! (test controls: reset, reboot, processes, faults), [`usage`]
+//! (utilisation, power, temperature, graphics processes, GPM), `stubs` (every other symbol
 //! `nvml-wrapper-sys` resolves, answering `NVML_ERROR_NOT_SUPPORTED`).
 
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -24,3 +25,4 @@ pub mod model;
 pub mod state;
 mod stubs;
 pub mod types;
+pub mod usage;

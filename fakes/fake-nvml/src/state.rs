@@ -47,6 +47,9 @@ pub struct State {
     /// driver's profile tables (`gpuctl doctor --record`) or carry a tampered one.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub models: BTreeMap<String, ModelDef>,
+    /// Utilisation, power, temperature, graphics processes and GPM activity.
+    #[serde(default)]
+    pub usage: crate::usage::UsageModel,
 }
 
 /// MIG mode pair as `nvmlDeviceGetMigMode` reports it.

@@ -1,0 +1,304 @@
+//! `gpuctl top`: who uses which GPU and MIG device, with teams, from gpuctld's `Usage` call
+//! (so an unprivileged member sees what root sees). Live in a terminal (q to quit), `--once`
+//! for scripts, `--json` for the typed document, `--team T` to filter.
+
+use super::shell::{with_agent, Failure};
+use crate::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
+use clap::Args;
+use std::time::Duration;
+
+/// Arguments of `gpuctl top`.
+#[derive(Debug, Args)]
+#[command(
+    after_long_help = "Per GPU and MIG device: owning team(s), memory used/total, \
+utilisation (whole GPUs) or GPM activity (MIG devices on Hopper+), power and temperature, then \
+each process with pid, user, team, unit and GPU memory. `!` marks a stray: a process on a team's \
+device outside that team's slice. `n/a`: the driver does not offer the value (e.g. utilisation \
+of a MIG device); never shown as 0.
+
+Exit status: 0; 6 gpuctld not running; 2 other failure."
+)]
+pub struct TopArgs {
+    /// Print one snapshot and exit (the default when stdout is not a terminal).
+    #[arg(long)]
+    pub once: bool,
+    /// Print the `Usage` document as JSON (implies --once).
+    #[arg(long)]
+    pub json: bool,
+    /// Only devices the team owns and the team's processes elsewhere.
+    #[arg(long, value_name = "TEAM")]
+    pub team: Option<String>,
+    /// Seconds between refreshes in live mode.
+    #[arg(long, value_name = "SECS", default_value_t = 2.0)]
+    pub interval: f64,
+}
+
+fn bytes(v: Option<u64>) -> String {
+    match v {
+        None => "n/a".into(),
+        Some(b) if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
+        Some(b) => format!("{}M", b >> 20),
+    }
+}
+
+fn mem(used: Option<u64>, total: Option<u64>) -> String {
+    format!("{}/{}", bytes(used), bytes(total))
+}
+
+fn teams(t: &[String]) -> String {
+    if t.is_empty() {
+        "-".into()
+    } else {
+        t.join(",")
+    }
+}
+
+fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
+    for p in procs {
+        let pid = match p.ns_pid {
+            Some(n) => format!("{}({n})", p.pid),
+            None => p.pid.to_string(),
+        };
+        o.push_str(&format!(
+            "    {}{:<12} {:<10} {:<12} {:<36} {:>8}  {}\n",
+            if p.stray { "!" } else { " " },
+            pid,
+            p.user.as_deref().unwrap_or("?"),
+            p.team.as_deref().unwrap_or("-"),
+            p.unit.as_deref().unwrap_or("-"),
+            bytes(p.used_memory),
+            p.command.as_deref().unwrap_or(""),
+        ));
+    }
+}
+
+fn gpu_line(g: &GpuUsage) -> String {
+    let util = if g.mig {
+        "n/a (MIG)".to_string()
+    } else {
+        match (g.utilization_gpu, g.activity) {
+            (Some(u), Some(a)) => format!("{u}% (sm {a:.0}%)"),
+            (Some(u), None) => format!("{u}%"),
+            (None, Some(a)) => format!("sm {a:.0}%"),
+            (None, None) => "n/a".into(),
+        }
+    };
+    format!(
+        "GPU {:<2} {:<28} {:<14} mem {:<17} util {:<14} {:>5} {:>5}\n",
+        g.index,
+        g.name,
+        teams(&g.teams),
+        mem(g.memory_used, g.memory_total),
+        util,
+        g.power_mw
+            .map_or("n/a".into(), |p| format!("{}W", p / 1000)),
+        g.temperature_c.map_or("n/a".into(), |t| format!("{t}C")),
+    )
+}
+
+fn mig_line(m: &MigUsage) -> String {
+    format!(
+        "  MIG gi{} ci{} {:<14} {:<14} mem {:<17} activity {}\n",
+        m.gi_id,
+        m.ci_id,
+        m.profile,
+        teams(&m.teams),
+        mem(m.memory_used, m.memory_total),
+        m.activity.map_or("n/a".into(), |a| format!("{a:.0}%")),
+    )
+}
+
+/// The human view of a `Usage` document.
+pub fn render(u: &Usage) -> String {
+    let mut o = String::new();
+    if let Some(why) = &u.nvml_unavailable {
+        o.push_str(&format!("{why}\n"));
+    }
+    let strays = u.processes().filter(|(_, _, p)| p.stray).count();
+    o.push_str(&format!(
+        "{} GPU(s), {} process(es), {} stray(s)\n",
+        u.gpus.len(),
+        u.processes().count(),
+        strays
+    ));
+    for g in &u.gpus {
+        o.push_str(&gpu_line(g));
+        proc_lines(&mut o, &g.processes);
+        for m in &g.mig_devices {
+            o.push_str(&mig_line(m));
+            proc_lines(&mut o, &m.processes);
+        }
+    }
+    o
+}
+
+fn fetch(team: Option<&str>) -> Result<Usage, Failure> {
+    let text = with_agent("Usage", async |p| p.usage().await)?;
+    parse(&text, team)
+}
+
+fn parse(text: &str, team: Option<&str>) -> Result<Usage, Failure> {
+    let mut u: Usage = serde_json::from_str(text).map_err(|e| Failure {
+        code: super::exit::UNREADABLE,
+        message: format!("Usage: unexpected reply: {e}"),
+    })?;
+    if let Some(t) = team {
+        u.filter_team(t);
+    }
+    Ok(u)
+}
+
+/// Run `gpuctl top`.
+pub fn run(args: &TopArgs) -> i32 {
+    use std::io::IsTerminal;
+    let live = !args.once
+        && !args.json
+        && std::io::stdout().is_terminal()
+        && std::io::stdin().is_terminal();
+    if !live {
+        return match fetch(args.team.as_deref()) {
+            Ok(u) if args.json => {
+                println!("{}", serde_json::to_string_pretty(&u).unwrap_or_default());
+                super::exit::OK
+            }
+            Ok(u) => {
+                print!("{}", render(&u));
+                super::exit::OK
+            }
+            Err(f) => f.report(),
+        };
+    }
+    live_loop(args)
+}
+
+/// Live mode: redraw every interval, quit on `q` (or Ctrl-C, read as a key while the
+/// terminal is raw). The terminal is restored on every way out.
+fn live_loop(args: &TopArgs) -> i32 {
+    use nix::sys::termios::{self, LocalFlags, SetArg};
+    use std::io::{Read, Write};
+    let stdin = std::io::stdin();
+    let saved = termios::tcgetattr(&stdin).ok();
+    if let Some(t) = &saved {
+        let mut raw = t.clone();
+        raw.local_flags
+            .remove(LocalFlags::ICANON | LocalFlags::ECHO | LocalFlags::ISIG);
+        let _ = termios::tcsetattr(&stdin, SetArg::TCSANOW, &raw);
+    }
+    let (tx, rx) = std::sync::mpsc::channel::<u8>();
+    std::thread::spawn(move || {
+        let mut b = [0u8; 1];
+        while let Ok(1) = std::io::stdin().read(&mut b) {
+            if tx.send(b[0]).is_err() {
+                break;
+            }
+        }
+    });
+    let every = Duration::from_secs_f64(args.interval.clamp(0.2, 3600.0));
+    let code = loop {
+        let frame = match fetch(args.team.as_deref()) {
+            Ok(u) => render(&u),
+            Err(f) => format!("gpuctl: {}\n", f.message),
+        };
+        let mut out = std::io::stdout().lock();
+        let _ = write!(out, "\x1b[H\x1b[2J{frame}\n(q to quit)\n");
+        let _ = out.flush();
+        drop(out);
+        match rx.recv_timeout(every) {
+            Ok(b'q' | b'Q' | 3 | 4) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+                break super::exit::OK
+            }
+            _ => {}
+        }
+    };
+    if let Some(t) = &saved {
+        let _ = termios::tcsetattr(&stdin, SetArg::TCSANOW, t);
+    }
+    code
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Usage {
+        Usage {
+            gpus: vec![
+                GpuUsage {
+                    index: 0,
+                    name: "NVIDIA L40S".into(),
+                    teams: vec!["infer".into()],
+                    memory_used: Some(2 << 30),
+                    memory_total: Some(46068 << 20),
+                    utilization_gpu: Some(37),
+                    power_mw: Some(120_000),
+                    temperature_c: Some(41),
+                    processes: vec![ProcessUsage {
+                        pid: 4242,
+                        ns_pid: Some(7),
+                        kind: "compute".into(),
+                        used_memory: Some(1 << 30),
+                        user: Some("alice".into()),
+                        team: Some("infer".into()),
+                        unit: Some("serve.service".into()),
+                        command: Some("python3".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+                GpuUsage {
+                    index: 1,
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    mig: true,
+                    mig_devices: vec![MigUsage {
+                        uuid: "MIG-x".into(),
+                        gi_id: 2,
+                        ci_id: 0,
+                        profile: "3g.40gb".into(),
+                        teams: vec!["train".into()],
+                        memory_used: Some(512 << 20),
+                        memory_total: Some(40 << 30),
+                        activity: None,
+                        processes: vec![ProcessUsage {
+                            pid: 99,
+                            kind: "compute".into(),
+                            used_memory: Some(512 << 20),
+                            user: Some("root".into()),
+                            unit: Some("cron.service".into()),
+                            stray: true,
+                            ..Default::default()
+                        }],
+                    }],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn render_shows_teams_processes_strays_and_not_available() {
+        let s = render(&sample());
+        assert!(
+            s.starts_with("2 GPU(s), 2 process(es), 1 stray(s)\n"),
+            "{s}"
+        );
+        assert!(s.contains("GPU 0  NVIDIA L40S"), "{s}");
+        assert!(s.contains("util 37%"), "{s}");
+        assert!(s.contains("4242(7)"), "namespace pid shown: {s}");
+        assert!(s.contains("alice") && s.contains("serve.service"), "{s}");
+        assert!(s.contains("util n/a (MIG)"), "{s}");
+        assert!(s.contains("MIG gi2 ci0 3g.40gb"), "{s}");
+        assert!(s.contains("activity n/a"), "never a made-up 0: {s}");
+        let stray = s.lines().find(|l| l.contains("cron.service")).unwrap();
+        assert!(stray.trim_start().starts_with('!'), "{stray}");
+    }
+
+    #[test]
+    fn parse_filters_by_team_and_rejects_garbage() {
+        let text = serde_json::to_string(&sample()).unwrap();
+        let u = parse(&text, Some("train")).unwrap();
+        assert_eq!(u.gpus.len(), 1);
+        assert_eq!(u.gpus[0].index, 1);
+        assert!(parse("{", None).is_err());
+    }
+}

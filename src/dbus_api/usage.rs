@@ -1,0 +1,149 @@
+//! The `Usage` and `Metrics` methods of `org.gpuctl.Agent1`, and the dcgm-exporter job map
+//! gpuctld keeps after each reconcile.
+//!
+//! Both methods are open to every user (the bus policy lets them through): a member sees the
+//! same truth as root. Each serves the one [`Collector`] of the process, so a flood of calls
+//! costs one NVML collection per interval; collections run on a blocking thread, never on the
+//! runtime thread that serves the bus.
+
+use super::{AgentState, Backend};
+use crate::join::nss::Nss;
+use crate::metrics::{self, cgroup, Snapshot};
+use crate::paths::Root;
+use crate::systemd::{mps, Systemd};
+use crate::usage::collect::Collector;
+use crate::usage::{Owners, Usage};
+use std::sync::{Mutex, OnceLock};
+use zbus::fdo;
+
+/// Output formats of `Metrics(s format)`.
+pub const FORMATS: &[&str] = &["openmetrics", "prometheus-text"];
+
+fn collector(lib: Option<std::path::PathBuf>) -> &'static Collector {
+    static C: OnceLock<Collector> = OnceLock::new();
+    C.get_or_init(|| Collector::new(lib, Collector::interval_from_env()))
+}
+
+fn owners_and_lib(sh: &AgentState) -> (Owners, Option<std::path::PathBuf>) {
+    let owners = sh
+        .last_report
+        .as_ref()
+        .and_then(|r| r.view.as_ref())
+        .map(Owners::from_view)
+        .unwrap_or_default();
+    let lib = crate::nvml::library_path(
+        sh.policy
+            .as_ref()
+            .and_then(|p| p.host.nvml_library.as_deref()),
+    );
+    (owners, lib)
+}
+
+/// The usage now (at most one interval old), with owners and strays.
+pub async fn usage(backend: &dyn Backend, root: &Root) -> fdo::Result<Usage> {
+    let (owners, lib) = owners_and_lib(&backend.state());
+    let root = root.clone();
+    tokio::task::spawn_blocking(move || collector(lib).get(&root, &owners, &Nss))
+        .await
+        .map_err(|e| fdo::Error::Failed(format!("usage collection failed: {e}")))
+}
+
+/// Everything a scrape shows, encoded in `format` (one of [`FORMATS`]).
+pub async fn metrics(
+    backend: &dyn Backend,
+    sd: &Systemd,
+    root: &Root,
+    format: &str,
+) -> fdo::Result<String> {
+    if !FORMATS.contains(&format) {
+        return Err(fdo::Error::InvalidArgs(format!(
+            "unknown metrics format {format:?} (one of {})",
+            FORMATS.join(", ")
+        )));
+    }
+    let usage = usage(backend, root).await?;
+    let (teams, mps_list, policy_valid, last_good, converged) = {
+        let sh = backend.state();
+        let teams: Vec<String> = sh
+            .policy
+            .as_ref()
+            .map(|p| p.teams.keys().cloned().collect())
+            .unwrap_or_default();
+        let mps_list: Vec<(String, String)> = sh
+            .last_report
+            .as_ref()
+            .and_then(|r| r.view.as_ref())
+            .map(|v| {
+                v.teams
+                    .iter()
+                    .flat_map(|(t, tv)| tv.mps.keys().map(move |i| (i.clone(), t.clone())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        (
+            teams,
+            mps_list,
+            sh.policy_error.is_none() && sh.policy.is_some(),
+            sh.policy_error.is_some() && sh.policy_origin == Some("last-good"),
+            sh.last_report.as_ref().map(|r| r.converged()),
+        )
+    };
+    let mut mps = Vec::new();
+    for (inst, team) in mps_list {
+        let up = sd
+            .unit_state(&mps::unit(&inst))
+            .await
+            .ok()
+            .flatten()
+            .is_some_and(|s| s.active == "active");
+        mps.push((inst, team, up));
+    }
+    let root2 = root.clone();
+    let cgroups = tokio::task::spawn_blocking(move || {
+        teams
+            .into_iter()
+            .map(|t| {
+                let c = cgroup::read(&root2, &t);
+                (t, c)
+            })
+            .collect()
+    })
+    .await
+    .map_err(|e| fdo::Error::Failed(format!("cgroup read failed: {e}")))?;
+    let snap = Snapshot {
+        usage,
+        teams: cgroups,
+        mps,
+        policy_valid,
+        last_good_in_force: last_good,
+        last_converged: converged,
+    };
+    Ok(match format {
+        "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),
+        _ => metrics::encode_openmetrics(&snap, metrics::counters()),
+    })
+}
+
+/// After a reconcile: bring `$GPUCTL_HPC_JOB_MAPPING_DIR` (when set) in line with the owners.
+pub fn sync_hpc_job_map(shared: &Mutex<AgentState>, root: &Root) {
+    let Some(dir) = std::env::var_os(metrics::hpc::ENV_DIR).filter(|d| !d.is_empty()) else {
+        return;
+    };
+    let (owners, gpu_of) = {
+        let sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(v) = sh.last_report.as_ref().and_then(|r| r.view.as_ref()) else {
+            return;
+        };
+        let gpu_of = v
+            .teams
+            .values()
+            .flat_map(|t| &t.mig_devices)
+            .map(|m| (m.uuid.clone(), m.gpu_index))
+            .collect();
+        (Owners::from_view(v), gpu_of)
+    };
+    let dir = root.join(std::path::PathBuf::from(dir));
+    if let Err(e) = metrics::hpc::sync(&dir, &metrics::hpc::files(&owners, &gpu_of)) {
+        tracing::warn!("dcgm job map {}: {e}", dir.display());
+    }
+}

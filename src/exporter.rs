@@ -1,0 +1,242 @@
+//! `gpuctl-exporter`: the unprivileged HTTP face of gpuctld's metrics. systemd listens on
+//! `127.0.0.1:9849` (`gpuctl-exporter.socket`) and starts it as a `DynamicUser=`; each
+//! `GET /metrics` becomes one `Metrics("openmetrics")` call to gpuctld on the system bus. No
+//! HTTP is ever parsed as root, and gpuctld's collector bounds NVML reads however often it is
+//! scraped.
+//!
+//! The HTTP side is hand-written on purpose: it answers exactly one request (`GET /metrics`,
+//! `HEAD` too) with `Connection: close`, so all it needs is the request line. A server crate
+//! (hyper + hyper-util + http-body-util) would add a dozen crates to a build that CI compiles
+//! on two cores, for features (keep-alive, chunking, HTTP/2, bodies) this endpoint refuses
+//! anyway. What it guards against instead:
+//! - a slow or silent client: the request head must arrive within [`Options::read_timeout`];
+//! - a huge head: at most [`MAX_HEAD`] bytes, else `431`;
+//! - garbage: anything that is not `METHOD SP TARGET SP HTTP/x` gets `400`;
+//! - a flood: at most [`Options::max_connections`] at once; the next ones get `503` at once.
+//!
+//! Every connection is its own task, so none of these holds up another scrape.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+/// Largest request head read.
+pub const MAX_HEAD: usize = 8192;
+/// The port of `gpuctl-exporter.socket` (dcgm-exporter has 9400, node_exporter 9100).
+pub const DEFAULT_PORT: u16 = 9849;
+/// OpenMetrics content type.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Limits of the server.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Time a client has to send its request head.
+    pub read_timeout: Duration,
+    /// Time gpuctld has to answer.
+    pub fetch_timeout: Duration,
+    /// Connections served at once.
+    pub max_connections: usize,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            read_timeout: Duration::from_secs(10),
+            fetch_timeout: Duration::from_secs(20),
+            max_connections: 64,
+        }
+    }
+}
+
+/// What a request head asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request {
+    /// `GET /metrics` (`head`: `HEAD /metrics`).
+    Metrics {
+        /// A `HEAD` request: no body.
+        head: bool,
+    },
+    /// Another path: 404.
+    NotFound,
+    /// Another method: 405.
+    BadMethod,
+    /// Not HTTP: 400.
+    Malformed,
+}
+
+/// Parse the request line of a head (the rest of the head is ignored).
+pub fn parse_request(head: &[u8]) -> Request {
+    let Ok(text) = std::str::from_utf8(head) else {
+        return Request::Malformed;
+    };
+    let line = text
+        .split("\r\n")
+        .next()
+        .unwrap_or("")
+        .trim_end_matches('\n');
+    let mut parts = line.split(' ');
+    let (Some(method), Some(target), Some(version), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return Request::Malformed;
+    };
+    if !version.starts_with("HTTP/1.") || !target.starts_with('/') {
+        return Request::Malformed;
+    }
+    let path = target.split('?').next().unwrap_or("");
+    match (method, path) {
+        ("GET", "/metrics") => Request::Metrics { head: false },
+        ("HEAD", "/metrics") => Request::Metrics { head: true },
+        ("GET" | "HEAD", _) => Request::NotFound,
+        _ => Request::BadMethod,
+    }
+}
+
+fn response(status: &str, content_type: &str, body: &str, head_only: bool) -> Vec<u8> {
+    let mut out = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    )
+    .into_bytes();
+    if !head_only {
+        out.extend_from_slice(body.as_bytes());
+    }
+    out
+}
+
+fn text(status: &str, body: &str) -> Vec<u8> {
+    response(status, "text/plain; charset=utf-8", body, false)
+}
+
+/// Read a request head: up to the blank line, at most [`MAX_HEAD`] bytes. `Err` carries the
+/// response to send instead.
+async fn read_head(s: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
+    let mut buf = Vec::with_capacity(512);
+    let mut chunk = [0u8; 1024];
+    loop {
+        let n = s.read(&mut chunk).await.map_err(|_| Vec::new())?;
+        if n == 0 {
+            // Closed before a full head: answer what we can (a bare request line is enough).
+            return if buf.is_empty() {
+                Err(Vec::new())
+            } else {
+                Ok(buf)
+            };
+        }
+        buf.extend_from_slice(&chunk[..n]);
+        if buf.windows(4).any(|w| w == b"\r\n\r\n") || buf.windows(2).any(|w| w == b"\n\n") {
+            return Ok(buf);
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(text(
+                "431 Request Header Fields Too Large",
+                "request head too large\n",
+            ));
+        }
+    }
+}
+
+async fn handle<F, Fut>(mut s: TcpStream, opts: Arc<Options>, fetch: F)
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<String, String>>,
+{
+    let reply = match tokio::time::timeout(opts.read_timeout, read_head(&mut s)).await {
+        Err(_) => text("408 Request Timeout", "request head not received in time\n"),
+        Ok(Err(r)) => r,
+        Ok(Ok(head)) => match parse_request(&head) {
+            Request::Metrics { head } => {
+                match tokio::time::timeout(opts.fetch_timeout, fetch()).await {
+                    Ok(Ok(body)) => response("200 OK", CONTENT_TYPE, &body, head),
+                    Ok(Err(e)) => text("503 Service Unavailable", &format!("gpuctld: {e}\n")),
+                    Err(_) => text(
+                        "503 Service Unavailable",
+                        "gpuctld did not answer in time\n",
+                    ),
+                }
+            }
+            Request::NotFound => text("404 Not Found", "only /metrics is served here\n"),
+            Request::BadMethod => text("405 Method Not Allowed", "GET or HEAD only\n"),
+            Request::Malformed => text("400 Bad Request", "not an HTTP/1 request\n"),
+        },
+    };
+    if !reply.is_empty() {
+        let _ = tokio::time::timeout(opts.read_timeout, s.write_all(&reply)).await;
+    }
+    let _ = s.shutdown().await;
+}
+
+/// Serve until the listener fails. `fetch` produces the metrics text for one scrape.
+pub async fn serve<F, Fut>(listener: TcpListener, opts: Options, fetch: F) -> std::io::Result<()>
+where
+    F: Fn() -> Fut + Clone + 'static,
+    Fut: Future<Output = Result<String, String>> + 'static,
+{
+    let opts = Arc::new(opts);
+    let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
+    loop {
+        let (mut s, _) = listener.accept().await?;
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => {
+                let (o, f) = (opts.clone(), fetch.clone());
+                tokio::task::spawn_local(async move {
+                    handle(s, o, f).await;
+                    drop(permit);
+                });
+            }
+            Err(_) => {
+                tokio::task::spawn_local(async move {
+                    let r = text("503 Service Unavailable", "too many connections\n");
+                    let _ = tokio::time::timeout(Duration::from_secs(1), s.write_all(&r)).await;
+                });
+            }
+        }
+    }
+}
+
+/// The listening socket systemd passed (`LISTEN_FDS`, fd 3), if any.
+pub fn socket_from_systemd() -> Option<std::net::TcpListener> {
+    use std::os::fd::FromRawFd;
+    let pid: u32 = std::env::var("LISTEN_PID").ok()?.parse().ok()?;
+    let fds: u32 = std::env::var("LISTEN_FDS").ok()?.parse().ok()?;
+    if pid != std::process::id() || fds < 1 {
+        return None;
+    }
+    // SAFETY: systemd passes fd 3 (SD_LISTEN_FDS_START) open for this process, and nothing
+    // else in this process owns it.
+    Some(unsafe { std::net::TcpListener::from_raw_fd(3) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_lines() {
+        assert_eq!(
+            parse_request(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
+            Request::Metrics { head: false }
+        );
+        assert_eq!(
+            parse_request(b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n"),
+            Request::Metrics { head: true }
+        );
+        assert_eq!(parse_request(b"GET / HTTP/1.1\r\n\r\n"), Request::NotFound);
+        assert_eq!(
+            parse_request(b"POST /metrics HTTP/1.1\r\n\r\n"),
+            Request::BadMethod
+        );
+        assert_eq!(parse_request(b"\x00\xff garbage"), Request::Malformed);
+        assert_eq!(parse_request(b"GET /metrics\r\n\r\n"), Request::Malformed);
+        assert_eq!(
+            parse_request(b"GET metrics HTTP/1.1\r\n\r\n"),
+            Request::Malformed
+        );
+        assert_eq!(
+            parse_request(b"GET /metrics SMTP/1 extra\r\n\r\n"),
+            Request::Malformed
+        );
+    }
+}

@@ -1,0 +1,413 @@
+//! Prometheus metrics: gpuctld encodes them (with the `prometheus-client` crate) for its
+//! `Metrics` bus call; the unprivileged `gpuctl-exporter` serves them over HTTP and
+//! `gpuctl metrics --textfile` writes them for node_exporter. Every name and label is listed in
+//! `docs/monitoring.md`, and [`METRIC_NAMES`] is the list the dashboard test checks against.
+//!
+//! A value that is not available (utilisation of a MIG device, GPM before Hopper, a cgroup
+//! file that does not exist) has no series; it is never exported as 0.
+//!
+//! - [`counters`]: what only gpuctld sees happen (reconcile durations and errors, Join
+//!   outcomes), kept for the life of the process;
+//! - [`cgroup`]: per-team cgroup statistics (cgroups-rs);
+//! - [`hpc`]: dcgm-exporter's HPC job-mapping directory, kept current with the teams.
+
+use crate::usage::{GpuUsage, MigUsage, Usage};
+use prometheus_client::encoding::{prometheus_text, text};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
+
+pub mod cgroup;
+pub mod hpc;
+
+/// Every metric family gpuctl exports, as Prometheus names its series' stem (`_total`,
+/// `_bucket`, `_sum`, `_count` are added to some by the encoder).
+pub const METRIC_NAMES: &[&str] = &[
+    "gpuctl_up",
+    "gpuctl_nvml_up",
+    "gpuctl_device_team_info",
+    "gpuctl_device_memory_used_bytes",
+    "gpuctl_device_memory_total_bytes",
+    "gpuctl_device_utilization_ratio",
+    "gpuctl_device_memory_utilization_ratio",
+    "gpuctl_device_sm_activity_ratio",
+    "gpuctl_gpu_power_watts",
+    "gpuctl_gpu_temperature_celsius",
+    "gpuctl_team_gpu_memory_used_bytes",
+    "gpuctl_team_gpu_processes",
+    "gpuctl_device_stray_processes",
+    "gpuctl_team_memory_current_bytes",
+    "gpuctl_team_memory_max_bytes",
+    "gpuctl_team_oom_kills_total",
+    "gpuctl_team_cpu_usage_seconds_total",
+    "gpuctl_team_pids",
+    "gpuctl_mps_daemon_up",
+    "gpuctl_policy_valid",
+    "gpuctl_policy_last_good_in_force",
+    "gpuctl_reconcile_duration_seconds",
+    "gpuctl_reconcile_errors_total",
+    "gpuctl_reconcile_last_converged",
+    "gpuctl_join_total",
+];
+
+type Labels = Vec<(String, String)>;
+type FGauge = Gauge<f64, AtomicU64>;
+
+/// Process-lifetime counters of gpuctld.
+#[derive(Debug)]
+pub struct Counters {
+    /// Seconds per reconcile.
+    pub reconcile_duration: Histogram,
+    /// Reconciles that ended with errors.
+    pub reconcile_errors: Counter,
+    /// Join outcomes by team and outcome.
+    pub joins: Family<Labels, Counter>,
+}
+
+/// gpuctld's counters (one set per process).
+pub fn counters() -> &'static Counters {
+    static C: OnceLock<Counters> = OnceLock::new();
+    C.get_or_init(|| Counters {
+        reconcile_duration: Histogram::new([
+            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+        ]),
+        reconcile_errors: Counter::default(),
+        joins: Family::default(),
+    })
+}
+
+impl Counters {
+    /// Record one reconcile.
+    pub fn reconciled(&self, seconds: f64, ok: bool) {
+        self.reconcile_duration.observe(seconds);
+        if !ok {
+            self.reconcile_errors.inc();
+        }
+    }
+
+    /// Record one `Join` call's outcome (`ok`, or the refusal's name).
+    pub fn joined(&self, team: &str, outcome: &str) {
+        self.joins
+            .get_or_create(&vec![
+                ("team".into(), team.into()),
+                ("outcome".into(), outcome.into()),
+            ])
+            .inc();
+    }
+}
+
+/// Everything one scrape shows besides the counters.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    /// GPU usage with owners and strays.
+    pub usage: Usage,
+    /// Team slices' cgroup statistics by team.
+    pub teams: BTreeMap<String, cgroup::TeamCgroup>,
+    /// MPS daemons: (instance, team, running).
+    pub mps: Vec<(String, String, bool)>,
+    /// A policy loaded without errors (the last load).
+    pub policy_valid: bool,
+    /// The last good policy is in force because the current one is broken.
+    pub last_good_in_force: bool,
+    /// Whether the last reconcile converged; `None` before the first.
+    pub last_converged: Option<bool>,
+}
+
+fn l(pairs: &[(&str, &str)]) -> Labels {
+    pairs
+        .iter()
+        .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+        .collect()
+}
+
+/// dcgm-exporter's identifying labels for a device: `gpu` (index), `UUID` (the parent GPU's),
+/// `GPU_I_ID` and `GPU_I_PROFILE` (empty for a whole GPU), plus our `device` (its own UUID).
+fn device_labels(g: &GpuUsage, m: Option<&MigUsage>) -> Labels {
+    let gi = m.map(|m| m.gi_id.to_string()).unwrap_or_default();
+    l(&[
+        ("gpu", &g.index.to_string()),
+        ("UUID", &g.uuid),
+        ("GPU_I_ID", &gi),
+        ("GPU_I_PROFILE", m.map_or("", |m| m.profile.as_str())),
+        ("device", m.map_or(g.uuid.as_str(), |m| m.uuid.as_str())),
+    ])
+}
+
+fn with(mut base: Labels, k: &str, v: &str) -> Labels {
+    base.push((k.into(), v.into()));
+    base
+}
+
+struct Families {
+    info: Family<Labels, Gauge>,
+    mem_used: Family<Labels, Gauge>,
+    mem_total: Family<Labels, Gauge>,
+    util: Family<Labels, FGauge>,
+    mem_util: Family<Labels, FGauge>,
+    activity: Family<Labels, FGauge>,
+    team_mem: Family<Labels, Gauge>,
+    team_procs: Family<Labels, Gauge>,
+    strays: Family<Labels, Gauge>,
+}
+
+/// The registry for one scrape.
+pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
+    let mut r = Registry::with_prefix("gpuctl");
+    let up: Gauge = Gauge::default();
+    up.set(1);
+    r.register("up", "gpuctld answered this scrape", up);
+    let nvml_up: Gauge = Gauge::default();
+    nvml_up.set(i64::from(s.usage.nvml_unavailable.is_none()));
+    r.register("nvml_up", "NVML could be read", nvml_up);
+
+    let f = Families {
+        info: Family::default(),
+        mem_used: Family::default(),
+        mem_total: Family::default(),
+        util: Family::default(),
+        mem_util: Family::default(),
+        activity: Family::default(),
+        team_mem: Family::default(),
+        team_procs: Family::default(),
+        strays: Family::default(),
+    };
+    let pct = |v: u32| f64::from(v) / 100.0;
+    for g in &s.usage.gpus {
+        let devices: Vec<(Labels, Vec<String>, Option<&MigUsage>)> = if g.mig {
+            g.mig_devices
+                .iter()
+                .map(|m| (device_labels(g, Some(m)), m.teams.clone(), Some(m)))
+                .collect()
+        } else {
+            vec![(device_labels(g, None), g.teams.clone(), None)]
+        };
+        for (labels, teams, m) in &devices {
+            let owners: Vec<&str> = if teams.is_empty() {
+                vec![""]
+            } else {
+                teams.iter().map(String::as_str).collect()
+            };
+            let (used, total, activity) = match m {
+                Some(m) => (m.memory_used, m.memory_total, m.activity),
+                None => (g.memory_used, g.memory_total, g.activity),
+            };
+            for t in &owners {
+                let tl = with(labels.clone(), "team", t);
+                f.info.get_or_create(&tl).set(1);
+                if let Some(v) = used {
+                    f.mem_used.get_or_create(&tl).set(v as i64);
+                }
+                if let Some(v) = total {
+                    f.mem_total.get_or_create(&tl).set(v as i64);
+                }
+                if m.is_none() {
+                    if let Some(v) = g.utilization_gpu {
+                        f.util.get_or_create(&tl).set(pct(v));
+                    }
+                    if let Some(v) = g.utilization_memory {
+                        f.mem_util.get_or_create(&tl).set(pct(v));
+                    }
+                }
+                if let Some(a) = activity {
+                    f.activity.get_or_create(&tl).set(a / 100.0);
+                }
+            }
+            let procs: &[crate::usage::ProcessUsage] = match m {
+                Some(m) => &m.processes,
+                None => &g.processes,
+            };
+            if !teams.is_empty() {
+                let n = procs.iter().filter(|p| p.stray).count();
+                f.strays
+                    .get_or_create(&with(labels.clone(), "device_team", &teams.join(",")))
+                    .set(n as i64);
+            }
+            let mut by_team: BTreeMap<&str, (u64, i64)> = BTreeMap::new();
+            for p in procs {
+                let e = by_team.entry(p.team.as_deref().unwrap_or("")).or_default();
+                e.0 += p.used_memory.unwrap_or(0);
+                e.1 += 1;
+            }
+            for (t, (mem, n)) in by_team {
+                let tl = with(labels.clone(), "team", t);
+                f.team_mem.get_or_create(&tl).set(mem as i64);
+                f.team_procs.get_or_create(&tl).set(n);
+            }
+        }
+    }
+    r.register(
+        "device_team_info",
+        "Maps GPUs and MIG devices (dcgm-exporter's gpu, UUID, GPU_I_ID, GPU_I_PROFILE) to the teams that own them; team=\"\" when none",
+        f.info,
+    );
+    r.register_with_unit(
+        "device_memory_used",
+        "Framebuffer memory in use on the device",
+        Unit::Bytes,
+        f.mem_used,
+    );
+    r.register_with_unit(
+        "device_memory_total",
+        "Framebuffer memory of the device",
+        Unit::Bytes,
+        f.mem_total,
+    );
+    r.register(
+        "device_utilization_ratio",
+        "NVML GPU utilisation (0-1) of a whole GPU; no series where the driver offers none (MIG)",
+        f.util,
+    );
+    r.register(
+        "device_memory_utilization_ratio",
+        "NVML memory utilisation (0-1) of a whole GPU",
+        f.mem_util,
+    );
+    r.register(
+        "device_sm_activity_ratio",
+        "GPM SM activity (0-1) of a GPU or its GPU instance between two collections (Hopper+)",
+        f.activity,
+    );
+    r.register_with_unit(
+        "team_gpu_memory_used",
+        "GPU memory used by a team's processes on a device (team of the process's slice; \"\" outside any)",
+        Unit::Bytes,
+        f.team_mem,
+    );
+    r.register(
+        "team_gpu_processes",
+        "GPU processes of a team on a device",
+        f.team_procs,
+    );
+    r.register(
+        "device_stray_processes",
+        "Processes on a team's device outside every owning team's slice",
+        f.strays,
+    );
+
+    let power: Family<Labels, FGauge> = Family::default();
+    let temp: Family<Labels, FGauge> = Family::default();
+    for g in &s.usage.gpus {
+        let gl = l(&[("gpu", &g.index.to_string()), ("UUID", &g.uuid)]);
+        if let Some(p) = g.power_mw {
+            power.get_or_create(&gl).set(f64::from(p) / 1000.0);
+        }
+        if let Some(t) = g.temperature_c {
+            temp.get_or_create(&gl).set(f64::from(t));
+        }
+    }
+    r.register_with_unit(
+        "gpu_power",
+        "Board power draw",
+        Unit::Other("watts".into()),
+        power,
+    );
+    r.register_with_unit("gpu_temperature", "GPU temperature", Unit::Celsius, temp);
+
+    let mem_cur: Family<Labels, Gauge> = Family::default();
+    let mem_max: Family<Labels, Gauge> = Family::default();
+    let pids: Family<Labels, Gauge> = Family::default();
+    let mut oom_values: Vec<(Labels, u64)> = Vec::new();
+    let mut cpu_values: Vec<(Labels, f64)> = Vec::new();
+    for (team, c) in &s.teams {
+        let tl = l(&[("team", team)]);
+        if let Some(v) = c.memory_current {
+            mem_cur.get_or_create(&tl).set(v as i64);
+        }
+        if let Some(v) = c.memory_max {
+            mem_max.get_or_create(&tl).set(v as i64);
+        }
+        if let Some(v) = c.oom_kills {
+            oom_values.push((tl.clone(), v));
+        }
+        if let Some(v) = c.cpu_seconds {
+            cpu_values.push((tl.clone(), v));
+        }
+        if let Some(v) = c.pids {
+            pids.get_or_create(&tl).set(v as i64);
+        }
+    }
+    r.register_with_unit(
+        "team_memory_current",
+        "memory.current of the team's slice",
+        Unit::Bytes,
+        mem_cur,
+    );
+    r.register_with_unit(
+        "team_memory_max",
+        "memory.max of the team's slice (no series when unlimited)",
+        Unit::Bytes,
+        mem_max,
+    );
+    r.register_collector(Box::new(cgroup::CounterCollector {
+        oom: oom_values,
+        cpu: cpu_values,
+    }));
+    r.register("team_pids", "pids.current of the team's slice", pids);
+
+    let mps: Family<Labels, Gauge> = Family::default();
+    for (inst, team, up) in &s.mps {
+        mps.get_or_create(&l(&[("instance_name", inst), ("team", team)]))
+            .set(i64::from(*up));
+    }
+    r.register(
+        "mps_daemon_up",
+        "1 when the team's MPS control daemon unit is active",
+        mps,
+    );
+
+    let valid: Gauge = Gauge::default();
+    valid.set(i64::from(s.policy_valid));
+    r.register(
+        "policy_valid",
+        "1 when the policy on disk loaded without errors",
+        valid,
+    );
+    let lg: Gauge = Gauge::default();
+    lg.set(i64::from(s.last_good_in_force));
+    r.register(
+        "policy_last_good_in_force",
+        "1 when a broken policy left the last good one in force",
+        lg,
+    );
+    if let Some(ok) = s.last_converged {
+        let g: Gauge = Gauge::default();
+        g.set(i64::from(ok));
+        r.register(
+            "reconcile_last_converged",
+            "1 when the last reconcile converged",
+            g,
+        );
+    }
+    r.register_with_unit(
+        "reconcile_duration",
+        "Time per reconcile",
+        Unit::Seconds,
+        c.reconcile_duration.clone(),
+    );
+    r.register(
+        "reconcile_errors",
+        "Reconciles that ended with errors",
+        c.reconcile_errors.clone(),
+    );
+    r.register("join", "Join calls by team and outcome", c.joins.clone());
+    r
+}
+
+/// OpenMetrics text (what Prometheus scrapes; ends with `# EOF`).
+pub fn encode_openmetrics(s: &Snapshot, c: &Counters) -> String {
+    let mut out = String::new();
+    let _ = text::encode(&mut out, &registry(s, c));
+    out
+}
+
+/// Prometheus text format 0.0.4 (what node_exporter's textfile collector reads).
+pub fn encode_prometheus_text(s: &Snapshot, c: &Counters) -> String {
+    let mut out = String::new();
+    let _ = prometheus_text::encode(&mut out, &registry(s, c));
+    out
+}

@@ -1,0 +1,308 @@
+//! Who uses what: a typed snapshot of GPU and MIG-device usage with each process attributed
+//! to a user, a systemd unit and a team, and strays flagged.
+//!
+//! - [`collect`]: the NVML read-out (through nvml-wrapper; GPM for MIG activity) and the
+//!   [`collect::Collector`] that serves every reader from one collection per interval and
+//!   reads nothing while nobody asks;
+//! - [`procfs`]: `/proc` attribution (uid → name through NSS, cgroup → unit and team,
+//!   the pid inside the process's own pid namespace);
+//! - this module: the types (the `Usage` bus reply, one definition for gpuctld and its
+//!   clients) and the pure steps (ownership, attribution, stray detection).
+//!
+//! A value the driver does not offer is `None` ("not available"), never 0: NVML has no
+//! utilisation for MIG device handles, and GPM activity exists only on Hopper and newer.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+pub mod collect;
+pub mod procfs;
+
+/// One collection: every GPU, its MIG devices and their processes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    /// Unix time (ms) of the collection.
+    pub collected_at_ms: u64,
+    /// How long one collection is served to every reader, ms.
+    pub interval_ms: u64,
+    /// Why NVML could not be read, when it could not (no driver, no library).
+    #[serde(default)]
+    pub nvml_unavailable: Option<String>,
+    /// GPUs by NVML index.
+    pub gpus: Vec<GpuUsage>,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuUsage {
+    /// NVML index.
+    pub index: u32,
+    /// `GPU-…` UUID.
+    pub uuid: String,
+    /// Name NVML reports.
+    pub name: String,
+    /// Teams that own or share the whole GPU (empty for a MIG GPU: see its devices).
+    #[serde(default)]
+    pub teams: Vec<String>,
+    /// Framebuffer bytes in use, total.
+    pub memory_used: Option<u64>,
+    /// Framebuffer bytes.
+    pub memory_total: Option<u64>,
+    /// Percent of time a kernel ran (`None` in MIG mode: the driver does not report it).
+    pub utilization_gpu: Option<u32>,
+    /// Percent of time memory was read or written.
+    pub utilization_memory: Option<u32>,
+    /// GPM SM activity percent over the last collection interval (Hopper+, not in MIG mode).
+    pub activity: Option<f64>,
+    /// Board power, mW.
+    pub power_mw: Option<u32>,
+    /// GPU temperature, °C.
+    pub temperature_c: Option<u32>,
+    /// MIG mode is on.
+    pub mig: bool,
+    /// MIG devices (compute instances), by GI then CI id.
+    #[serde(default)]
+    pub mig_devices: Vec<MigUsage>,
+    /// Processes on the whole GPU (outside MIG devices).
+    #[serde(default)]
+    pub processes: Vec<ProcessUsage>,
+}
+
+/// One MIG device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MigUsage {
+    /// `MIG-…` UUID.
+    pub uuid: String,
+    /// GPU-instance id (dcgm-exporter's `GPU_I_ID`).
+    pub gi_id: u32,
+    /// Compute-instance id.
+    pub ci_id: u32,
+    /// Profile (dcgm-exporter's `GPU_I_PROFILE`, e.g. `3g.40gb`).
+    pub profile: String,
+    /// Teams the device is assigned to.
+    #[serde(default)]
+    pub teams: Vec<String>,
+    /// Bytes in use (of the GPU instance's memory).
+    pub memory_used: Option<u64>,
+    /// Bytes of the GPU instance.
+    pub memory_total: Option<u64>,
+    /// GPM SM activity percent of its GPU instance over the last interval; `None` where GPM is
+    /// not offered (before Hopper) or before a second sample exists.
+    pub activity: Option<f64>,
+    /// Processes on it.
+    #[serde(default)]
+    pub processes: Vec<ProcessUsage>,
+}
+
+/// One process on a GPU or MIG device.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ProcessUsage {
+    /// PID in gpuctld's (the host's) pid namespace, as NVML reports it.
+    pub pid: u32,
+    /// PID inside the process's own pid namespace, when that differs (a container).
+    #[serde(default)]
+    pub ns_pid: Option<u32>,
+    /// `compute` or `graphics`.
+    pub kind: String,
+    /// GPU memory bytes; `None` when the driver does not say.
+    pub used_memory: Option<u64>,
+    /// Real uid.
+    pub uid: Option<u32>,
+    /// User name (NSS), else the uid as text.
+    pub user: Option<String>,
+    /// Command name (`/proc/<pid>/comm`).
+    pub command: Option<String>,
+    /// systemd unit or scope.
+    pub unit: Option<String>,
+    /// Team whose `gpu-<team>.slice` it runs in.
+    pub team: Option<String>,
+    /// On a team's device but outside every owning team's slice.
+    #[serde(default)]
+    pub stray: bool,
+}
+
+/// Which teams own which devices: whole GPUs by index, MIG devices by UUID.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Owners {
+    /// GPU index → teams.
+    pub gpus: BTreeMap<u32, Vec<String>>,
+    /// MIG UUID → teams.
+    pub mig: BTreeMap<String, Vec<String>>,
+}
+
+impl Owners {
+    /// From the daemon's last reconcile: every team's whole GPUs and existing MIG devices.
+    pub fn from_view(view: &crate::dbus_api::reply::HostView) -> Owners {
+        let mut o = Owners::default();
+        for (team, tv) in &view.teams {
+            for i in &tv.whole_gpus {
+                o.gpus.entry(*i).or_default().push(team.clone());
+            }
+            for m in tv.mig_devices.iter().filter(|m| m.exists) {
+                o.mig.entry(m.uuid.clone()).or_default().push(team.clone());
+            }
+        }
+        o
+    }
+}
+
+/// Fill device owners and flag strays: a process on a device some team owns that runs
+/// outside every owning team's slice (root jobs, another team through a leaked device,
+/// a container runtime). Processes on devices no team owns are never strays.
+pub fn attribute(usage: &mut Usage, owners: &Owners) {
+    fn flag(procs: &mut [ProcessUsage], teams: &[String]) {
+        for p in procs {
+            p.stray = !teams.is_empty() && !p.team.as_ref().is_some_and(|t| teams.contains(t));
+        }
+    }
+    for g in &mut usage.gpus {
+        g.teams = owners.gpus.get(&g.index).cloned().unwrap_or_default();
+        flag(&mut g.processes, &g.teams);
+        for m in &mut g.mig_devices {
+            m.teams = owners.mig.get(&m.uuid).cloned().unwrap_or_default();
+            flag(&mut m.processes, &m.teams);
+        }
+    }
+}
+
+impl Usage {
+    /// Keep only what concerns `team`: devices it owns, and processes it runs anywhere.
+    pub fn filter_team(&mut self, team: &str) {
+        let t = |teams: &[String]| teams.iter().any(|x| x == team);
+        let p = |p: &ProcessUsage| p.team.as_deref() == Some(team);
+        self.gpus.retain_mut(|g| {
+            g.mig_devices.retain_mut(|m| {
+                if t(&m.teams) {
+                    return true;
+                }
+                m.processes.retain(p);
+                !m.processes.is_empty()
+            });
+            let keep = t(&g.teams) || g.processes.iter().any(p) || !g.mig_devices.is_empty();
+            if !t(&g.teams) {
+                g.processes.retain(p);
+            }
+            keep
+        });
+    }
+
+    /// Every process with the device it runs on (GPU index, MIG UUID if any).
+    pub fn processes(&self) -> impl Iterator<Item = (&GpuUsage, Option<&MigUsage>, &ProcessUsage)> {
+        self.gpus.iter().flat_map(|g| {
+            g.processes.iter().map(move |p| (g, None, p)).chain(
+                g.mig_devices
+                    .iter()
+                    .flat_map(move |m| m.processes.iter().map(move |p| (g, Some(m), p))),
+            )
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc_in(pid: u32, team: Option<&str>) -> ProcessUsage {
+        ProcessUsage {
+            pid,
+            kind: "compute".into(),
+            team: team.map(str::to_string),
+            ..Default::default()
+        }
+    }
+
+    fn sample() -> Usage {
+        Usage {
+            gpus: vec![
+                GpuUsage {
+                    index: 0,
+                    processes: vec![proc_in(1, Some("infer")), proc_in(2, None)],
+                    ..Default::default()
+                },
+                GpuUsage {
+                    index: 1,
+                    mig: true,
+                    mig_devices: vec![
+                        MigUsage {
+                            uuid: "MIG-a".into(),
+                            processes: vec![proc_in(3, Some("train")), proc_in(4, Some("infer"))],
+                            ..Default::default()
+                        },
+                        MigUsage {
+                            uuid: "MIG-free".into(),
+                            processes: vec![proc_in(5, None)],
+                            ..Default::default()
+                        },
+                    ],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        }
+    }
+
+    fn owners() -> Owners {
+        Owners {
+            gpus: [(0, vec!["infer".to_string()])].into(),
+            mig: [("MIG-a".to_string(), vec!["train".to_string()])].into(),
+        }
+    }
+
+    #[test]
+    fn strays_are_processes_outside_the_owning_teams_slices() {
+        let mut u = sample();
+        attribute(&mut u, &owners());
+        let strays: Vec<u32> = u
+            .processes()
+            .filter(|(_, _, p)| p.stray)
+            .map(|(_, _, p)| p.pid)
+            .collect();
+        // 2: root job on infer's GPU; 4: infer's job on train's MIG device. 5 runs on a device
+        // nobody owns, so it is not a stray.
+        assert_eq!(strays, vec![2, 4]);
+        assert_eq!(u.gpus[0].teams, vec!["infer"]);
+        assert_eq!(u.gpus[1].mig_devices[0].teams, vec!["train"]);
+        assert!(u.gpus[1].mig_devices[1].teams.is_empty());
+    }
+
+    #[test]
+    fn a_shared_gpu_accepts_every_owner() {
+        let mut u = sample();
+        let mut o = owners();
+        o.gpus.insert(0, vec!["infer".into(), "research".into()]);
+        u.gpus[0].processes.push(proc_in(9, Some("research")));
+        attribute(&mut u, &o);
+        let stray: Vec<(u32, bool)> = u.gpus[0]
+            .processes
+            .iter()
+            .map(|p| (p.pid, p.stray))
+            .collect();
+        assert_eq!(stray, vec![(1, false), (2, true), (9, false)]);
+    }
+
+    #[test]
+    fn team_filter_keeps_owned_devices_and_own_processes() {
+        let mut u = sample();
+        attribute(&mut u, &owners());
+        u.filter_team("train");
+        assert_eq!(u.gpus.len(), 1);
+        assert_eq!(u.gpus[0].index, 1);
+        assert_eq!(u.gpus[0].mig_devices.len(), 1);
+        assert_eq!(u.gpus[0].mig_devices[0].processes.len(), 2);
+
+        let mut u = sample();
+        attribute(&mut u, &owners());
+        u.filter_team("infer");
+        // Its GPU with everything on it, and its one process on train's device.
+        assert_eq!(u.gpus.len(), 2);
+        assert_eq!(u.gpus[0].processes.len(), 2);
+        assert_eq!(u.gpus[1].mig_devices.len(), 1);
+        assert_eq!(u.gpus[1].mig_devices[0].uuid, "MIG-a");
+        let pids: Vec<u32> = u.gpus[1].mig_devices[0]
+            .processes
+            .iter()
+            .map(|p| p.pid)
+            .collect();
+        assert_eq!(pids, vec![4]);
+    }
+}

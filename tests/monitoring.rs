@@ -1,0 +1,413 @@
+//! The shipped monitoring assets against the real tools: the alert rules through
+//! `promtool check rules` and `promtool test rules` (every alert has a firing and a
+//! must-not-fire case), the exported metrics through `promtool check metrics`, and the Grafana
+//! dashboard's queries against the names gpuctl exports.
+//!
+//! promtool comes from Debian's `prometheus` package. Without it these tests skip, unless
+//! `GPUCTL_REQUIRE_PROMTOOL=1` (set by `.ci/run`, which installs the package).
+
+use gpuctl::metrics::{self, cgroup::TeamCgroup, Snapshot, METRIC_NAMES};
+use gpuctl::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
+use std::collections::BTreeSet;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+fn monitoring_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("monitoring")
+}
+
+fn promtool() -> Option<PathBuf> {
+    let found = ["/usr/bin/promtool", "/usr/local/bin/promtool"]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists());
+    if found.is_none() {
+        assert!(
+            std::env::var_os("GPUCTL_REQUIRE_PROMTOOL").is_none(),
+            "promtool not found and GPUCTL_REQUIRE_PROMTOOL is set (apt-get install prometheus)"
+        );
+        eprintln!("skipping: promtool not installed (Debian package prometheus)");
+    }
+    found
+}
+
+fn run(cmd: &mut Command) -> (bool, String) {
+    let out = cmd.output().expect("run promtool");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// Names after `key:` on lines of a YAML file (enough for our own two files).
+fn yaml_values(text: &str, key: &str) -> Vec<String> {
+    text.lines()
+        .filter_map(|l| {
+            let l = l.trim().trim_start_matches("- ");
+            l.strip_prefix(key)?
+                .strip_prefix(':')
+                .map(|v| v.trim().to_string())
+        })
+        .collect()
+}
+
+#[test]
+fn alert_rules_pass_promtool_check_and_unit_tests() {
+    let Some(pt) = promtool() else { return };
+    let dir = monitoring_dir();
+    let (ok, out) = run(Command::new(&pt)
+        .args(["check", "rules", "gpuctl.rules.yml"])
+        .current_dir(&dir));
+    assert!(ok, "promtool check rules:\n{out}");
+    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    let (ok, out) = run(Command::new(&pt)
+        .args(["test", "rules", "gpuctl.rules.test.yml"])
+        .current_dir(&dir));
+    assert!(ok, "promtool test rules:\n{out}");
+
+    // Every alert has a case where it fires and one where it must not.
+    let rules = std::fs::read_to_string(dir.join("gpuctl.rules.yml")).unwrap();
+    let tests = std::fs::read_to_string(dir.join("gpuctl.rules.test.yml")).unwrap();
+    let alerts = yaml_values(&rules, "alert");
+    assert_eq!(alerts.len(), 7);
+    let lines: Vec<&str> = tests.lines().map(str::trim).collect();
+    for a in &alerts {
+        let mut fires = 0;
+        let mut silent = 0;
+        for (i, l) in lines.iter().enumerate() {
+            if *l == format!("alertname: {a}") {
+                match lines.get(i + 1) {
+                    Some(n) if n.ends_with("[]") => silent += 1,
+                    Some(_) => fires += 1,
+                    None => {}
+                }
+            }
+        }
+        assert!(
+            fires >= 1 && silent >= 1,
+            "{a}: {fires} firing, {silent} silent cases"
+        );
+    }
+}
+
+#[test]
+fn a_broken_rule_fails_its_unit_test() {
+    // The unit tests can fail: loosen the memory threshold and the must-not-fire team fires.
+    let Some(pt) = promtool() else { return };
+    let dir = monitoring_dir();
+    let t = tempfile::tempdir().unwrap();
+    let rules = std::fs::read_to_string(dir.join("gpuctl.rules.yml")).unwrap();
+    std::fs::write(
+        t.path().join("gpuctl.rules.yml"),
+        rules.replace("> 0.9", "> 0.4"),
+    )
+    .unwrap();
+    std::fs::copy(
+        dir.join("gpuctl.rules.test.yml"),
+        t.path().join("gpuctl.rules.test.yml"),
+    )
+    .unwrap();
+    let (ok, out) = run(Command::new(&pt)
+        .args(["test", "rules", "gpuctl.rules.test.yml"])
+        .current_dir(t.path()));
+    assert!(!ok, "{out}");
+    assert!(out.contains("GpuctlTeamGpuMemoryNearFull"), "{out}");
+}
+
+/// A snapshot with every kind of series.
+fn full_snapshot() -> Snapshot {
+    let p = |pid, team: Option<&str>, stray| ProcessUsage {
+        pid,
+        kind: "compute".into(),
+        used_memory: Some(1 << 30),
+        uid: Some(1000),
+        user: Some("alice".into()),
+        team: team.map(str::to_string),
+        stray,
+        ..Default::default()
+    };
+    let usage = Usage {
+        gpus: vec![
+            GpuUsage {
+                index: 0,
+                uuid: "GPU-0".into(),
+                teams: vec!["infer".into()],
+                memory_used: Some(2 << 30),
+                memory_total: Some(80 << 30),
+                utilization_gpu: Some(40),
+                utilization_memory: Some(10),
+                activity: Some(35.0),
+                power_mw: Some(300_000),
+                temperature_c: Some(50),
+                processes: vec![p(1, Some("infer"), false), p(2, None, true)],
+                ..Default::default()
+            },
+            GpuUsage {
+                index: 1,
+                uuid: "GPU-1".into(),
+                mig: true,
+                memory_used: Some(1 << 30),
+                memory_total: Some(80 << 30),
+                power_mw: Some(100_000),
+                temperature_c: Some(40),
+                mig_devices: vec![MigUsage {
+                    uuid: "MIG-a".into(),
+                    gi_id: 3,
+                    ci_id: 0,
+                    profile: "3g.40gb".into(),
+                    teams: vec!["train".into()],
+                    memory_used: Some(1 << 30),
+                    memory_total: Some(40 << 30),
+                    activity: Some(12.5),
+                    processes: vec![p(3, Some("train"), false)],
+                }],
+                ..Default::default()
+            },
+        ],
+        ..Default::default()
+    };
+    let c = metrics::counters();
+    c.reconciled(0.2, true);
+    c.reconciled(3.0, false);
+    c.joined("infer", "ok");
+    c.joined("train", "not-member");
+    Snapshot {
+        usage,
+        teams: [(
+            "infer".to_string(),
+            TeamCgroup {
+                memory_current: Some(1 << 30),
+                memory_max: Some(8 << 30),
+                oom_kills: Some(2),
+                cpu_seconds: Some(12.5),
+                pids: Some(7),
+            },
+        )]
+        .into(),
+        mps: vec![("infer-gpu0".into(), "infer".into(), true)],
+        policy_valid: true,
+        last_good_in_force: false,
+        last_converged: Some(true),
+    }
+}
+
+fn series_names(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| l.split(['{', ' ']).next().unwrap().to_string())
+        .map(|n| {
+            for suf in ["_bucket", "_sum", "_count", "_created"] {
+                if let Some(b) = n.strip_suffix(suf) {
+                    if METRIC_NAMES.contains(&b) {
+                        return b.to_string();
+                    }
+                }
+            }
+            n
+        })
+        .collect()
+}
+
+#[test]
+fn exported_names_are_the_documented_list_and_pass_promtool() {
+    let s = full_snapshot();
+    let text = metrics::encode_prometheus_text(&s, metrics::counters());
+    let got = series_names(&text);
+    let want: BTreeSet<String> = METRIC_NAMES.iter().map(|s| s.to_string()).collect();
+    assert_eq!(got, want, "encoded series vs METRIC_NAMES:\n{text}");
+    let doc =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/monitoring.md"))
+            .unwrap();
+    for n in METRIC_NAMES {
+        assert!(
+            doc.contains(&format!("`{n}`")),
+            "docs/monitoring.md does not describe {n}"
+        );
+    }
+    // The dcgm-exporter join labels on the info metric.
+    assert!(
+        text.contains(r#"gpuctl_device_team_info{gpu="1",UUID="GPU-1",GPU_I_ID="3",GPU_I_PROFILE="3g.40gb",device="MIG-a",team="train"} 1"#),
+        "{text}"
+    );
+    // Not available stays absent: the MIG GPU has no utilisation series.
+    assert!(
+        !text.contains(r#"gpuctl_device_utilization_ratio{gpu="1""#),
+        "{text}"
+    );
+    let om = metrics::encode_openmetrics(&s, metrics::counters());
+    assert!(om.ends_with("# EOF\n"), "{om}");
+
+    let Some(pt) = promtool() else { return };
+    let mut child = Command::new(pt)
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let msg = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "promtool check metrics:\n{msg}\n{text}"
+    );
+}
+
+/// Metric names in a PromQL expression: identifiers outside label matchers, ranges, strings
+/// and grouping clauses that are not functions or keywords.
+fn promql_metrics(expr: &str) -> Vec<String> {
+    // Grafana's label_values(metric, label): only the metric is a name.
+    let mut e = expr.to_string();
+    if let Some(inner) = e
+        .strip_prefix("label_values(")
+        .and_then(|r| r.strip_suffix(')'))
+    {
+        e = inner.split(',').next().unwrap().to_string();
+    }
+    let mut out = String::new();
+    let mut depth_brace = 0;
+    let mut depth_bracket = 0;
+    let mut in_str = false;
+    for ch in e.chars() {
+        match ch {
+            '"' if depth_brace > 0 || in_str => in_str = !in_str,
+            '{' if !in_str => depth_brace += 1,
+            '}' if !in_str => depth_brace -= 1,
+            '[' if !in_str => depth_bracket += 1,
+            ']' if !in_str => depth_bracket -= 1,
+            c if depth_brace == 0 && depth_bracket == 0 && !in_str => out.push(c),
+            _ => {}
+        }
+        if matches!(ch, '}' | ']') && depth_brace == 0 && depth_bracket == 0 {
+            out.push(' ');
+        }
+    }
+    // Drop grouping label lists: by (...), without (...), on (...), ignoring (...), group_x (...).
+    let mut cleaned = String::new();
+    let words: Vec<char> = out.chars().collect();
+    let mut i = 0;
+    let kw = [
+        "by",
+        "without",
+        "on",
+        "ignoring",
+        "group_left",
+        "group_right",
+    ];
+    while i < words.len() {
+        let rest: String = words[i..].iter().collect();
+        if let Some(k) = kw.iter().find(|k| {
+            rest.starts_with(*k)
+                && (i == 0 || !words[i - 1].is_alphanumeric() && words[i - 1] != '_')
+                && rest[k.len()..].trim_start().starts_with('(')
+        }) {
+            let open = i + k.len() + rest[k.len()..].find('(').unwrap();
+            let close = open + words[open..].iter().position(|c| *c == ')').unwrap();
+            i = close + 1;
+            continue;
+        }
+        cleaned.push(words[i]);
+        i += 1;
+    }
+    let mut names = Vec::new();
+    let chars: Vec<char> = cleaned.chars().collect();
+    let mut j = 0;
+    while j < chars.len() {
+        if chars[j].is_ascii_alphabetic() || chars[j] == '_' || chars[j] == ':' {
+            let start = j;
+            while j < chars.len()
+                && (chars[j].is_ascii_alphanumeric() || chars[j] == '_' || chars[j] == ':')
+            {
+                j += 1;
+            }
+            let word: String = chars[start..j].iter().collect();
+            let next = chars[j..].iter().find(|c| !c.is_whitespace());
+            let keywords = ["and", "or", "unless", "bool", "offset", "le"];
+            if next != Some(&'(') && !keywords.contains(&word.as_str()) {
+                names.push(word);
+            }
+        } else {
+            j += 1;
+        }
+    }
+    names
+}
+
+fn exprs(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                match (k.as_str(), x) {
+                    ("expr" | "definition", serde_json::Value::String(s)) => out.push(s.clone()),
+                    ("query", serde_json::Value::String(s)) if s.contains('(') => {
+                        out.push(s.clone())
+                    }
+                    _ => exprs(x, out),
+                }
+            }
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| exprs(x, out)),
+        _ => {}
+    }
+}
+
+#[test]
+fn dashboard_queries_name_only_exported_metrics() {
+    let d: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(monitoring_dir().join("gpuctl-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut all = Vec::new();
+    exprs(&d, &mut all);
+    assert!(all.len() >= 12, "{all:?}");
+    let exported = |n: &str| {
+        METRIC_NAMES.contains(&n)
+            || ["_bucket", "_sum", "_count"]
+                .iter()
+                .any(|s| n.strip_suffix(s).is_some_and(|b| METRIC_NAMES.contains(&b)))
+    };
+    let mut seen = BTreeSet::new();
+    for e in &all {
+        let names = promql_metrics(e);
+        assert!(!names.is_empty(), "no metric in {e:?}");
+        for n in names {
+            assert!(
+                exported(&n),
+                "{e:?} names {n}, which gpuctl does not export"
+            );
+            seen.insert(n);
+        }
+    }
+    // The checker itself catches a foreign name.
+    assert_eq!(
+        promql_metrics(r#"sum by (team) (DCGM_FI_DEV_GPU_UTIL{gpu="0"}[5m])"#),
+        ["DCGM_FI_DEV_GPU_UTIL"]
+    );
+    assert_eq!(
+        promql_metrics("gpuctl_a{x=\"y\"} / on (device, team) gpuctl_b"),
+        ["gpuctl_a", "gpuctl_b"]
+    );
+    // Per-team memory, utilisation, processes, OOMs and MPS health are all on it.
+    for n in [
+        "gpuctl_device_memory_used_bytes",
+        "gpuctl_device_utilization_ratio",
+        "gpuctl_team_gpu_processes",
+        "gpuctl_team_oom_kills_total",
+        "gpuctl_mps_daemon_up",
+    ] {
+        assert!(seen.contains(n), "dashboard lacks {n}");
+    }
+}

@@ -1,0 +1,59 @@
+#!/bin/bash
+# vmtest: quarantine=not yet seen passing: written at the end of the session under a load of ~30 on 2 cores (85 passed 7 of 8 checks, the 8th was a jq mistake since fixed; 86/87 did not finish)
+# 86: a real Prometheus (Debian's) scrapes gpuctl-exporter, socket-activated on 127.0.0.1:9849
+# and running as a DynamicUser; PromQL over Prometheus's HTTP API returns team-labelled series,
+# and the memory-near-full alert (infer holds 95% of GPU 0; `for:` shortened in a test copy of
+# the shipped rules) reaches `firing` in /api/v1/alerts.
+# vmtest: timeout=600
+# vmtest: group=usage
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+. lib/usage.sh
+
+usage_setup
+systemctl start gpuctl-exporter.socket
+check_output "promtool accepts the shipped rules" promtool check rules /usr/share/gpuctl/gpuctl.rules.yml
+mkdir -p /tmp/prom
+sed '/GpuctlTeamGpuMemoryNearFull/,/for:/ s/for: 5m/for: 5s/' /usr/share/gpuctl/gpuctl.rules.yml >/tmp/prom/rules.yml
+cat >/tmp/prom/prometheus.yml <<'Y'
+global: {scrape_interval: 5s, scrape_timeout: 5s, evaluation_interval: 1s}
+rule_files: [/tmp/prom/rules.yml]
+scrape_configs:
+  - job_name: gpuctl
+    static_configs: [{targets: ['127.0.0.1:9849']}]
+Y
+systemd-run -q --unit=vmtest-prometheus /usr/bin/prometheus --config.file=/tmp/prom/prometheus.yml \
+    --storage.tsdb.path=/tmp/prom/data --web.listen-address=127.0.0.1:9090
+P=http://127.0.0.1:9090
+# shellcheck disable=SC2317 # called through wait_for
+scraped() { [ "$(http query "$P" 'up{job="gpuctl"}' 2>/dev/null | jq -r '.[0].value[1]')" = 1 ]; }
+check "Prometheus scrapes the exporter (up == 1)" wait_for 240 scraped
+
+pid=$(systemctl show -P MainPID gpuctl-exporter.service)
+uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
+echo "    exporter: pid $pid, uid ${uid:-?}, NRestarts $(systemctl show -P NRestarts gpuctl-exporter.service)"
+check_output "the exporter unit is a DynamicUser" test "$(systemctl show -P DynamicUser gpuctl-exporter.service)" = yes
+check_output "and runs unprivileged (uid ${uid:-?}, in systemd's dynamic range)" test "${uid:-0}" -ge 61184
+
+r=$(http query "$P" 'sum by (team) (gpuctl_team_gpu_processes{team!=""})')
+echo "    processes per team: $r"
+check_output "PromQL: processes per team, team-labelled" test "$(jq -c '[.[] | {(.metric.team): .value[1]}] | add' <<<"$r")" = '{"infer":"1","train":"1"}'
+r=$(http query "$P" 'gpuctl_device_memory_used_bytes{team="infer"} / gpuctl_device_memory_total_bytes{team="infer"}')
+check_output "PromQL: infer's GPU 0 is over 90% full" awk -v v="$(jq -r '.[0].value[1]' <<<"$r")" 'BEGIN {exit !(v > 0.9)}'
+r=$(http query "$P" 'gpuctl_device_team_info{team="train"}')
+check_output "PromQL: the dcgm join labels of train's MIG device" \
+    test "$(jq -c '.[0].metric | [.gpu, .GPU_I_PROFILE, (.GPU_I_ID != ""), (.UUID | startswith("GPU-"))]' <<<"$r")" = '["1","3g.40gb",true,true]'
+r=$(http query "$P" 'gpuctl_device_stray_processes{device_team="train"}')
+check_output "PromQL: one stray on train's device" test "$(jq -r '.[0].value[1]' <<<"$r")" = 1
+
+# shellcheck disable=SC2317 # called through wait_for
+firing() { http alerts "$P" | jq -e '.[] | select(.labels.alertname == "GpuctlTeamGpuMemoryNearFull" and .labels.team == "infer" and .state == "firing")' >/dev/null; }
+check "GpuctlTeamGpuMemoryNearFull is firing for infer" wait_for 180 firing
+http alerts "$P" | jq -c '.[] | [.labels.alertname, .labels.team, .state]' | sed 's/^/    alert| /'
+# shellcheck disable=SC2317 # called through check_not
+train_alert() { http alerts "$P" | jq -e '.[] | select(.labels.alertname == "GpuctlTeamGpuMemoryNearFull" and .labels.team == "train")' >/dev/null; }
+check_not "train (10% full) has no memory alert" train_alert
+journalctl -u gpuctl-exporter.service -o cat --no-pager | tail -n 5 | sed 's/^/    exporter journal| /'
+usage_teardown
+finish
