@@ -6,6 +6,7 @@
 # H100 in MIG mode) nothing FAILs; --record writes a recording that replays to the same
 # report and the same recording.
 # vmtest: group=pkg
+# vmtest: timeout=600
 . lib/common.sh
 . lib/fake-hw.sh
 
