@@ -12,6 +12,10 @@ Environment:
   GPUCTL_NVML_LIBRARY      NVML library to load; wins over the policy's nvml-library
   GPUCTL_GPU_RESET_CMD     GPU reset command ({index}, {uuid} substituted)
                            [default: nvidia-smi -r -i {index}]
+  GPUCTL_USAGE_INTERVAL_MS how long one usage collection (NVML + /proc) serves every
+                           Usage/Metrics caller, in ms [default: 2000]
+  GPUCTL_HPC_JOB_MAPPING_DIR  dcgm-exporter's HPC job-mapping directory to keep current (one
+                           file per GPU index, the owning team as the job); unset: none
   JOURNAL_STREAM           set by systemd: log to the journal with structured fields
   NOTIFY_SOCKET            set by systemd: where READY=1, STATUS= and WATCHDOG=1 go
   DBUS_SYSTEM_BUS_ADDRESS  the system bus

@@ -655,7 +655,6 @@ fn plan_instances(
         .collect();
     // Say what actually stands in the way: each busy instance the policy wants changed, with
     // its holders, rather than a slice count that counts the busy instance twice.
-    let mut named = false;
     for &i in immov.iter().filter(|&&i| !procs[i].is_empty()) {
         let gi = &existing[i];
         let name = format!(
@@ -683,10 +682,6 @@ fn plan_instances(
             procs[i].iter().map(|p| holder(p)).collect(),
             format!("{name} {what}; {}", busy_reason(reconf)),
         ));
-        named = true;
-    }
-    if named {
-        return;
     }
     let why = last_misfit.map(|m| format!(": {m}")).unwrap_or_default();
     let reason = if never && !existing.is_empty() {

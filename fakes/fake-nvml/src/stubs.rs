@@ -195,7 +195,6 @@ not_supported! {
     nvmlDeviceGetTotalEccErrors,
     nvmlDeviceGetTotalEnergyConsumption,
     nvmlDeviceGetUnrepairableMemoryFlag_v1,
-    nvmlDeviceGetUtilizationRates,
     nvmlDeviceGetVbiosVersion,
     nvmlDeviceGetVgpuCapabilities,
     nvmlDeviceGetVgpuHeterogeneousMode,
