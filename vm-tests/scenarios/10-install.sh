@@ -28,6 +28,15 @@ expected=(
     /usr/share/fish/vendor_completions.d/gpuctl.fish
     /usr/share/doc/gpuctl/copyright
     /usr/share/gpuctl/gpuctld.service.d/nss-network.conf
+    /lib/systemd/system/gpuctl-exporter.service
+    /lib/systemd/system/gpuctl-exporter.socket
+    /lib/systemd/system/gpuctl-textfile.service
+    /lib/systemd/system/gpuctl-textfile.timer
+    /usr/libexec/gpuctl-exporter
+    /usr/share/doc/gpuctl/monitoring.md
+    /usr/share/gpuctl/gpuctl-dashboard.json
+    /usr/share/gpuctl/gpuctl.rules.test.yml
+    /usr/share/gpuctl/gpuctl.rules.yml
 )
 missing=()
 for p in "${expected[@]}"; do

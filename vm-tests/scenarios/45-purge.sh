@@ -9,6 +9,9 @@ files=$(dpkg -L gpuctl | while read -r p; do [ -f "$p" ] && echo "$p"; done)
 
 # What gpuctld leaves on a host at run time: a team slice with a running job and runtime
 # properties, team env files, state, MPS logs, an admin drop-in and a locally edited conffile.
+# Made by hand with gpuctld stopped: a running gpuctld repairs hand drift on the spot (issue 17)
+# and would rewrite slices.json to its own (here empty) policy before the checks below.
+systemctl stop gpuctld.service
 systemd-run -q --unit=team-job --slice=gpu-infer.slice sleep 1000
 systemctl set-property --runtime gpu-infer.slice MemoryMax=1G "DeviceAllow=/dev/nvidia0 rw"
 mkdir -p /run/gpuctl/teams /var/log/gpuctl/mps/infer /etc/gpuctl/policy.d
