@@ -1,4 +1,5 @@
 #!/bin/bash
+# vmtest: quarantine=last run (merged main): the GPU was held for the job, but the check that train lacks /dev/nvidia0 and the final converged check failed; not yet diagnosed
 # 72: the policy removes team infer while alice's `gpuctl run` job runs on GPU 0 and gives GPU 0 to
 # train: the GPU is not handed over while her job can still open it (blocked, holder named, status
 # not "converged"); when the job ends, train gets it.
