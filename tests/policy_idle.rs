@@ -24,11 +24,7 @@ fn diags(idle: &str) -> (bool, Vec<String>) {
         .iter()
         .map(|d| d.to_string().replace(&prefix, ""))
         .collect();
-    let ok = o.policy.is_some()
-        && !o
-            .diagnostics
-            .iter()
-            .any(|d| d.severity == Severity::Error);
+    let ok = o.policy.is_some() && !o.diagnostics.iter().any(|d| d.severity == Severity::Error);
     (ok, ds)
 }
 
@@ -60,7 +56,10 @@ fn a_full_rule_parses() {
 fn defaults_and_no_rule() {
     let d = tempfile::tempdir().unwrap();
     let p = write(d.path(), "p.toml", HEAD);
-    assert_eq!(load_files(&[p]).policy.unwrap().teams["research"].idle, None);
+    assert_eq!(
+        load_files(&[p]).policy.unwrap().teams["research"].idle,
+        None
+    );
     let p = write(
         d.path(),
         "q.toml",
@@ -186,7 +185,9 @@ fn drop_ins_merge_per_key() {
     let a = write(
         d.path(),
         "10-base.toml",
-        &format!("{HEAD}[teams.research.idle]\nafter = \"2h\"\naction = \"stop\"\ngrace = \"10m\"\n"),
+        &format!(
+            "{HEAD}[teams.research.idle]\nafter = \"2h\"\naction = \"stop\"\ngrace = \"10m\"\n"
+        ),
     );
     let b = write(
         d.path(),

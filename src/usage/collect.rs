@@ -126,6 +126,7 @@ fn attributed(
                     command: info.command,
                     unit: info.unit,
                     team: info.team,
+                    team_unit: info.team_unit,
                     stray: false,
                 },
             ))

@@ -116,6 +116,9 @@ pub struct ProcessUsage {
     pub unit: Option<String>,
     /// Team whose `gpu-<team>.slice` it runs in.
     pub team: Option<String>,
+    /// The unit directly in that slice: what the host's systemd can stop (idle reclaim).
+    #[serde(default)]
+    pub team_unit: Option<String>,
     /// On a team's device but outside every owning team's slice.
     #[serde(default)]
     pub stray: bool,
