@@ -527,5 +527,33 @@ fn view(t: &Track, rule: &IdleRule) -> IdleHolder {
     }
 }
 
+/// Mark the processes of `usage` that the idle rules flag (by pid and device), for `gpuctl top`.
+pub fn mark(usage: &mut crate::usage::Usage, holders: &[IdleHolder]) {
+    for g in &mut usage.gpus {
+        let dev = g.index.to_string();
+        let mark_all = |procs: &mut [crate::usage::ProcessUsage], dev: &str| {
+            for p in procs {
+                let h = holders
+                    .iter()
+                    .find(|h| h.device == dev && h.pids.contains(&p.pid));
+                p.idle = h.and_then(|h| {
+                    Some(match h.phase {
+                        Phase::Idle => "idle".to_string(),
+                        Phase::Warned => "warned".to_string(),
+                        Phase::Stopping => "stopping".to_string(),
+                        _ if h.activity_unknown => "activity unknown".to_string(),
+                        _ => return None,
+                    })
+                });
+            }
+        };
+        mark_all(&mut g.processes, &dev);
+        for m in &mut g.mig_devices {
+            let uuid = m.uuid.clone();
+            mark_all(&mut m.processes, &uuid);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -127,6 +127,7 @@ fn attributed(
                     unit: info.unit,
                     team: info.team,
                     team_unit: info.team_unit,
+                    idle: None,
                     stray: false,
                 },
             ))

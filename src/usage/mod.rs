@@ -122,6 +122,10 @@ pub struct ProcessUsage {
     /// On a team's device but outside every owning team's slice.
     #[serde(default)]
     pub stray: bool,
+    /// Flagged by its team's idle rule: `idle`, `warned`, `stopping`, or `activity unknown`
+    /// (filled by gpuctld's `Usage` call from the idle tracker; `None` otherwise).
+    #[serde(default)]
+    pub idle: Option<String>,
 }
 
 /// Which teams own which devices: whole GPUs by index, MIG devices by UUID.
