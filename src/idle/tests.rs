@@ -502,7 +502,8 @@ fn holders_from_a_collection() {
     let rules = [("research".to_string(), rule(IdleAction::Stop))].into();
     let s = from_usage(&u, &rules);
     assert_eq!(s.at_ms, 123);
-    let got: Vec<(&str, &str, Vec<u32>, Option<u64>, Activity, usize)> = s
+    type Row<'a> = (&'a str, &'a str, Vec<u32>, Option<u64>, Activity, usize);
+    let got: Vec<Row> = s
         .holders
         .iter()
         .map(|h| {
