@@ -119,7 +119,7 @@ fn utilisation_and_gpm_over_time_drive_report_warn_and_stop() {
     t.set_rules(rules.clone());
     let c = Collector::new(Some(lib_path()), Duration::ZERO);
     let r = Root::new(root);
-    let mut step = |t: &mut Tracker, i: u64| -> Vec<(u64, &'static str, String)> {
+    let step = |t: &mut Tracker, i: u64| -> Vec<(u64, &'static str, String)> {
         let u = c.get(&r, &owners, &Names);
         let mut s = from_usage(&u, &rules);
         s.at_ms = i * IV;
