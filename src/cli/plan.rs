@@ -613,7 +613,9 @@ mod idle_tests {
     #[test]
     fn the_idle_section_says_what_is_pending_or_why_it_is_not_known() {
         assert_eq!(
-            render_idle(&Ok(vec!["stop a.scope (research, user ann, device 0) in 20s".into()])),
+            render_idle(&Ok(vec![
+                "stop a.scope (research, user ann, device 0) in 20s".into()
+            ])),
             "idle actions pending (1):\n  stop a.scope (research, user ann, device 0) in 20s\n"
         );
         assert_eq!(render_idle(&Ok(vec![])), "idle actions: none pending\n");
