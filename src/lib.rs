@@ -25,6 +25,7 @@ pub mod doctor;
 pub mod exporter;
 pub mod files;
 pub mod geometry;
+pub mod idle;
 pub mod import;
 pub mod join;
 pub mod metrics;

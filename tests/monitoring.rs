@@ -62,7 +62,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
         .args(["check", "rules", "gpuctl.rules.yml"])
         .current_dir(&dir));
     assert!(ok, "promtool check rules:\n{out}");
-    assert!(out.contains("SUCCESS: 7 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 8 rules found"), "{out}");
     let (ok, out) = run(Command::new(&pt)
         .args(["test", "rules", "gpuctl.rules.test.yml"])
         .current_dir(&dir));
@@ -72,7 +72,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
     let rules = std::fs::read_to_string(dir.join("gpuctl.rules.yml")).unwrap();
     let tests = std::fs::read_to_string(dir.join("gpuctl.rules.test.yml")).unwrap();
     let alerts = yaml_values(&rules, "alert");
-    assert_eq!(alerts.len(), 7);
+    assert_eq!(alerts.len(), 8);
     let lines: Vec<&str> = tests.lines().map(str::trim).collect();
     for a in &alerts {
         let mut fires = 0;
@@ -191,7 +191,45 @@ fn full_snapshot() -> Snapshot {
         policy_valid: true,
         last_good_in_force: false,
         last_converged: Some(true),
+        idle: idle_holders(),
     }
+}
+
+/// One warned idle holder and one whose device reports no activity.
+fn idle_holders() -> Vec<gpuctl::idle::IdleHolder> {
+    use gpuctl::idle::{IdleHolder, Phase, Reason};
+    let h = IdleHolder {
+        team: "infer".into(),
+        unit: "nb.scope".into(),
+        user: Some("alice".into()),
+        uid: Some(1000),
+        device: "0".into(),
+        pids: vec![4242],
+        memory: Some(1 << 30),
+        phase: Phase::Warned,
+        reason: Some(Reason::Idle),
+        idle_seconds: 7300,
+        idle_since_ms: Some(1),
+        activity_unknown: false,
+        activity: Some(0.0),
+        shared_device: false,
+        excluded: false,
+        action: gpuctl::policy::IdleAction::Stop,
+        warned_at_ms: Some(2),
+        stop_at_ms: Some(3),
+        not_stopped: None,
+        warn_in_seconds: None,
+    };
+    let u = IdleHolder {
+        unit: "mig.service".into(),
+        device: "MIG-a".into(),
+        phase: Phase::Busy,
+        reason: None,
+        activity_unknown: true,
+        activity: None,
+        ..h.clone()
+    };
+    vec![h, u]
 }
 
 fn series_names(text: &str) -> BTreeSet<String> {

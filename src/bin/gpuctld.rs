@@ -14,6 +14,8 @@ Environment:
                            [default: nvidia-smi -r -i {index}]
   GPUCTL_USAGE_INTERVAL_MS how long one usage collection (NVML + /proc) serves every
                            Usage/Metrics caller, in ms [default: 2000]
+  GPUCTL_IDLE_INTERVAL_MS  ms between idle-rule samples (only while a team has
+                           [teams.NAME.idle]) [default: 30000]
   GPUCTL_HPC_JOB_MAPPING_DIR  dcgm-exporter's HPC job-mapping directory to keep current (one
                            file per GPU index, the owning team as the job); unset: none
   JOURNAL_STREAM           set by systemd: log to the journal with structured fields

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod env;
+pub mod idle;
 pub mod import;
 pub mod metrics;
 pub mod plan;
@@ -88,6 +89,8 @@ pub enum Command {
     Top(top::TopArgs),
     /// gpuctld's Prometheus metrics, on stdout or as a node_exporter textfile.
     Metrics(metrics::MetricsArgs),
+    /// Holders of GPU shares that their team's idle rule flags: idle, warned, being stopped.
+    Idle(idle::IdleArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -114,6 +117,7 @@ pub fn run() -> i32 {
         Command::Status(a) => return status::run(a),
         Command::Top(a) => return top::run(a),
         Command::Metrics(a) => return metrics::run(a),
+        Command::Idle(a) => return idle::run(a),
     };
     match result {
         Ok(code) => code,

@@ -203,6 +203,42 @@ struct JsonPlan<'a> {
     #[serde(flatten)]
     plan: &'a Plan,
     teams: &'a BTreeMap<String, plan::TeamView>,
+    /// Pending idle actions (gpuctld's idle rules), when the policy has any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    idle_pending: Option<Vec<String>>,
+}
+
+/// The idle actions gpuctld has pending, when the policy has idle rules and the plan is for the
+/// real host: `Ok(lines)`, or `Err(why)` when gpuctld cannot be asked. Idle rules act on
+/// what runs now, which only the daemon's sampler has seen, so they come from its `Idle` call.
+fn idle_pending(p: &Policy, host: &HostArgs) -> Option<Result<Vec<String>, String>> {
+    if host.simulate.is_some() || host.state.is_some() || p.teams.values().all(|t| t.idle.is_none())
+    {
+        return None;
+    }
+    let r = super::shell::with_agent("Idle", async |a| a.idle().await)
+        .map_err(|f| f.message)
+        .and_then(|t| {
+            serde_json::from_str::<crate::dbus_api::reply::IdleReply>(&t)
+                .map_err(|e| format!("Idle: unexpected reply: {e}"))
+        })
+        .map(|r| r.pending());
+    Some(r)
+}
+
+/// The idle section of `gpuctl plan`.
+fn render_idle(r: &Result<Vec<String>, String>) -> String {
+    match r {
+        Ok(v) if v.is_empty() => "idle actions: none pending\n".into(),
+        Ok(v) => {
+            let mut o = format!("idle actions pending ({}):\n", v.len());
+            for l in v {
+                let _ = writeln!(o, "  {l}");
+            }
+            o
+        }
+        Err(e) => format!("idle actions: not known ({e})\n"),
+    }
 }
 
 /// Run `gpuctl plan`.
@@ -213,14 +249,19 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
     };
     let d = desired(&p, &obs);
     let pl = plan::diff(&d, &obs);
+    let idle = idle_pending(&p, &a.host);
     if a.json {
         let j = JsonPlan {
             plan: &pl,
             teams: &d.teams,
+            idle_pending: idle.as_ref().and_then(|r| r.as_ref().ok().cloned()),
         };
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         print!("{}", render(&obs, &d, &pl));
+        if let Some(r) = &idle {
+            print!("{}", render_idle(r));
+        }
     }
     Ok(exit::OK)
 }
@@ -563,4 +604,24 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod idle_tests {
+    use super::render_idle;
+
+    #[test]
+    fn the_idle_section_says_what_is_pending_or_why_it_is_not_known() {
+        assert_eq!(
+            render_idle(&Ok(vec![
+                "stop a.scope (research, user ann, device 0) in 20s".into()
+            ])),
+            "idle actions pending (1):\n  stop a.scope (research, user ann, device 0) in 20s\n"
+        );
+        assert_eq!(render_idle(&Ok(vec![])), "idle actions: none pending\n");
+        assert_eq!(
+            render_idle(&Err("gpuctld is not running".into())),
+            "idle actions: not known (gpuctld is not running)\n"
+        );
+    }
 }

@@ -14,7 +14,8 @@ use std::time::Duration;
     after_long_help = "Per GPU and MIG device: owning team(s), memory used/total, \
 utilisation (whole GPUs) or GPM activity (MIG devices on Hopper+), power and temperature, then \
 each process with pid, user, team, unit and GPU memory. `!` marks a stray: a process on a team's \
-device outside that team's slice. `n/a`: the driver does not offer the value (e.g. utilisation \
+device outside that team's slice. `[idle]`, `[warned]`, `[stopping]`, `[activity unknown]`: \
+flagged by its team's idle rule (`gpuctl idle`). `n/a`: the driver does not offer the value (e.g. utilisation \
 of a MIG device); never shown as 0.
 
 Exit status: 0; 6 gpuctld not running; 2 other failure."
@@ -58,7 +59,7 @@ fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
             None => p.pid.to_string(),
         };
         o.push_str(&format!(
-            "    {}{:<12} {:<10} {:<12} {:<36} {:>8}  {}\n",
+            "    {}{:<12} {:<10} {:<12} {:<36} {:>8}  {}{}\n",
             if p.stray { "!" } else { " " },
             pid,
             p.user.as_deref().unwrap_or("?"),
@@ -66,6 +67,9 @@ fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
             p.unit.as_deref().unwrap_or("-"),
             bytes(p.used_memory),
             p.command.as_deref().unwrap_or(""),
+            p.idle
+                .as_deref()
+                .map_or(String::new(), |i| format!("  [{i}]")),
         ));
     }
 }
@@ -289,6 +293,42 @@ mod tests {
         assert!(s.contains("activity n/a"), "never a made-up 0: {s}");
         let stray = s.lines().find(|l| l.contains("cron.service")).unwrap();
         assert!(stray.trim_start().starts_with('!'), "{stray}");
+    }
+
+    #[test]
+    fn idle_holders_are_marked() {
+        let mut u = sample();
+        let h = crate::idle::IdleHolder {
+            team: "infer".into(),
+            unit: "serve.service".into(),
+            user: Some("alice".into()),
+            uid: Some(1000),
+            device: "0".into(),
+            pids: vec![4242],
+            memory: None,
+            phase: crate::idle::Phase::Warned,
+            reason: Some(crate::idle::Reason::Idle),
+            idle_seconds: 7200,
+            idle_since_ms: None,
+            activity_unknown: false,
+            activity: Some(0.0),
+            shared_device: false,
+            excluded: false,
+            action: crate::policy::IdleAction::Stop,
+            warned_at_ms: None,
+            stop_at_ms: None,
+            not_stopped: None,
+            warn_in_seconds: None,
+        };
+        crate::idle::mark(&mut u, std::slice::from_ref(&h));
+        let s = render(&u);
+        let line = s.lines().find(|l| l.contains("serve.service")).unwrap();
+        assert!(line.ends_with("[warned]"), "{line}");
+        // The same pid on another device is not that holder.
+        let mut other = h.clone();
+        other.device = "1".into();
+        crate::idle::mark(&mut u, &[other]);
+        assert!(!render(&u).contains("[warned]"));
     }
 
     #[test]

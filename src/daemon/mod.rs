@@ -26,6 +26,7 @@ use tracing::{debug, error, info, warn};
 
 pub mod drift;
 pub mod generator;
+pub mod idle;
 pub mod logging;
 pub mod reconcile;
 pub mod state;
@@ -217,6 +218,14 @@ impl crate::dbus_api::Backend for BusBackend {
 
     fn send(&self, req: Request) -> bool {
         self.tx.send(req).is_ok()
+    }
+
+    fn idle(&self) -> crate::dbus_api::reply::IdleReply {
+        self.shared
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .idle
+            .clone()
     }
 }
 
@@ -486,6 +495,13 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         shared: shared.clone(),
         tx: tx.clone(),
     });
+    tokio::spawn(idle::run(
+        opts.root.clone(),
+        backend.clone(),
+        sd.clone(),
+        shared.clone(),
+        idle::interval_from_env(),
+    ));
     crate::dbus_api::serve(&conn, backend, sd.clone(), opts.root.clone())
         .await
         .map_err(|source| DaemonError::Serve { source })?;

@@ -27,6 +27,8 @@ pub trait Agent1 {
     fn teams(&self) -> zbus::Result<String>;
     /// JSON of [`crate::usage::Usage`].
     fn usage(&self) -> zbus::Result<String>;
+    /// JSON of [`crate::dbus_api::reply::IdleReply`].
+    fn idle(&self) -> zbus::Result<String>;
     /// Prometheus metrics (`openmetrics` or `prometheus-text`).
     fn metrics(&self, format: &str) -> zbus::Result<String>;
     /// One-line status.

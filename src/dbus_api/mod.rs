@@ -10,6 +10,7 @@
 //! | `Env(s team) -> a{ss}` | method: the team's environment | members, root |
 //! | `Teams() -> s` | method, JSON: the teams the caller may use and what each gives | anyone (sees own teams) |
 //! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone |
+//! | `Idle() -> s` | method, JSON of [`reply::IdleReply`]: holders tracked by the idle rules | anyone |
 //! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
@@ -57,6 +58,8 @@ pub struct AgentState {
     pub cycle_started_us: u64,
     /// A reconcile is running.
     pub busy: bool,
+    /// The idle rules' holders, as of the last sample.
+    pub idle: reply::IdleReply,
 }
 
 /// Requests to the daemon's reconcile loop.
@@ -86,6 +89,8 @@ pub trait Backend: Send + Sync + 'static {
     fn policy(&self) -> Result<Policy, crate::join::Refusal>;
     /// Queue a request; `false` when the loop has ended (shutdown).
     fn send(&self, req: Request) -> bool;
+    /// The idle rules' holders as of the last sample (`Idle`, `Usage` marks, `Plan`).
+    fn idle(&self) -> reply::IdleReply;
 }
 
 /// Well-known bus name.
@@ -202,8 +207,14 @@ impl Agent {
 
     /// Who uses which GPU and MIG device now, as JSON of [`crate::usage::Usage`].
     async fn usage(&self) -> fdo::Result<String> {
-        let u = usage::usage(&*self.backend, &self.root).await?;
+        let u = usage::usage_marked(&*self.backend, &self.root).await?;
         serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// The holders the idle rules track (idle ones and those on their way), as JSON of
+    /// [`reply::IdleReply`].
+    async fn idle(&self) -> fdo::Result<String> {
+        serde_json::to_string(&self.backend.idle()).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// Prometheus metrics in `format` (`openmetrics` or `prometheus-text`).

@@ -273,3 +273,27 @@ pub struct TeamInfo {
     /// Why the caller may use it.
     pub via: Via,
 }
+
+/// `Idle`: the holders gpuctld's idle rules track (`gpuctl idle`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct IdleReply {
+    /// Unix ms of the last sample; 0 before the first.
+    pub at_ms: u64,
+    /// ms between samples.
+    pub interval_ms: u64,
+    /// Some team has an idle rule, so gpuctld samples.
+    pub sampling: bool,
+    /// Every tracked holder (busy ones too: `phase` says), by team, unit, device.
+    pub holders: Vec<crate::idle::IdleHolder>,
+}
+
+impl IdleReply {
+    /// The pending idle actions in words (`gpuctl plan`).
+    pub fn pending(&self) -> Vec<String> {
+        self.holders
+            .iter()
+            .filter_map(|h| h.pending(self.at_ms))
+            .collect()
+    }
+}

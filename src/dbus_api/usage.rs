@@ -48,6 +48,19 @@ pub async fn usage(backend: &dyn Backend, root: &Root) -> fdo::Result<Usage> {
         .map_err(|e| fdo::Error::Failed(format!("usage collection failed: {e}")))
 }
 
+/// [`usage`] with each process the idle rules flag marked (`ProcessUsage::idle`), as the
+/// `Usage` call serves it to `gpuctl top`.
+pub async fn usage_marked(backend: &dyn Backend, root: &Root) -> fdo::Result<Usage> {
+    let mut u = usage(backend, root).await?;
+    crate::idle::mark(&mut u, &backend.idle().holders);
+    Ok(u)
+}
+
+/// How long one usage collection is served (the idle sampler adds it to its own interval).
+pub fn collector_interval() -> std::time::Duration {
+    Collector::interval_from_env()
+}
+
 /// Everything a scrape shows, encoded in `format` (one of [`FORMATS`]).
 pub async fn metrics(
     backend: &dyn Backend,
@@ -117,6 +130,7 @@ pub async fn metrics(
         policy_valid,
         last_good_in_force: last_good,
         last_converged: converged,
+        idle: backend.idle().holders,
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),

@@ -46,6 +46,7 @@ fn team(name: &str, members: Vec<Member>) -> (String, Team) {
             members,
             limits: Limits::default(),
             mps: None,
+            idle: None,
             loc: None,
         },
     )

@@ -53,6 +53,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_reconcile_errors_total",
     "gpuctl_reconcile_last_converged",
     "gpuctl_join_total",
+    "gpuctl_idle_holder",
+    "gpuctl_idle_seconds",
+    "gpuctl_idle_activity_unknown",
 ];
 
 type Labels = Vec<(String, String)>;
@@ -116,6 +119,8 @@ pub struct Snapshot {
     pub last_good_in_force: bool,
     /// Whether the last reconcile converged; `None` before the first.
     pub last_converged: Option<bool>,
+    /// The holders gpuctld's idle rules track (empty without rules).
+    pub idle: Vec<crate::idle::IdleHolder>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -395,7 +400,59 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         c.reconcile_errors.clone(),
     );
     r.register("join", "Join calls by team and outcome", c.joins.clone());
+    register_idle(&mut r, &s.idle);
     r
+}
+
+/// The idle rules' holders: flagged ones (`gpuctl_idle_holder`), observed idle time of every
+/// holder whose activity is known, and those whose device reports no activity.
+fn register_idle(r: &mut Registry, holders: &[crate::idle::IdleHolder]) {
+    use crate::idle::{Phase, Reason};
+    let flagged: Family<Labels, Gauge> = Family::default();
+    let seconds: Family<Labels, Gauge> = Family::default();
+    let unknown: Family<Labels, Gauge> = Family::default();
+    for h in holders {
+        let base = l(&[
+            ("team", &h.team),
+            ("user", h.user.as_deref().unwrap_or("")),
+            ("unit", &h.unit),
+            ("device", &h.device),
+        ]);
+        if h.activity_unknown {
+            unknown.get_or_create(&base).set(1);
+        } else {
+            seconds.get_or_create(&base).set(h.idle_seconds as i64);
+        }
+        let state = match h.phase {
+            Phase::Idle => "idle",
+            Phase::Warned => "warned",
+            Phase::Stopping => "stopping",
+            Phase::Busy | Phase::Idling => continue,
+        };
+        let reason = match h.reason {
+            Some(Reason::MemoryAlarm(_)) => "memory-runaway",
+            _ => "idle",
+        };
+        let mut fl = with(with(base, "state", state), "reason", reason);
+        fl.push(("excluded".into(), h.excluded.to_string()));
+        flagged.get_or_create(&fl).set(1);
+    }
+    r.register(
+        "idle_holder",
+        "1 per holder an idle rule flagged (idle for its window, or over its memory alarm); state idle, warned or stopping",
+        flagged,
+    );
+    r.register_with_unit(
+        "idle",
+        "Observed idle time of a holder under an idle rule (gaps in sampling not counted)",
+        Unit::Seconds,
+        seconds,
+    );
+    r.register(
+        "idle_activity_unknown",
+        "1 per holder under an idle rule whose device reports no activity (never acted on)",
+        unknown,
+    );
 }
 
 /// OpenMetrics text (what Prometheus scrapes; ends with `# EOF`).

@@ -132,6 +132,9 @@ pub struct Team {
     pub limits: Limits,
     /// MPS settings; `None` means the team runs no MPS daemon.
     pub mps: Option<MpsSettings>,
+    /// `[teams.NAME.idle]`: what to do about idle holders; `None` means nothing happens.
+    #[serde(default)]
+    pub idle: Option<IdleRule>,
     /// Where the team was (last) defined.
     pub loc: Option<Loc>,
 }
@@ -163,6 +166,53 @@ pub struct MpsSettings {
     pub pinned_memory_limit: Option<u64>,
     /// The Unix user the MPS control daemon runs as; `None` means root.
     pub user: Option<String>,
+}
+
+/// What gpuctld does about a holder found idle (or over its memory alarm).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum IdleAction {
+    /// A metric and a journal entry.
+    #[default]
+    Report,
+    /// Also a message on the holder's terminals and a journal entry with its uid.
+    Warn,
+    /// Warn, then stop the holding unit after `grace`.
+    Stop,
+}
+
+impl fmt::Display for IdleAction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            IdleAction::Report => "report",
+            IdleAction::Warn => "warn",
+            IdleAction::Stop => "stop",
+        })
+    }
+}
+
+/// `[teams.NAME.idle]`: when a holder of the team's GPU share counts as idle, and what then.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct IdleRule {
+    /// How long the device's activity must stay below `below` (observed time, see `idle`).
+    pub after: Duration,
+    /// Activity threshold, percent (0 < p ≤ 100).
+    pub below: f64,
+    /// What to do.
+    pub action: IdleAction,
+    /// With `stop`: time between the warning and the stop.
+    pub grace: Duration,
+    /// Unit-name globs (`*`, `?`) never acted on.
+    pub exclude: Vec<String>,
+    /// Percent of the share's memory at which a holder is reported as a memory runaway.
+    pub memory_alarm: Option<f64>,
+}
+
+impl IdleRule {
+    /// Defaults of the keys not written (`after` has none: it is required).
+    pub const DEFAULT_BELOW: f64 = 5.0;
+    /// Default `grace`.
+    pub const DEFAULT_GRACE: Duration = Duration::from_secs(15 * 60);
 }
 
 /// Which GPUs an assignment names.

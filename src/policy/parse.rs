@@ -7,7 +7,9 @@
 //! team name is legal) happen here; checks that need the merged policy (a team exists, a device is
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
-use super::{valid_team_name, Diagnostic, Loc, Member, Reconfigure, Selector, Severity, Size};
+use super::{
+    valid_team_name, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Severity, Size,
+};
 use crate::settings::value::{int_in, size_item, type_name, want_str, Fail, SIZE_HELP_BYTES};
 pub use crate::settings::value::{parse_cpus, parse_duration, parse_size, At};
 use crate::settings::{LimitsPart, KEYS as LIMIT_KEYS};
@@ -57,6 +59,27 @@ pub struct TeamPart {
     pub limits: LimitsPart,
     /// `[teams.NAME.mps]`, when present in this file.
     pub mps: Option<MpsPart>,
+    /// `[teams.NAME.idle]`, when present in this file.
+    pub idle: Option<IdlePart>,
+}
+
+/// `[teams.NAME.idle]` keys set in one file (merged per key, like `mps`).
+#[derive(Debug, Clone)]
+pub struct IdlePart {
+    /// Where the table is.
+    pub loc: Loc,
+    /// `after`.
+    pub after: Option<At<Duration>>,
+    /// `below`, percent.
+    pub below: Option<At<f64>>,
+    /// `action`.
+    pub action: Option<At<IdleAction>>,
+    /// `grace`.
+    pub grace: Option<At<Duration>>,
+    /// `exclude`: unit-name globs.
+    pub exclude: Option<At<Vec<String>>>,
+    /// `memory-alarm`, percent of the share's memory.
+    pub memory_alarm: Option<At<f64>>,
 }
 
 /// `[teams.NAME.mps]` keys set in one file.
@@ -121,6 +144,14 @@ const HOST_KEYS: &[&str] = &[
     "nvml-library",
 ];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
+const IDLE_KEYS: &[&str] = &[
+    "after",
+    "below",
+    "action",
+    "grace",
+    "exclude",
+    "memory-alarm",
+];
 const SELECTOR_KEYS: &[&str] = &["index", "uuid", "model", "all"];
 const USE_KEYS: &[&str] = &["owner", "shared", "mig"];
 const MIG_KEYS: &[&str] = &["profile", "owner", "count", "compute"];
@@ -423,7 +454,7 @@ impl<'a> Cx<'a> {
         let keys: Vec<&str> = ["members"]
             .iter()
             .chain(LIMIT_KEYS)
-            .chain(&["mps"])
+            .chain(&["mps", "idle"])
             .copied()
             .collect();
         self.check_keys(t, &path, &keys);
@@ -444,6 +475,16 @@ impl<'a> Cx<'a> {
                     Some(mt) => Some(self.mps(&join(p, "mps"), mt, span(mk, mi))),
                     None => {
                         self.type_error(mk, mi, &join(p, "mps"), "a table `[teams.NAME.mps]`");
+                        None
+                    }
+                },
+            },
+            idle: match t.get_key_value("idle") {
+                None => None,
+                Some((ik, ii)) => match ii.as_table_like() {
+                    Some(it) => Some(self.idle(&join(p, "idle"), it, span(ik, ii))),
+                    None => {
+                        self.type_error(ik, ii, &join(p, "idle"), "a table `[teams.NAME.idle]`");
                         None
                     }
                 },
@@ -482,6 +523,56 @@ impl<'a> Cx<'a> {
                     ))
                 }
             }),
+        }
+    }
+
+    fn idle(&mut self, path: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> IdlePart {
+        self.check_keys(t, path, IDLE_KEYS);
+        let positive = |i: &Item| -> Result<Duration, Fail> {
+            let d = duration_item(i)?;
+            if d.is_zero() {
+                return Err((
+                    "the idle window must be longer than 0".into(),
+                    Some(DURATION_HELP.into()),
+                ));
+            }
+            Ok(d)
+        };
+        IdlePart {
+            loc: self.loc(sp),
+            after: self.field(t, path, "after", positive),
+            below: self.field(t, path, "below", |i| percent_item(i, "activity threshold")),
+            action: self.field(t, path, "action", |i| match want_str(i)? {
+                "report" => Ok(IdleAction::Report),
+                "warn" => Ok(IdleAction::Warn),
+                "stop" => Ok(IdleAction::Stop),
+                s => Err((
+                    format!("unknown idle action '{s}'"),
+                    Some("expected one of: report, warn, stop".into()),
+                )),
+            }),
+            grace: self.field(t, path, "grace", duration_item),
+            exclude: self.field(t, path, "exclude", |i| {
+                let v = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
+                    (
+                        format!("expected a list of unit-name globs, found {}", type_name(i)),
+                        Some("e.g. exclude = [\"triton-*.service\"]".into()),
+                    )
+                })?;
+                if let Some(bad) = v.iter().find(|g| !valid_unit_glob(g)) {
+                    return Err((
+                        format!("'{bad}' is not a unit-name glob"),
+                        Some(
+                            "unit names with * and ? wildcards, e.g. \"triton-*.service\"; \
+                             letters, digits and :-_.\\@ only"
+                                .into(),
+                        ),
+                    ));
+                }
+                no_dups(&v)?;
+                Ok(v)
+            }),
+            memory_alarm: self.field(t, path, "memory-alarm", |i| percent_item(i, "memory alarm")),
         }
     }
 
@@ -738,6 +829,51 @@ impl<'a> Cx<'a> {
 const DURATION_HELP: &str =
     "expected seconds, or numbers with units ms, s, m/min, h, d, e.g. \"5m\" or \"1h30m\"";
 const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \"*H100*\"";
+
+/// A duration written as seconds (integer) or a string (`"15m"`).
+fn duration_item(i: &Item) -> Result<Duration, Fail> {
+    match i.as_integer() {
+        Some(n) if n >= 0 => Ok(Duration::from_secs(n as u64)),
+        Some(n) => Err((format!("negative duration {n}"), Some(DURATION_HELP.into()))),
+        None => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into()))),
+    }
+}
+
+/// A percentage written `"5%"` (a string; a bare number would be ambiguous between a share and
+/// a fraction): more than 0, at most 100.
+fn percent_item(i: &Item, what: &str) -> Result<f64, Fail> {
+    let help = || {
+        Some(format!(
+            "the {what} is a percentage such as \"5%\" or \"2.5%\" (more than 0, at most 100)"
+        ))
+    };
+    let s = i.as_str().ok_or_else(|| {
+        (
+            format!("expected a percentage, found {}", type_name(i)),
+            help(),
+        )
+    })?;
+    let v: f64 = s
+        .trim()
+        .strip_suffix('%')
+        .and_then(|n| n.trim().parse().ok())
+        .ok_or_else(|| (format!("'{s}' is not a percentage"), help()))?;
+    if !(v > 0.0 && v <= 100.0) {
+        return Err((
+            format!("'{s}': a percentage must be more than 0 and at most 100"),
+            help(),
+        ));
+    }
+    Ok(v)
+}
+
+/// A unit-name glob: the characters systemd allows in unit names, plus `*` and `?`.
+fn valid_unit_glob(g: &str) -> bool {
+    !g.is_empty()
+        && g.len() <= 255
+        && g.chars()
+            .all(|c| c.is_ascii_alphanumeric() || ":-_.\\@*?".contains(c))
+}
 
 fn abs_path(s: &str) -> Result<PathBuf, Fail> {
     if s.starts_with('/') {

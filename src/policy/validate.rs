@@ -11,10 +11,10 @@
 //! host (does GPU 5 exist, which model is GPU 0) live in [`check_against_host`]; without a host,
 //! MIG profiles are checked against every catalog model a selector could match.
 
-use super::parse::{suggest, At, Fragment, GpuPart, MpsPart, TeamPart, UsagePart};
+use super::parse::{suggest, At, Fragment, GpuPart, IdlePart, MpsPart, TeamPart, UsagePart};
 use super::{
-    Diagnostic, GpuAssignment, GpuUse, HostSettings, Loc, Member, MigSpec, MpsSettings, Policy,
-    Selector, Severity, Size, Team,
+    Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
+    Policy, Selector, Severity, Size, Team,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -112,6 +112,41 @@ fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
             overlay(&mut b.user, &m.user);
         }
     }
+    match (&mut base.idle, &top.idle) {
+        (_, None) => {}
+        (None, Some(i)) => base.idle = Some(i.clone()),
+        (Some(b), Some(i)) => {
+            b.loc = i.loc.clone();
+            overlay(&mut b.after, &i.after);
+            overlay(&mut b.below, &i.below);
+            overlay(&mut b.action, &i.action);
+            overlay(&mut b.grace, &i.grace);
+            overlay(&mut b.exclude, &i.exclude);
+            overlay(&mut b.memory_alarm, &i.memory_alarm);
+        }
+    }
+}
+
+/// The merged idle table as a rule; `None` when `after` is missing (reported by `check_teams`).
+fn to_idle(i: &IdlePart) -> Option<IdleRule> {
+    Some(IdleRule {
+        after: i.after.as_ref()?.value,
+        below: i
+            .below
+            .as_ref()
+            .map_or(IdleRule::DEFAULT_BELOW, |a| a.value),
+        action: i.action.as_ref().map(|a| a.value).unwrap_or_default(),
+        grace: i
+            .grace
+            .as_ref()
+            .map_or(IdleRule::DEFAULT_GRACE, |a| a.value),
+        exclude: i
+            .exclude
+            .as_ref()
+            .map(|a| a.value.clone())
+            .unwrap_or_default(),
+        memory_alarm: i.memory_alarm.as_ref().map(|a| a.value),
+    })
 }
 
 fn to_team(t: &TeamPart) -> Team {
@@ -128,6 +163,7 @@ fn to_team(t: &TeamPart) -> Team {
             pinned_memory_limit: m.pinned_memory_limit.as_ref().map(|a| a.value),
             user: m.user.as_ref().map(|a| a.value.clone()),
         }),
+        idle: t.idle.as_ref().and_then(to_idle),
         loc: Some(t.loc.clone()),
     }
 }
@@ -194,6 +230,25 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
                     &format!("{key}.memory-high"),
                     "memory-high is above memory-max, so it never throttles".into(),
                     Some("set memory-high below memory-max".into()),
+                ));
+            }
+        }
+        if let Some(idle) = &t.idle {
+            if idle.after.is_none() {
+                diags.push(error(
+                    &idle.loc,
+                    &format!("{key}.idle"),
+                    "missing `after`: how long a holder must stay idle".into(),
+                    Some("e.g. after = \"2h\"".into()),
+                ));
+            }
+            let action = idle.action.as_ref().map(|a| a.value).unwrap_or_default();
+            if let (Some(g), true) = (&idle.grace, action != super::IdleAction::Stop) {
+                diags.push(warning(
+                    &g.loc,
+                    &format!("{key}.idle.grace"),
+                    format!("grace has no effect with action = \"{action}\": it is the time between the warning and the stop"),
+                    Some("remove it, or set action = \"stop\"".into()),
                 ));
             }
         }

@@ -30,6 +30,7 @@ pub mod devnodes;
 pub mod envfiles;
 pub mod owners;
 pub mod procfs;
+pub mod tty;
 
 pub use devnodes::CAPS_DIR;
 pub use envfiles::TEAMS_DIR;

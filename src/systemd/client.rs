@@ -133,6 +133,32 @@ impl Systemd {
         get.await.map(Some).map_err(bus(name, "Get(ActiveState)"))
     }
 
+    /// The slice a loaded service or scope runs in (its `Slice` property); `None` when the
+    /// unit is not in memory or is neither a service nor a scope.
+    pub async fn unit_slice(&self, name: &str) -> Result<Option<String>, SystemdError> {
+        let Some(path) = self.unit_path(name).await? else {
+            return Ok(None);
+        };
+        let get = async {
+            if name.ends_with(".service") {
+                let p = super::proxy::ServiceProxy::builder(&self.conn)
+                    .path(path)?
+                    .build()
+                    .await?;
+                p.slice().await.map(Some)
+            } else if name.ends_with(".scope") {
+                let p = super::proxy::ScopeProxy::builder(&self.conn)
+                    .path(path)?
+                    .build()
+                    .await?;
+                p.slice().await.map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        get.await.map_err(bus(name, "Get(Slice)"))
+    }
+
     /// Queue a job with `issue` and wait for its `JobRemoved`; `Ok` only for result `done`.
     ///
     /// The signal stream is opened *before* the job is queued: a short job can finish before

@@ -126,6 +126,8 @@ fn attributed(
                     command: info.command,
                     unit: info.unit,
                     team: info.team,
+                    team_unit: info.team_unit,
+                    idle: None,
                     stray: false,
                 },
             ))

@@ -116,9 +116,16 @@ pub struct ProcessUsage {
     pub unit: Option<String>,
     /// Team whose `gpu-<team>.slice` it runs in.
     pub team: Option<String>,
+    /// The unit directly in that slice: what the host's systemd can stop (idle reclaim).
+    #[serde(default)]
+    pub team_unit: Option<String>,
     /// On a team's device but outside every owning team's slice.
     #[serde(default)]
     pub stray: bool,
+    /// Flagged by its team's idle rule: `idle`, `warned`, `stopping`, or `activity unknown`
+    /// (filled by gpuctld's `Usage` call from the idle tracker; `None` otherwise).
+    #[serde(default)]
+    pub idle: Option<String>,
 }
 
 /// Which teams own which devices: whole GPUs by index, MIG devices by UUID.

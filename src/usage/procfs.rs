@@ -24,6 +24,8 @@ pub struct ProcInfo {
     pub unit: Option<String>,
     /// Team of the innermost `gpu-<team>.slice` in the cgroup path.
     pub team: Option<String>,
+    /// The unit directly inside that slice (see [`team_unit_of_cgroup`]).
+    pub team_unit: Option<String>,
 }
 
 /// The team whose slice a cgroup path runs in: the innermost `gpu-<team>.slice` component.
@@ -35,6 +37,21 @@ pub fn team_of_cgroup(cgroup: &str) -> Option<String> {
         .filter_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
         .find(|t| !t.is_empty())
         .map(str::to_string)
+}
+
+/// The service or scope directly inside the innermost `gpu-<team>.slice` of a cgroup path: the
+/// unit this host's systemd runs and can stop. It differs from the innermost unit when the
+/// process runs under a nested manager (a container's own systemd, `…/ctr.scope/…/x.service`),
+/// whose units the host's systemd does not know.
+pub fn team_unit_of_cgroup(cgroup: &str) -> Option<String> {
+    let parts: Vec<&str> = cgroup.split('/').collect();
+    let slice = parts
+        .iter()
+        .rposition(|c| c.starts_with("gpu-") && c.ends_with(".slice"))?;
+    parts
+        .get(slice + 1)
+        .filter(|c| c.ends_with(".service") || c.ends_with(".scope"))
+        .map(|c| c.to_string())
 }
 
 /// Read `/proc/<pid>/{status,cgroup,comm}` under `root`; `None` when the process is gone.
@@ -63,6 +80,7 @@ pub fn read(root: &Root, pid: u32) -> Option<ProcInfo> {
         command,
         unit,
         team: team_of_cgroup(&cgroup),
+        team_unit: team_unit_of_cgroup(&cgroup),
     })
 }
 
@@ -123,6 +141,27 @@ mod tests {
     }
 
     #[test]
+    fn team_unit_is_the_unit_directly_in_the_team_slice() {
+        let u = |c| team_unit_of_cgroup(c);
+        assert_eq!(
+            u("/gpu.slice/gpu-infer.slice/train.service/payload").as_deref(),
+            Some("train.service")
+        );
+        // A container with its own systemd: the host knows ctr.scope, not x.service.
+        assert_eq!(
+            u("/gpu.slice/gpu-infer.slice/ctr.scope/system.slice/x.service").as_deref(),
+            Some("ctr.scope")
+        );
+        assert_eq!(
+            u("/gpu.slice/gpu-infer.slice"),
+            None,
+            "directly in the slice"
+        );
+        assert_eq!(u("/user.slice/user-1000.slice/session-3.scope"), None);
+        assert_eq!(u("/gpu.slice/gpu-a.slice/sub.slice/x.service"), None);
+    }
+
+    #[test]
     fn reads_uid_unit_team_and_namespace_pid() {
         let t = tempfile::tempdir().unwrap();
         let root = Root::new(t.path());
@@ -137,6 +176,7 @@ mod tests {
         assert_eq!(p.ns_pid, Some(7), "pid inside its container");
         assert_eq!(p.unit.as_deref(), Some("gpuctl-run-train-4240.scope"));
         assert_eq!(p.team.as_deref(), Some("train"));
+        assert_eq!(p.team_unit.as_deref(), Some("gpuctl-run-train-4240.scope"));
         assert_eq!(p.command.as_deref(), Some("python3"));
 
         // Same namespace: no separate pid.

@@ -20,6 +20,7 @@ pub fn team(name: &str) -> Team {
             ..Default::default()
         },
         mps: None,
+        idle: None,
         loc: None,
     }
 }

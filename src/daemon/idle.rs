@@ -1,0 +1,278 @@
+//! The idle rules at work: every `GPUCTL_IDLE_INTERVAL_MS` (while some team has a
+//! `[teams.NAME.idle]` rule) take a usage collection through the one collector, feed it to the
+//! pure [`crate::idle::Tracker`], and carry out its events: journal entries (structured:
+//! `GPUCTL_ACTION=idle|idle-warn|idle-stop|…`, `GPUCTL_TEAM`, `GPUCTL_UNIT`, `GPUCTL_USER`,
+//! `GPUCTL_UID`, `GPUCTL_GPU`), messages on the holder's terminals ([`crate::real::tty`]), and
+//! stops through the one systemd client. Without rules it reads nothing.
+//!
+//! The tracker's nominal spacing is the idle interval plus the usage collector's interval: a
+//! collection is served to every reader for one usage interval, so two samples can lie that much
+//! further apart without anything being missed.
+
+use super::Shared;
+use crate::dbus_api::reply::IdleReply;
+use crate::dbus_api::Backend;
+use crate::idle::{not_stoppable, sample, Event, IdleHolder, Tracker};
+use crate::paths::Root;
+use crate::policy::IdleRule;
+use crate::systemd::Systemd;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tracing::{error, info, warn};
+
+/// Environment variable: ms between idle samples.
+pub const ENV_INTERVAL_MS: &str = "GPUCTL_IDLE_INTERVAL_MS";
+/// Default time between idle samples.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(30_000);
+
+/// The interval from `$GPUCTL_IDLE_INTERVAL_MS`, else [`DEFAULT_INTERVAL`] (at least 100 ms).
+pub fn interval_from_env() -> Duration {
+    std::env::var(ENV_INTERVAL_MS)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_INTERVAL, Duration::from_millis)
+        .max(Duration::from_millis(100))
+}
+
+fn rules_of(shared: &Mutex<Shared>) -> BTreeMap<String, IdleRule> {
+    let sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+    sh.policy
+        .as_ref()
+        .map(|p| {
+            p.teams
+                .iter()
+                .filter_map(|(t, team)| Some((t.clone(), team.idle.clone()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+fn secs(s: u64) -> String {
+    match s {
+        s if s >= 3600 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
+        s if s >= 60 => format!("{}m{:02}s", s / 60, s % 60),
+        s => format!("{s}s"),
+    }
+}
+
+/// Run until the runtime ends.
+pub async fn run(
+    root: Root,
+    backend: Arc<dyn Backend>,
+    sd: Systemd,
+    shared: Arc<Mutex<Shared>>,
+    interval: Duration,
+) {
+    let spacing = interval + crate::dbus_api::usage::collector_interval();
+    let mut tracker = Tracker::new(spacing.as_millis() as u64);
+    let mut tick = tokio::time::interval(interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let rules = rules_of(&shared);
+        tracker.set_rules(rules.clone());
+        if !tracker.active() {
+            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.idle = IdleReply::default();
+            continue;
+        }
+        let usage = match crate::dbus_api::usage::usage(&*backend, &root).await {
+            Ok(u) => u,
+            Err(e) => {
+                warn!(gpuctl_action = "idle", "idle sample: {e}");
+                continue;
+            }
+        };
+        if let Some(why) = &usage.nvml_unavailable {
+            // No sample: a gap, not an empty host (which would forget every holder).
+            warn!(gpuctl_action = "idle", "idle sample skipped: {why}");
+            continue;
+        }
+        let s = sample::from_usage(&usage, &rules);
+        let events = tracker.observe(&s);
+        {
+            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+            sh.idle = IdleReply {
+                at_ms: s.at_ms,
+                interval_ms: interval.as_millis() as u64,
+                sampling: true,
+                holders: tracker.holders(),
+            };
+        }
+        for e in events {
+            act(&root, &sd, &rules, e).await;
+        }
+    }
+}
+
+fn uid_s(h: &IdleHolder) -> String {
+    h.uid.map(|u| u.to_string()).unwrap_or_default()
+}
+
+async fn tell(root: &Root, h: &IdleHolder, text: String) -> usize {
+    let Some(uid) = h.uid else { return 0 };
+    let root = root.clone();
+    tokio::task::spawn_blocking(move || crate::real::tty::tell(&root, uid, &text).len())
+        .await
+        .unwrap_or(0)
+}
+
+async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: Event) {
+    let user = |h: &IdleHolder| h.user.clone().unwrap_or_else(|| "?".into());
+    let why = |h: &IdleHolder| h.reason.map_or_else(|| "idle".into(), |r| r.to_string());
+    match e {
+        Event::Idle(h) => info!(
+            gpuctl_action = "idle",
+            gpuctl_team = %h.team,
+            gpuctl_unit = %h.unit,
+            gpuctl_user = %user(&h),
+            gpuctl_uid = %uid_s(&h),
+            gpuctl_gpu = %h.device,
+            gpuctl_idle_seconds = h.idle_seconds,
+            "idle holder: {} of user {} (team {}) on device {}: {} for {}{}",
+            h.unit,
+            user(&h),
+            h.team,
+            h.device,
+            why(&h),
+            secs(h.idle_seconds),
+            if h.excluded { " (excluded from actions)" } else { "" }
+        ),
+        Event::Unknown(h) => info!(
+            gpuctl_action = "idle-unknown",
+            gpuctl_team = %h.team,
+            gpuctl_unit = %h.unit,
+            gpuctl_user = %user(&h),
+            gpuctl_uid = %uid_s(&h),
+            gpuctl_gpu = %h.device,
+            "holder {} of user {} (team {}) on device {}: activity unknown (the driver reports \
+             none for this device); not acted on",
+            h.unit,
+            user(&h),
+            h.team,
+            h.device
+        ),
+        Event::Warn(h) => {
+            let rule = rules.get(&h.team);
+            let below = rule.map_or(0.0, |r| r.below);
+            let then = match (h.stop_at_ms, &h.not_stopped) {
+                (Some(_), _) => format!(
+                    "It will be stopped in {} unless it becomes active.",
+                    secs(rule.map_or(0, |r| r.grace.as_secs()))
+                ),
+                _ => String::new(),
+            };
+            let text = format!(
+                "Your GPU job {} (team {}) on device {}: {} for {} (activity below {below}%). {then}",
+                h.unit,
+                h.team,
+                h.device,
+                why(&h),
+                secs(h.idle_seconds)
+            );
+            let n = tell(root, &h, text.clone()).await;
+            warn!(
+                gpuctl_action = "idle-warn",
+                gpuctl_team = %h.team,
+                gpuctl_unit = %h.unit,
+                gpuctl_user = %user(&h),
+                gpuctl_uid = %uid_s(&h),
+                gpuctl_gpu = %h.device,
+                gpuctl_idle_seconds = h.idle_seconds,
+                "warned user {} (uid {}) on {n} terminal(s): {text}",
+                user(&h),
+                uid_s(&h)
+            );
+        }
+        Event::Stop(h) => {
+            // The tracker only emits stops it may make; checked again at the effector, which
+            // also refuses a unit that is not directly in the team's slice.
+            let refusal = match rules.get(&h.team) {
+                None => Some("the team has no idle rule any more".to_string()),
+                Some(r) => not_stoppable(r, &h.unit),
+            };
+            if let Some(no) = refusal {
+                warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit, "not stopping {}: {no}", h.unit);
+                return;
+            }
+            match in_team_slice(sd, &h).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit,
+                        "not stopping {}: it is not in gpu-{}.slice", h.unit, h.team);
+                    return;
+                }
+                Err(e) => {
+                    warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit,
+                        "not stopping {}: cannot read its slice: {e}", h.unit);
+                    return;
+                }
+            }
+            let text = format!(
+                "Your GPU job {} (team {}) on device {} is being stopped: {} for {}.",
+                h.unit,
+                h.team,
+                h.device,
+                why(&h),
+                secs(h.idle_seconds)
+            );
+            tell(root, &h, text).await;
+            warn!(
+                gpuctl_action = "idle-stop",
+                gpuctl_team = %h.team,
+                gpuctl_unit = %h.unit,
+                gpuctl_user = %user(&h),
+                gpuctl_uid = %uid_s(&h),
+                gpuctl_gpu = %h.device,
+                gpuctl_idle_seconds = h.idle_seconds,
+                "stopping {} of user {} (uid {}, team {}, pids {:?}) on device {}: {} for {}, \
+                 warned {} ago",
+                h.unit,
+                user(&h),
+                uid_s(&h),
+                h.team,
+                h.pids,
+                h.device,
+                why(&h),
+                secs(h.idle_seconds),
+                secs(
+                    h.warned_at_ms
+                        .map_or(0, |w| crate::daemon::unix_now().saturating_sub(w / 1000))
+                )
+            );
+            if let Err(e) = sd.stop_unit(&h.unit).await {
+                error!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit, "stop {}: {e}", h.unit);
+            }
+        }
+        Event::Woke(h) => info!(
+            gpuctl_action = "idle-woke",
+            gpuctl_team = %h.team,
+            gpuctl_unit = %h.unit,
+            gpuctl_user = %user(&h),
+            gpuctl_uid = %uid_s(&h),
+            gpuctl_gpu = %h.device,
+            "{} of user {} (team {}) on device {} is active again; nothing pending",
+            h.unit,
+            user(&h),
+            h.team,
+            h.device
+        ),
+        Event::Gone(h) => info!(
+            gpuctl_action = "idle-gone",
+            gpuctl_team = %h.team,
+            gpuctl_unit = %h.unit,
+            gpuctl_gpu = %h.device,
+            "{} (team {}) holds device {} no more",
+            h.unit,
+            h.team,
+            h.device
+        ),
+    }
+}
+
+/// Whether systemd puts the unit directly in `gpu-<team>.slice` (its `Slice` property).
+async fn in_team_slice(sd: &Systemd, h: &IdleHolder) -> Result<bool, crate::systemd::SystemdError> {
+    let slice = sd.unit_slice(&h.unit).await?;
+    Ok(slice.as_deref() == Some(crate::systemd::props::slice_unit(&h.team).as_str()))
+}
