@@ -24,10 +24,19 @@ check_not "a non-member is refused (bob, infer)" as bob "gpuctl env --team infer
 sed -i '/^alice:/d' /etc/subuid /etc/subgid
 rootfs=$(cdi_rootfs alice)
 
+# The fake driver's /proc overlays (lib/fake-hw.sh: a file bound over /proc/devices, a tmpfs over
+# /proc/driver) make procfs "not fully visible", and the kernel then refuses a fresh procfs mount
+# in a user namespace: rootless crun fails with "mount `proc` to `proc`: Operation not permitted"
+# (the first run of this scenario). A real host has no such overlays (an lxcfs host has, with the
+# same effect); alice's podman runs in a private mount namespace without them.
+as_alice_np() {
+    unshare -m --propagation private sh -c 'umount -l /proc/devices; umount -l /proc/driver; exec su -s /bin/sh alice -c "$1"' sh "$*"
+}
+
 export NODES="/dev/nvidia0 /dev/nvidiactl /dev/nvidia1"
 # as alice, inside her team share; --cgroupns=host to read the slice's memory.max.
 run_as_alice() {
-    as alice "cd ~ && NODES='$NODES' gpuctl run --team infer -- podman run --rm --network=none --cgroups=disabled $* --cgroupns=host -e NODES --rootfs $rootfs sh -c '$PROBE'"
+    as_alice_np "cd ~ && NODES='$NODES' gpuctl run --team infer -- podman run --rm --network=none --cgroups=disabled $* --cgroupns=host -e NODES --rootfs $rootfs sh -c '$PROBE'"
 }
 out=$(run_as_alice --device gpuctl.io/team=infer 2>&1)
 echo "$out" | sed 's/^/    rootless| /'
@@ -45,7 +54,7 @@ check "rootless: another team's node forced in is denied (EPERM)" test "$(field 
 
 # Outside gpuctl run, rootless podman's container is in alice's own cgroup, not the team's:
 # --cgroup-parent=gpu-infer.slice cannot reach a system slice from a user's podman.
-out=$(as alice "cd ~ && podman run --rm --network=none --device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice --cgroupns=host --rootfs $rootfs cat /proc/self/cgroup" 2>&1)
+out=$(as_alice_np "cd ~ && podman run --rm --network=none --device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice --cgroupns=host --rootfs $rootfs cat /proc/self/cgroup" 2>&1)
 echo "$out" | tail -n 4 | sed 's/^/    outside| /'
 check "rootless without gpuctl run: not under gpu-infer.slice" bash -c "! grep -q '^0::/gpu.slice/gpu-infer.slice/' <<<'$out'"
 finish
