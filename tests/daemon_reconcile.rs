@@ -126,10 +126,16 @@ struct Daemon {
     fake: FakeHost,
     sd: RecSystemd,
     rec: CoreReconciler,
+    /// The fake's query counter is per process: tests that count NVML calls must not share
+    /// the process with another test's calls, so every test here runs alone.
+    _serial: std::sync::MutexGuard<'static, ()>,
 }
+
+static SERIAL: Mutex<()> = Mutex::new(());
 
 impl Daemon {
     fn new(spec: &str) -> Daemon {
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let fake = FakeHost::new(spec);
         // The reconciler opens the library the environment names, as gpuctld would.
         std::env::set_var("GPUCTL_NVML_LIBRARY", lib_path());
@@ -143,6 +149,7 @@ impl Daemon {
             rec: CoreReconciler::new(host),
             fake,
             sd,
+            _serial: serial,
         }
     }
 
@@ -252,6 +259,52 @@ fn whole_gpus_get_uuids_in_env_minors_in_device_allow_and_a_second_run_changes_n
         nvml,
         "no NVML mutation on a converged host"
     );
+}
+
+/// Issue 14 item 2: a change of limits only is as cheap as a hand `set-property`: the GPUs are
+/// as the last converged run left them, so NVML is not asked. Running the same policy again
+/// (what start, drift events and the drift timer do) still observes everything.
+#[test]
+fn a_limit_only_change_makes_no_nvml_call_and_the_same_policy_again_observes_all() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    converged(&d.rec.reconcile(&d.load()));
+
+    d.put(
+        "10-teams.toml",
+        &TWO_TEAMS.replace("memory-max = \"50%\"", "memory-max = \"25%\""),
+    );
+    let limits = d.load();
+    let q0 = d.fake.query_calls();
+    let r = d.rec.reconcile(&limits);
+    converged(&r);
+    assert_eq!(d.fake.query_calls(), q0, "a limit-only change queried NVML");
+    assert_eq!(d.slice("infer").memory_max, Some(2113929216 * 1024 / 4));
+    assert_eq!(r.changes.len(), 1, "{:#?}", r.changes);
+    let env = d.env("infer");
+    assert!(env.contains("CUDA_VISIBLE_DEVICES=GPU-"), "env kept: {env}");
+
+    // The same policy again: a drift check, which must see the GPUs.
+    let q1 = d.fake.query_calls();
+    converged(&d.rec.reconcile(&limits));
+    assert!(
+        d.fake.query_calls() > q1,
+        "a drift run did not observe NVML"
+    );
+
+    // A change of who owns which GPU is not limit-only.
+    d.put(
+        "10-teams.toml",
+        &TWO_TEAMS.replace(
+            "index = [1]\nowner = \"train\"",
+            "index = [1]\nowner = \"infer\"",
+        ),
+    );
+    let moved = d.load();
+    let q2 = d.fake.query_calls();
+    converged(&d.rec.reconcile(&moved));
+    assert!(d.fake.query_calls() > q2, "a GPU change used the cache");
+    assert_eq!(d.rec.plan(&moved).changes, Vec::<String>::new());
 }
 
 #[test]

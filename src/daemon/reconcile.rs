@@ -38,6 +38,22 @@ pub struct CoreReconciler {
     host: RealHost,
     /// NVML's absence was logged; it is said once, not on every drift tick.
     nvml_said: bool,
+    /// The last run that converged: its policy and the host it left.
+    last: Option<(Policy, Observed)>,
+}
+
+/// The part of a policy that decides GPUs, MIG and MPS: everything but team limits, members
+/// and where each line came from. Two policies with the same GPU side plan the same GPU
+/// actions on the same GPUs.
+fn gpu_side(p: &Policy) -> Policy {
+    let mut p = p.clone();
+    for t in p.teams.values_mut() {
+        t.limits = Default::default();
+        t.members.clear();
+        t.loc = None;
+    }
+    p.sources.clear();
+    p
 }
 
 impl CoreReconciler {
@@ -46,17 +62,37 @@ impl CoreReconciler {
         CoreReconciler {
             host,
             nvml_said: false,
+            last: None,
         }
+    }
+
+    /// The host as the last converged run left it, when `policy` is a new policy that changes
+    /// only what reaches systemd (limits, members): its GPUs need no fresh NVML read (issue 14:
+    /// a limit change is as cheap as a hand `set-property`). A run with the same policy again
+    /// (start, drift, reload, the drift timer) observes everything: that is how hand changes
+    /// are found.
+    fn cached_gpus(&self, policy: &Policy) -> Option<&Observed> {
+        let (prev, obs) = self.last.as_ref()?;
+        (prev != policy && gpu_side(prev) == gpu_side(policy)).then_some(obs)
     }
 
     /// Observe, after pointing NVML at the library the policy names. NVML missing is logged
     /// once and recorded as a warning: the GPU part of the plan is then empty, and slices, env
     /// files and MPS still converge for what the policy asks without GPUs.
-    fn observe(&mut self, policy: &Policy, r: &mut ReconcileReport) -> Option<Observed> {
+    fn observe(
+        &mut self,
+        policy: &Policy,
+        cached: Option<&Observed>,
+        r: &mut ReconcileReport,
+    ) -> Option<Observed> {
         self.host.set_nvml_library(crate::nvml::library_path(
             policy.host.nvml_library.as_deref(),
         ));
-        let obs = match self.host.observe() {
+        let fresh = match cached {
+            Some(prev) => self.host.refresh(prev, &Default::default()),
+            None => self.host.observe(),
+        };
+        let obs = match fresh {
             Ok(o) => o,
             Err(e) => {
                 error!(gpuctl_action = "observe", "observing the host: {e}");
@@ -126,11 +162,20 @@ impl CoreReconciler {
             ));
         }
         r.errors.extend(errors);
-        let Some(obs) = self.observe(policy, &mut r) else {
+        // Taken, not kept: only a run that converges leaves a cache behind.
+        let prev = self.cached_gpus(policy).cloned();
+        self.last = None;
+        let cached = prev.is_some();
+        let Some(obs) = self.observe(policy, prev.as_ref(), &mut r) else {
             r.at = super::unix_now();
             return r;
         };
         let pl = plan::plan(policy, &obs);
+        let pl_obs = if cached {
+            obs.clone()
+        } else {
+            Observed::default()
+        };
         let mut journal = FileJournal::new(self.host.root());
         // An unfinished MIG transaction of an earlier run (a crash) is rolled forward or back by
         // the executor even when the plan looks empty.
@@ -150,7 +195,14 @@ impl CoreReconciler {
                 Ok(rep) => absorb(&rep, &mut r),
                 Err(e) => r.errors.push(format!("apply: {e}")),
             }
-            match self.host.observe() {
+            // A plan from cached GPUs touches no GPU (same GPU side, converged before): the
+            // GPUs are as they were.
+            let after = if cached {
+                self.host.refresh(&pl_obs, &Default::default())
+            } else {
+                self.host.observe()
+            };
+            match after {
                 Ok(o) => o,
                 Err(e) => {
                     r.errors
@@ -179,6 +231,7 @@ impl CoreReconciler {
                 r.errors.push(e.to_string());
             }
         }
+        self.last = (r.converged() && !provisional).then(|| (policy.clone(), end.clone()));
         r.view = Some(HostView {
             teams: d.teams,
             gpus: end.gpus,
@@ -316,7 +369,7 @@ impl Reconciler for CoreReconciler {
             teams: policy.teams.len(),
             ..Default::default()
         };
-        if let Some(obs) = self.observe(policy, &mut r) {
+        if let Some(obs) = self.observe(policy, None, &mut r) {
             let d = plan::desired(policy, &obs);
             let pl = plan::diff(&d, &obs);
             r.gpus = d.gpus.len();
