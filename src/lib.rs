@@ -10,6 +10,7 @@
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
 //!   bus interface;
+//! - [`cdi`]: the per-team CDI spec for container engines (`gpuctl.io/team=<team>`);
 //! - [`join`]: who may step into which team share (`gpuctl shell/run/env`), checked by gpuctld;
 //! - [`doctor`]: read-only host readiness checks and driver recordings (`gpuctl doctor`);
 //! - [`usage`]: who uses which GPU (NVML + `/proc`), served by gpuctld's `Usage` call;
@@ -18,6 +19,7 @@
 #![warn(missing_docs)]
 
 pub mod apply;
+pub mod cdi;
 pub mod cli;
 pub mod daemon;
 pub mod dbus_api;

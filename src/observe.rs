@@ -31,6 +31,9 @@ pub struct Observed {
     /// `/run/gpuctl/teams/<team>.env` contents by team.
     #[serde(default)]
     pub env_files: BTreeMap<String, String>,
+    /// Team CDI specs (`/var/run/cdi/gpuctl.io-team-<team>.json`) by team.
+    #[serde(default)]
+    pub cdi_specs: BTreeMap<String, String>,
     /// Minors `N` whose `/dev/nvidia-caps/nvidia-capN` node exists.
     #[serde(default)]
     pub cap_nodes: BTreeSet<u32>,

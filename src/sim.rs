@@ -545,6 +545,16 @@ impl FileEffector for SimHost {
         self.state.env_files.remove(team);
         Ok(())
     }
+    fn write_cdi(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
+        self.state
+            .cdi_specs
+            .insert(team.to_string(), content.to_string());
+        Ok(())
+    }
+    fn remove_cdi(&mut self, team: &str) -> Result<(), EffectError> {
+        self.state.cdi_specs.remove(team);
+        Ok(())
+    }
     fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError> {
         self.state.cap_nodes.extend(minors.iter().copied());
         Ok(())

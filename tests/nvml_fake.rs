@@ -397,6 +397,12 @@ mod delegate {
         fn remove_env(&mut self, t: &str) -> Result<(), EffectError> {
             self.inner.remove_env(t)
         }
+        fn write_cdi(&mut self, t: &str, c: &str) -> Result<(), EffectError> {
+            self.inner.write_cdi(t, c)
+        }
+        fn remove_cdi(&mut self, t: &str) -> Result<(), EffectError> {
+            self.inner.remove_cdi(t)
+        }
         fn create_cap_nodes(&mut self, m: &[u32]) -> Result<(), EffectError> {
             self.inner.create_cap_nodes(m)
         }

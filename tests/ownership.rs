@@ -297,6 +297,52 @@ fn whole_gpu_is_not_handed_over_while_the_old_team_uses_it() {
     }
 }
 
+/// A slice set by a version that granted `rw` (before `rwm`) reads back as `<path> rw`: it is
+/// still the grant the running job holds, so the GPU stays with that team; the slice is set
+/// again with the full grant.
+#[test]
+fn an_old_rw_grant_still_holds_a_busy_whole_gpu_and_is_upgraded() {
+    let mut h = SimHost::from_spec("l40s").unwrap();
+    let infer = policy(
+        vec![team("infer"), team("train")],
+        vec![whole("infer")],
+        Reconfigure::WhenIdle,
+    );
+    apply(&infer, &mut h);
+    let s = h.state.slices.get_mut("infer").unwrap();
+    s.device_allow = std::mem::take(&mut s.device_allow)
+        .into_iter()
+        .map(|d| format!("{d} rw"))
+        .collect();
+    assert!(
+        !plan(&infer, &h.state).actions.is_empty(),
+        "an rw slice must be set again"
+    );
+    h.state.gpus[0].processes.push(proc_in(
+        4242,
+        "/gpu.slice/gpu-infer.slice/gpuctl-run-infer-4242.scope",
+    ));
+    let want = policy(
+        vec![team("infer"), team("train")],
+        vec![whole("train")],
+        Reconfigure::WhenIdle,
+    );
+    let p = plan(&want, &h.state);
+    assert!(
+        p.blocked
+            .iter()
+            .any(|b| b.reason.contains("not handed over")),
+        "{p:#?}"
+    );
+    apply(&want, &mut h);
+    assert!(!h.state.slices["train"]
+        .device_allow
+        .contains("/dev/nvidia0"));
+    assert!(h.state.slices["infer"]
+        .device_allow
+        .contains("/dev/nvidia0"));
+}
+
 #[test]
 fn whole_gpu_under_drain_stops_a_team_service_first() {
     let mut h = SimHost::from_spec("l40s").unwrap();

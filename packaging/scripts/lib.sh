@@ -52,6 +52,8 @@ gpuctl_purge() {
     fi
     [ -n "${GPUCTL_KEEP_ETC:-}" ] || rm -rf /etc/gpuctl
     rm -rf /var/lib/gpuctl /run/gpuctl /var/log/gpuctl
+    # The team CDI specs (only gpuctl's: /run/cdi also holds other vendors' specs).
+    rm -f /run/cdi/gpuctl.io-team-*.json
     # Unit files, drop-ins and `set-property` settings gpuctld may have written for team slices
     # and MPS units, and gpuctl-generator's output (its binary went with the package's files
     # and its input, /var/lib/gpuctl/slices.json, just above; the daemon-reload below would

@@ -294,6 +294,8 @@ fn run_one<H: Host + ?Sized>(
         ActionKind::CreateCapNodes { minors } => host.create_cap_nodes(minors),
         ActionKind::WriteEnv { team, content } => host.write_env(team, content),
         ActionKind::RemoveEnv { team } => host.remove_env(team),
+        ActionKind::WriteCdi { team, content } => host.write_cdi(team, content),
+        ActionKind::RemoveCdi { team } => host.remove_cdi(team),
         ActionKind::SetSlice { team, spec } => host.set_slice(team, spec),
         ActionKind::RemoveSlice { team } => host.remove_slice(team),
     }

@@ -145,12 +145,16 @@ pub trait MpsEffector {
     fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError>;
 }
 
-/// Files gpuctl owns: team env files and MIG capability device nodes.
+/// Files gpuctl owns: team env files, team CDI specs and MIG capability device nodes.
 pub trait FileEffector {
     /// Write `/run/gpuctl/teams/<team>.env` atomically.
     fn write_env(&mut self, team: &str, content: &str) -> Result<(), EffectError>;
     /// Remove a team's env file.
     fn remove_env(&mut self, team: &str) -> Result<(), EffectError>;
+    /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`) atomically.
+    fn write_cdi(&mut self, team: &str, content: &str) -> Result<(), EffectError>;
+    /// Remove a team's CDI spec.
+    fn remove_cdi(&mut self, team: &str) -> Result<(), EffectError>;
     /// Create `/dev/nvidia-caps/nvidia-capN` for each minor.
     fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError>;
 }

@@ -1,7 +1,9 @@
-//! `gpuctl env --team T [--format shell|systemd|json]`: the team's environment, as gpuctld
-//! keeps it in `/run/gpuctl/teams/<team>.env`.
+//! `gpuctl env --team T [--format shell|systemd|json|cdi]`: the team's environment, as gpuctld
+//! keeps it in `/run/gpuctl/teams/<team>.env`; with `cdi`, the container engine flags that give a
+//! container the same share (docs/containers.md).
 
 use super::shell::{checked_team, with_agent};
+use crate::policy::TeamName;
 use clap::{Args, ValueEnum};
 use std::collections::BTreeMap;
 
@@ -14,13 +16,18 @@ pub enum Format {
     Systemd,
     /// One JSON object.
     Json,
+    /// The container engine flags for the team's CDI device and slice, one line to paste after
+    /// `podman run` (`--device gpuctl.io/team=T --cgroup-parent=gpu-T.slice`).
+    Cdi,
 }
 
 /// Arguments of `gpuctl env`.
 #[derive(Debug, Args)]
 #[command(after_long_help = "Only members of the team (and root) may read it. \
 Example: eval \"$(gpuctl env --team infer)\"; or, in a unit, \
-EnvironmentFile=/run/gpuctl/teams/infer.env together with Slice=gpu-infer.slice.
+EnvironmentFile=/run/gpuctl/teams/infer.env together with Slice=gpu-infer.slice. \
+For containers (as root): podman run $(gpuctl env --team infer --format cdi) IMAGE ... \
+(see docs/containers.md).
 
 Exit status: 0, or 3 not a member, 4 no such team, 5 no devices, 6 gpuctld not running, \
 2 other failure (see gpuctl shell --help).")]
@@ -38,9 +45,21 @@ pub fn sh_quote(v: &str) -> String {
     format!("'{}'", v.replace('\'', r"'\''"))
 }
 
-/// Render `env` in `format`.
-pub fn render(env: &BTreeMap<String, String>, format: Format) -> String {
+/// The flags that put a container into `team`'s share: its CDI device (device nodes, env, MPS
+/// pipe mounts) and its slice as cgroup parent (limits and the device filter). A [`TeamName`]
+/// is `[a-z][a-z0-9_]*`, so nothing here needs quoting.
+pub fn cdi_flags(team: &TeamName) -> String {
+    format!(
+        "--device {} --cgroup-parent={}\n",
+        crate::cdi::device_name(team),
+        crate::systemd::props::slice_unit(team)
+    )
+}
+
+/// Render `team`'s `env` in `format`.
+pub fn render(team: &TeamName, env: &BTreeMap<String, String>, format: Format) -> String {
     match format {
+        Format::Cdi => cdi_flags(team),
         Format::Json => serde_json::to_string_pretty(env).unwrap_or_default() + "\n",
         Format::Shell => env
             .iter()
@@ -65,11 +84,13 @@ pub fn render(env: &BTreeMap<String, String>, format: Format) -> String {
 
 /// Run `gpuctl env`.
 pub fn run(args: &EnvArgs) -> i32 {
-    let got =
-        checked_team(&args.team).and_then(|team| with_agent("Env", async |p| p.env(&team).await));
+    let got = checked_team(&args.team).and_then(|team| {
+        let env = with_agent("Env", async |p| p.env(&team).await)?;
+        Ok((team, env))
+    });
     match got {
-        Ok(env) => {
-            print!("{}", render(&env.into_iter().collect(), args.format));
+        Ok((team, env)) => {
+            print!("{}", render(&team, &env.into_iter().collect(), args.format));
             super::exit::OK
         }
         Err(f) => f.report(),
@@ -93,7 +114,7 @@ mod tests {
 
     #[test]
     fn shell_format_survives_eval() {
-        let text = render(&env(), Format::Shell);
+        let text = render(&"infer".parse().unwrap(), &env(), Format::Shell);
         assert!(text.contains("export CUDA_VISIBLE_DEVICES='GPU-1,GPU-2'\n"));
         let out = std::process::Command::new("sh")
             .arg("-c")
@@ -104,12 +125,20 @@ mod tests {
     }
 
     #[test]
+    fn cdi_format_is_one_line_of_flags_naming_the_team_device_and_slice() {
+        assert_eq!(
+            render(&"infer".parse().unwrap(), &env(), Format::Cdi),
+            "--device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice\n"
+        );
+    }
+
+    #[test]
     fn systemd_format_quotes_only_when_needed_and_json_round_trips() {
-        let text = render(&env(), Format::Systemd);
+        let text = render(&"infer".parse().unwrap(), &env(), Format::Systemd);
         assert!(text.contains("CUDA_VISIBLE_DEVICES=GPU-1,GPU-2\n"));
         assert!(text.contains("X=\"it's $HOME\"\n"));
         let back: BTreeMap<String, String> =
-            serde_json::from_str(&render(&env(), Format::Json)).unwrap();
+            serde_json::from_str(&render(&"infer".parse().unwrap(), &env(), Format::Json)).unwrap();
         assert_eq!(back, env());
     }
 }

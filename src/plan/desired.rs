@@ -76,6 +76,8 @@ pub struct TeamView {
     pub visible: Vec<String>,
     /// Env file content.
     pub env: String,
+    /// CDI spec content (`/var/run/cdi/gpuctl.io-team-<team>.json`), see [`crate::cdi`].
+    pub cdi: String,
     /// Slice properties, `DeviceAllow=` included.
     pub slice: SliceSpec,
     /// Capability minors the team's MIG devices need (known ones).
@@ -212,7 +214,13 @@ fn hold_whole_gpu(
     let keep: BTreeSet<String> = observed
         .slices
         .iter()
-        .filter(|(_, s)| s.device_allow.contains(&node))
+        // Any grant of the node counts, also a narrower one read back as `<path> <access>`
+        // (a slice set before grants were `rwm`): its processes may hold the GPU.
+        .filter(|(_, s)| {
+            s.device_allow
+                .iter()
+                .any(|d| d.split(' ').next() == Some(node.as_str()))
+        })
         .map(|(t, _)| t.clone())
         .collect();
     let mut from: Vec<&str> = losing.iter().filter_map(|p| team_of_process(p)).collect();
@@ -357,12 +365,15 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         }
     }
     let env = env_content(name, &visible, &mps);
+    let instances: Vec<&str> = mps.keys().map(String::as_str).collect();
+    let cdi = crate::cdi::spec(name, &slice.device_allow, &env, &instances);
     TeamView {
         name: name.clone(),
         whole_gpus: whole,
         mig_devices: migs,
         visible,
         env,
+        cdi,
         slice,
         cap_minors,
         mps,

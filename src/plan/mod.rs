@@ -151,6 +151,18 @@ pub enum ActionKind {
         /// Team.
         team: String,
     },
+    /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`).
+    WriteCdi {
+        /// Team.
+        team: String,
+        /// File content.
+        content: String,
+    },
+    /// Remove a team's CDI spec.
+    RemoveCdi {
+        /// Team.
+        team: String,
+    },
     /// Create or update `gpu-<team>.slice`.
     SetSlice {
         /// Team.
@@ -365,6 +377,8 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         }
     }
 
+    cdi_actions(d, observed, &mut actions);
+
     // Slices.
     for t in d.teams.values() {
         match observed.slices.get(&t.name) {
@@ -481,6 +495,39 @@ pub fn slice_drift(have: &SliceSpec, want: &SliceSpec) -> String {
     }
 }
 
+/// CDI specs follow the team view as env files do: written where they differ, removed for teams
+/// gone from the policy (see [`crate::cdi`]).
+fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
+    for t in d.teams.values() {
+        if observed.cdi_specs.get(&t.name) != Some(&t.cdi) {
+            let reason = if observed.cdi_specs.contains_key(&t.name) {
+                format!("team {}'s CDI device changed", t.name)
+            } else {
+                format!("team {} has no CDI spec yet", t.name)
+            };
+            push(
+                actions,
+                Phase::Devices,
+                ActionKind::WriteCdi {
+                    team: t.name.clone(),
+                    content: t.cdi.clone(),
+                },
+                reason,
+            );
+        }
+    }
+    for team in observed.cdi_specs.keys() {
+        if !d.teams.contains_key(team) {
+            push(
+                actions,
+                Phase::Devices,
+                ActionKind::RemoveCdi { team: team.clone() },
+                format!("team {team} is no longer in the policy"),
+            );
+        }
+    }
+}
+
 fn pl(p: &Placement) -> String {
     format!("@{}+{}", p.start, p.size)
 }
@@ -519,6 +566,8 @@ impl ActionKind {
             | ActionKind::StartUnits { team, .. }
             | ActionKind::WriteEnv { team, .. }
             | ActionKind::RemoveEnv { team }
+            | ActionKind::WriteCdi { team, .. }
+            | ActionKind::RemoveCdi { team }
             | ActionKind::SetSlice { team, .. }
             | ActionKind::RemoveSlice { team } => Some(team),
             ActionKind::StartMps { spec, .. } => Some(&spec.team),
@@ -578,6 +627,10 @@ impl fmt::Display for ActionKind {
             }
             ActionKind::WriteEnv { team, .. } => write!(f, "write /run/gpuctl/teams/{team}.env"),
             ActionKind::RemoveEnv { team } => write!(f, "remove /run/gpuctl/teams/{team}.env"),
+            ActionKind::WriteCdi { team, .. } => {
+                write!(f, "write {}", crate::cdi::spec_path(team))
+            }
+            ActionKind::RemoveCdi { team } => write!(f, "remove {}", crate::cdi::spec_path(team)),
             ActionKind::SetSlice { team, .. } => write!(f, "set gpu-{team}.slice"),
             ActionKind::RemoveSlice { team } => write!(f, "remove gpu-{team}.slice"),
         }

@@ -26,6 +26,7 @@ use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod cdifiles;
 pub mod devnodes;
 pub mod envfiles;
 pub mod owners;
@@ -148,6 +149,7 @@ impl RealHost {
             obs.mig_minors = devnodes::parse_mig_minors(&t);
         }
         obs.env_files = envfiles::read_all(&self.root)?;
+        obs.cdi_specs = cdifiles::read_all(&self.root)?;
         obs.slices.clear();
         obs.mps.clear();
         if let Some(sd) = self.systemd.as_mut() {
@@ -296,6 +298,14 @@ impl FileEffector for RealHost {
 
     fn remove_env(&mut self, team: &str) -> Result<(), EffectError> {
         Ok(envfiles::remove(&self.root, team)?)
+    }
+
+    fn write_cdi(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
+        Ok(cdifiles::write(&self.root, team, content)?)
+    }
+
+    fn remove_cdi(&mut self, team: &str) -> Result<(), EffectError> {
+        Ok(cdifiles::remove(&self.root, team)?)
     }
 
     fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError> {

@@ -72,7 +72,9 @@ macro_rules! team_settings {
         #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
         pub struct SliceSpec {
             $( $(#[doc = $doc])* #[serde(default)] pub $field: Option<<$kind as Kind>::Live>, )*
-            /// `DeviceAllow=` paths (all `rw`); `DevicePolicy=closed` is implied.
+            /// `DeviceAllow=` paths, each granted `rwm` (`systemd::props::DEVICE_ACCESS`);
+            /// `DevicePolicy=closed` is implied. Read back from a live unit, any other grant is
+            /// `<path> <access>` (`/dev/nvidia1 rw`), which no wanted spec holds.
             pub device_allow: BTreeSet<String>,
         }
 

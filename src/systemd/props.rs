@@ -9,6 +9,15 @@ use zbus::zvariant::{OwnedValue, Value};
 
 pub use crate::settings::UNSET;
 
+/// Access of every `DeviceAllow=` entry of a team slice: read, write and mknod. The one place
+/// the grant is spelled: the bus assignment, the read-back and the generator's unit file use it.
+///
+/// `m` too: a container engine creates the team's nodes in the container's `/dev` with mknod
+/// from inside the slice (podman's `--cgroup-parent`, docs/containers.md), and the cgroup device
+/// filter checks mknod as well: with `rw` crun fails with `mknod /dev/nvidia-uvm: Operation not
+/// permitted`. `m` grants nothing beyond the node's own read and write.
+pub const DEVICE_ACCESS: &str = "rwm";
+
 /// The properties of the `Slice` D-Bus interface by name, as `GetAll` returns them.
 pub type RawSlice = HashMap<String, OwnedValue>;
 
@@ -55,7 +64,7 @@ pub fn slice_properties(
     let devices: Vec<(String, String)> = spec
         .device_allow
         .iter()
-        .map(|p| (p.clone(), "rw".to_string()))
+        .map(|p| (p.clone(), DEVICE_ACCESS.to_string()))
         .collect();
     let mut props = vec![("Description", Value::from(format!("gpuctl team {team}")))];
     props.extend(spec.bus_properties());
@@ -81,12 +90,20 @@ pub fn spec_from_raw(raw: &RawSlice) -> Option<SliceSpec> {
         .and_then(|v| Vec::<(String, String)>::try_from(v.try_clone().ok()?).ok())
         .unwrap_or_default();
     Some(SliceSpec {
-        // Only full read-write grants count: a narrower grant is not what gpuctl set, and
-        // leaving it out makes the planner set the slice again.
+        // A full grant ([`DEVICE_ACCESS`]) reads back as its path, as the planner wants it; any
+        // other (a hand-added `rw`, or the `rw` of versions before containers needed `m`) as
+        // `<path> <access>`, which no wanted spec holds: the planner sets the slice again and
+        // the drift line names it (`DeviceAllow +/dev/nvidia1 rw`). Left out instead, a
+        // narrower grant of a foreign node would be invisible to drift repair.
         device_allow: devices
             .into_iter()
-            .filter(|(_, acc)| acc.contains('r') && acc.contains('w'))
-            .map(|(p, _)| p)
+            .map(|(p, acc)| {
+                if DEVICE_ACCESS.chars().all(|c| acc.contains(c)) {
+                    p
+                } else {
+                    format!("{p} {acc}")
+                }
+            })
             .collect(),
         ..SliceSpec::from_bus(get)
     })
@@ -113,7 +130,7 @@ pub fn slice_unit_file(team: &str, spec: &SliceSpec, source: &str) -> String {
         // Unit-file syntax treats spaces as separators; device paths never contain them, but a
         // path that did would change meaning, so it is left out rather than mangled.
         if !dev.contains(char::is_whitespace) {
-            let _ = writeln!(s, "DeviceAllow={dev} rw");
+            let _ = writeln!(s, "DeviceAllow={dev} {DEVICE_ACCESS}");
         }
     }
     s
@@ -170,10 +187,15 @@ mod tests {
             Value::Array(a) => assert!(a.is_empty(), "first DeviceAllow must reset"),
             v => panic!("{v:?}"),
         }
-        match &props[idx[1]].1 {
-            Value::Array(a) => assert_eq!(a.len(), 2),
-            v => panic!("{v:?}"),
-        }
+        let granted =
+            Vec::<(String, String)>::try_from(props[idx[1]].1.try_clone().unwrap()).unwrap();
+        assert_eq!(
+            granted,
+            [
+                ("/dev/nvidia0".to_string(), "rwm".to_string()),
+                ("/dev/nvidiactl".to_string(), "rwm".to_string())
+            ]
+        );
         let get = |k: &str| props.iter().find(|(n, _)| *n == k).unwrap().1.clone();
         assert_eq!(get("MemoryHigh"), Value::from(UNSET));
         assert_eq!(get("MemoryMax"), Value::from(1u64 << 30));
@@ -203,11 +225,29 @@ mod tests {
             .map(|(k, v)| (k.to_string(), OwnedValue::try_from(v).unwrap()))
             .collect()
         };
-        let full = vec![("/dev/nvidia0", "rw"), ("/dev/nvidiactl", "rwm")];
-        assert_eq!(spec_from_raw(&raw("closed", full.clone())), Some(s));
+        let full = vec![("/dev/nvidia0", "rwm"), ("/dev/nvidiactl", "mwr")];
+        assert_eq!(spec_from_raw(&raw("closed", full.clone())), Some(s.clone()));
         assert_eq!(spec_from_raw(&raw("auto", full)), None);
-        let ro = raw("closed", vec![("/dev/nvidia0", "r")]);
-        assert!(spec_from_raw(&ro).unwrap().device_allow.is_empty());
+        let ro = raw(
+            "closed",
+            vec![("/dev/nvidia0", "r"), ("/dev/nvidiactl", "rwm")],
+        );
+        let got = spec_from_raw(&ro).unwrap();
+        assert_ne!(
+            got, s,
+            "a narrower grant must not read back as the wanted spec"
+        );
+        assert_eq!(
+            got.device_allow.into_iter().collect::<Vec<_>>(),
+            ["/dev/nvidia0 r", "/dev/nvidiactl"]
+        );
+        // A slice set by a version that granted `rw` differs from the wanted spec, so the planner
+        // sets it once more, with `rwm`.
+        let old_rw = raw(
+            "closed",
+            vec![("/dev/nvidia0", "rw"), ("/dev/nvidiactl", "rw")],
+        );
+        assert_ne!(spec_from_raw(&old_rw), Some(s));
     }
 
     #[test]
@@ -224,7 +264,7 @@ mod tests {
         let text = slice_unit_file("infer", &spec(), "/var/lib/gpuctl/slices.json");
         assert!(text.contains("MemoryMax=1073741824\n"));
         assert!(!text.contains("MemoryHigh"));
-        assert!(text.contains("DevicePolicy=closed\nDeviceAllow=/dev/nvidia0 rw\n"));
+        assert!(text.contains("DevicePolicy=closed\nDeviceAllow=/dev/nvidia0 rwm\n"));
         assert!(text.contains("AllowedCPUs=0-3,8\n"));
     }
 }

@@ -39,7 +39,8 @@ check "AllowedCPUs=0" test "$(systemctl show -P AllowedCPUs gpu-infer.slice)" = 
 check "TasksMax=128" test "$(systemctl show -P TasksMax gpu-infer.slice)" = 128
 check "DevicePolicy=closed" test "$(systemctl show -P DevicePolicy gpu-infer.slice)" = closed
 da=$(systemctl show -P DeviceAllow gpu-infer.slice)
-check "DeviceAllow has nvidia0" sh -c "echo '$da' | grep -q '/dev/nvidia0 rw'"
+# rwm: a container engine under the slice creates the team's nodes with mknod (docs/containers.md)
+check "DeviceAllow has nvidia0 rwm" sh -c "echo '$da' | grep -q '/dev/nvidia0 rwm'"
 check "DeviceAllow lacks nvidia1" sh -c "! echo '$da' | grep -q '/dev/nvidia1 '"
 cg=/sys/fs/cgroup/gpu.slice/gpu-infer.slice
 echo "cgroupfs: memory.max=$(cat $cg/memory.max) memory.high=$(cat $cg/memory.high) cpu.weight=$(cat $cg/cpu.weight) pids.max=$(cat $cg/pids.max) cpuset.cpus=$(cat $cg/cpuset.cpus)"

@@ -89,8 +89,8 @@ echo "gpu-infer.slice DeviceAllow: $(systemctl show -P DeviceAllow gpu-infer.sli
 echo "gpu-train.slice DeviceAllow: $(systemctl show -P DeviceAllow gpu-train.slice)"
 check "infer's DeviceAllow has exactly infer's caps" test "$(caps_allowed infer)" = "$infer_caps"
 check "train's DeviceAllow has exactly train's caps" test "$(caps_allowed train)" = "$train_caps"
-check "infer's DeviceAllow has the parent /dev/nvidia0, not /dev/nvidia1" \
-    sh -c "systemctl show -P DeviceAllow gpu-infer.slice | grep -q '/dev/nvidia0 rw' && ! systemctl show -P DeviceAllow gpu-infer.slice | grep -q '/dev/nvidia1 '"
+check "infer's DeviceAllow has the parent /dev/nvidia0 (rwm), not /dev/nvidia1" \
+    sh -c "systemctl show -P DeviceAllow gpu-infer.slice | grep -q '/dev/nvidia0 rwm' && ! systemctl show -P DeviceAllow gpu-infer.slice | grep -q '/dev/nvidia1 '"
 check "DevicePolicy=closed on both" test "$(systemctl show -P DevicePolicy gpu-infer.slice gpu-train.slice | grep . | sort -u)" = closed
 ic=$(head -n1 <<<"$infer_caps") tc=$(head -n1 <<<"$train_caps")
 r=$(probe gpu-infer.slice "$ic"); echo "infer -> $ic: $r"

@@ -1,0 +1,142 @@
+#!/bin/bash
+# 90: the per-team CDI spec with a real container engine (Debian's podman + crun, as root).
+# gpuctld writes /var/run/cdi/gpuctl.io-team-<team>.json; a container started with
+# `podman run $(gpuctl env --team infer --format cdi)` (= --device gpuctl.io/team=infer
+# --cgroup-parent=gpu-infer.slice) sees exactly infer's nodes (they open: ENXIO, no driver), not
+# GPU 1's, and GPU 1's node forced in with --device /dev/nvidia1 is denied (EPERM: crun's mknod
+# of it) by the slice's device filter; the env is infer's; the container's cgroup is under gpu-infer.slice with its
+# memory.max; under a slice granting the nodes only `rw` crun's mknod is denied (why `rwm`).
+# Without the cgroup parent the forced node opens: CDI alone does not isolate. An MPS
+# team gets its pipe directory mounted; a device-less team starts without GPUs.
+# vmtest: timeout=600
+# vmtest: group=cdi
+# Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
+# shellcheck disable=SC2001,SC2011,SC2012,SC2046,SC2086,SC2119
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+. lib/cdi.sh
+
+gpuctld_setup 4
+test_users
+fake_mps_control
+put_policy 90-cdi.toml <<'P'
+version = 1
+[teams.infer]
+members = ["@ml-infer"]
+memory-max = "256M"
+[teams.train]
+members = ["@ml-train"]
+memory-max = "512M"
+[teams.train.mps]
+active-thread-percentage = 50
+[teams.idle]
+members = ["alice"]
+[[gpu]]
+index = [0]
+owner = "infer"
+[[gpu]]
+index = [1]
+owner = "train"
+P
+gpuctld_start
+wait_for 30 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+echo "gpuctld: $(status_text)"
+echo "engines: $(podman --version), $(crun --version | head -n1), conmon $(conmon --version | head -n1)"
+
+ls -l /var/run/cdi/ | sed 's/^/    cdi| /'
+for t in infer train idle; do
+    check "spec for $t: kind gpuctl.io/team, one device named $t" \
+        test "$(jq -r '[.kind, (.devices | length), .devices[0].name] | map(tostring) | join(" ")' "$(cdi_spec $t)")" = "gpuctl.io/team 1 $t"
+done
+check "infer's spec nodes are exactly gpu-infer.slice's DeviceAllow" test \
+    "$(jq -r '.devices[0].containerEdits.deviceNodes[].path' "$(cdi_spec infer)" | sort | xargs)" = \
+    "$(systemctl show -P DeviceAllow gpu-infer.slice | tr ' ' '\n' | grep '^/' | sort | xargs)"
+sed 's/^/    infer.json| /' "$(cdi_spec infer)" | head -30
+
+flags=$(gpuctl env --team infer --format cdi)
+echo "gpuctl env --team infer --format cdi: $flags"
+check "env --format cdi prints the device and the cgroup parent" \
+    test "$flags" = "--device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice"
+
+check_output "busybox-static rootfs for the containers" cdi_rootfs
+export NODES="/dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools /dev/nvidia1 /dev/nvidia2"
+# shellcheck disable=SC2086 # flags are words
+out=$(in_ctr $flags --cgroupns=host -e NODES -- "$PROBE" 2>&1)
+echo "$out" | sed 's/^/    infer| /'
+for n in /dev/nvidia0 /dev/nvidiactl /dev/nvidia-uvm /dev/nvidia-uvm-tools; do
+    check "inside: infer's $n exists and opens (ENXIO: allowed, no driver)" test "$(field "$out" "node $n")" = ENXIO
+done
+check "inside: GPU 1's and 2's nodes are absent" \
+    test "$(field "$out" "node /dev/nvidia1") $(field "$out" "node /dev/nvidia2")" = "ABSENT ABSENT"
+check "inside: CUDA_VISIBLE_DEVICES is infer's GPU" test "$(field "$out" env | grep '^CUDA_VISIBLE_DEVICES=')" = "CUDA_VISIBLE_DEVICES=$(gpu_uuid 0)"
+check "inside: NVIDIA_VISIBLE_DEVICES and GPUCTL_TEAM are infer's" \
+    test "$(field "$out" env | grep -E '^(NVIDIA_VISIBLE_DEVICES|GPUCTL_TEAM)=' | xargs)" = "GPUCTL_TEAM=infer NVIDIA_VISIBLE_DEVICES=$(gpu_uuid 0)"
+cg=$(field "$out" cgroup)
+check "inside: the container's cgroup is under gpu-infer.slice ($cg)" grep -q '^/gpu.slice/gpu-infer.slice/' <<<"$cg"
+check "inside: memory.max of gpu-infer.slice seen from the container is 256M" \
+    test "$(field "$out" memmax | awk '$1 == "/gpu.slice/gpu-infer.slice" {print $2}')" = 268435456
+
+# Why team slices grant `rwm`: under a slice whose DeviceAllow= grants the same nodes only `rw`
+# (what gpuctl set before), crun cannot create them in the container, because the cgroup device
+# filter checks mknod too.
+{
+    printf '[Slice]\nDevicePolicy=closed\n'
+    for n in $(jq -r '.devices[0].containerEdits.deviceNodes[].path' "$(cdi_spec infer)"); do echo "DeviceAllow=$n rw"; done
+} >/run/systemd/system/vmtest-rw.slice
+systemctl daemon-reload
+out=$(in_ctr --device gpuctl.io/team=infer --cgroup-parent=vmtest-rw.slice -- true 2>&1)
+echo "$out" | tail -n 3 | sed 's/^/    rw-only| /'
+check "under DeviceAllow=... rw (no m) the container fails: mknod of a team node denied" \
+    grep -q 'mknod.*Operation not permitted' <<<"$out"
+rm -f /run/systemd/system/vmtest-rw.slice
+systemctl daemon-reload
+
+# shellcheck disable=SC2086
+# With `rwm` crun creates every node of the container with mknod under the slice, so a foreign
+# node is stopped already there: the device filter denies its mknod and the container does not
+# start. (Were it created some other way, opening it would give EPERM: either is a denial.)
+out=$(in_ctr $flags --device /dev/nvidia1 -e NODES -- "$PROBE" 2>&1)
+echo "$out" | grep -E '^(node|Error)' | sed 's/^/    forced| /'
+check "another team's node forced in with --device /dev/nvidia1 is denied by the slice (mknod or open: EPERM)" \
+    sh -c 'grep -q "mknod .*/dev/nvidia1.*Operation not permitted" || grep -q "^node /dev/nvidia1 EPERM$"' <<<"$out"
+check "... and does not open: no 'node /dev/nvidia1 ENXIO|OK'" sh -c '! grep -qE "^node /dev/nvidia1 (ENXIO|OK)$"' <<<"$out"
+
+out=$(in_ctr --device gpuctl.io/team=infer --device /dev/nvidia1 -e NODES -- "$PROBE" 2>&1)
+echo "$out" | grep -E '^(node|cgroup)' | sed 's/^/    no-parent| /'
+check "without --cgroup-parent the forced node opens (ENXIO): the slice, not CDI, isolates" \
+    test "$(field "$out" "node /dev/nvidia1")" = ENXIO
+
+# An MPS team: its pipe directory is mounted, CUDA_MPS_PIPE_DIRECTORY points at it.
+inst=$(jq -r '.devices[0].containerEdits.mounts[0].hostPath' "$(cdi_spec train)")
+echo "train's pipe dir: $inst ($(ls "$inst" 2>&1 | xargs))"
+check "train's spec mounts its MPS pipe directory (CDI 0.4.0: typed mount)" \
+    test "$(jq -r '.cdiVersion' "$(cdi_spec train)") $inst" = "0.4.0 /run/gpuctl/mps/train-gpus"
+out=$(in_ctr $(gpuctl env --team train --format cdi) -- 'echo "pipe $CUDA_MPS_PIPE_DIRECTORY"; ls -a "$CUDA_MPS_PIPE_DIRECTORY" | sed "s/^/entry /"; grep " $CUDA_MPS_PIPE_DIRECTORY " /proc/self/mountinfo | sed "s/^/mnt /"' 2>&1)
+echo "$out" | sed 's/^/    train| /'
+check "inside train's container: CUDA_MPS_PIPE_DIRECTORY is the mounted pipe dir" \
+    test "$(field "$out" pipe)" = "$inst"
+check "inside train's container: the pipe dir is a bind mount of the host's" grep -q '^mnt ' <<<"$out"
+check "inside train's container: same entries as on the host" \
+    test "$(field "$out" entry | grep -v '^\.\.\?$' | sort | xargs)" = "$(ls "$inst" | sort | xargs)"
+
+# A device-less team: the entry grants nothing, the container starts without GPUs.
+out=$(in_ctr $(gpuctl env --team idle --format cdi) -e NODES -- "$PROBE" 2>&1)
+echo "$out" | sed 's/^/    idle| /'
+check "idle team: container starts, no GPU node inside" \
+    test "$(field "$out" "node /dev/nvidia0") $(field "$out" "node /dev/nvidiactl")" = "ABSENT ABSENT"
+check "idle team: CUDA_VISIBLE_DEVICES empty, NVIDIA_VISIBLE_DEVICES=void" \
+    test "$(field "$out" env | grep -E '^(CUDA|NVIDIA)_VISIBLE' | xargs)" = "CUDA_VISIBLE_DEVICES= NVIDIA_VISIBLE_DEVICES=void"
+
+# Unknown team: a clear engine error, not a silent GPU-less start.
+check_not "an unknown team's device is refused by podman" in_ctr --device gpuctl.io/team=nosuch -- true
+
+# The same through an image imported offline from the rootfs tar (slow under TCG: last).
+t0=$SECONDS
+check_output "tiny image imported offline from busybox-static (podman import)" cdi_image
+echo "podman import took $((SECONDS - t0)) s"
+out=$(podman run --rm --network=none $flags -e NODES "$CDI_IMAGE" sh -c "$PROBE" 2>&1)
+echo "$out" | grep '^node' | sed 's/^/    image| /'
+check "from the imported image: infer's node opens, GPU 1's is absent" \
+    test "$(field "$out" "node /dev/nvidia0") $(field "$out" "node /dev/nvidia1")" = "ENXIO ABSENT"
+finish

@@ -1,0 +1,60 @@
+#!/bin/bash
+# 92: members and rootless podman. `gpuctl env --format cdi` is for members only. alice (a member
+# of infer) runs rootless podman inside her team share: `gpuctl run --team infer -- podman run
+# --cgroups=disabled --device gpuctl.io/team=infer ...`: with cgroups disabled the container stays
+# in the caller's cgroup, the `gpuctl run` scope under gpu-infer.slice, so the slice's device
+# filter and memory limit hold (docs/containers.md, "Rootless"). Outside gpuctl run, rootless
+# podman's container is not under the team slice.
+# vmtest: timeout=480
+# vmtest: group=cdi
+# Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
+# shellcheck disable=SC2001,SC2011,SC2012,SC2046,SC2086,SC2119
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+. lib/cdi.sh
+
+shell_setup
+echo "subuid: $(grep -c . /etc/subuid) entries; newuidmap: $(command -v newuidmap || echo absent)"
+check_output "a member gets the flags" as alice "gpuctl env --team infer --format cdi"
+check_not "a non-member is refused (bob, infer)" as bob "gpuctl env --team infer --format cdi"
+
+# Without newuidmap (package uidmap, not in the image) podman refuses a user with subordinate
+# ids; a user without them runs with only their own uid mapped, which is all this needs.
+sed -i '/^alice:/d' /etc/subuid /etc/subgid
+rootfs=$(cdi_rootfs alice)
+
+# The fake driver's /proc overlays (lib/fake-hw.sh: a file bound over /proc/devices, a tmpfs over
+# /proc/driver) make procfs "not fully visible", and the kernel then refuses a fresh procfs mount
+# in a user namespace: rootless crun fails with "mount `proc` to `proc`: Operation not permitted"
+# (the first run of this scenario). A real host has no such overlays (an lxcfs host has, with the
+# same effect); alice's podman runs in a private mount namespace without them.
+as_alice_np() {
+    unshare -m --propagation private sh -c 'umount -l /proc/devices; umount -l /proc/driver; exec su -s /bin/sh alice -c "$1"' sh "$*"
+}
+
+export NODES="/dev/nvidia0 /dev/nvidiactl /dev/nvidia1"
+# as alice, inside her team share; --cgroupns=host to read the slice's memory.max.
+run_as_alice() {
+    as_alice_np "cd ~ && NODES='$NODES' gpuctl run --team infer -- podman run --rm --network=none --cgroups=disabled $* --cgroupns=host -e NODES --rootfs $rootfs sh -c '$PROBE'"
+}
+out=$(run_as_alice --device gpuctl.io/team=infer 2>&1)
+echo "$out" | sed 's/^/    rootless| /'
+check "rootless: the container started with infer's CDI device" grep -q '^node /dev/nvidia0 ' <<<"$out"
+check "rootless: infer's node opens (ENXIO)" test "$(field "$out" "node /dev/nvidia0")" = ENXIO
+check "rootless: GPU 1's node absent" test "$(field "$out" "node /dev/nvidia1")" = ABSENT
+check "rootless: CUDA_VISIBLE_DEVICES is infer's" test "$(field "$out" env | sed -n 's/^CUDA_VISIBLE_DEVICES=//p')" = "$(gpu_uuid 0)"
+cg=$(field "$out" cgroup)
+check "rootless: the container stays under gpu-infer.slice ($cg)" grep -q '^/gpu.slice/gpu-infer.slice/' <<<"$cg"
+check "rootless: memory.max of gpu-infer.slice seen inside is 256M" \
+    test "$(field "$out" memmax | awk '$1 == "/gpu.slice/gpu-infer.slice" {print $2}')" = 268435456
+out=$(run_as_alice --device gpuctl.io/team=infer --device /dev/nvidia1 2>&1)
+echo "$out" | grep -E '^(node|Error|cgroup)' | sed 's/^/    forced| /'
+check "rootless: another team's node forced in is denied (EPERM)" test "$(field "$out" "node /dev/nvidia1")" = EPERM
+
+# Outside gpuctl run, rootless podman's container is in alice's own cgroup, not the team's:
+# --cgroup-parent=gpu-infer.slice cannot reach a system slice from a user's podman.
+out=$(as_alice_np "cd ~ && podman run --rm --network=none --device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice --cgroupns=host --rootfs $rootfs cat /proc/self/cgroup" 2>&1)
+echo "$out" | tail -n 4 | sed 's/^/    outside| /'
+check "rootless without gpuctl run: not under gpu-infer.slice" bash -c "! grep -q '^0::/gpu.slice/gpu-infer.slice/' <<<'$out'"
+finish
