@@ -34,6 +34,7 @@ pub mod paths;
 pub mod plan;
 pub mod policy;
 pub mod profiles;
+pub mod ratelimit;
 pub mod real;
 pub mod settings;
 pub mod sim;

@@ -1,7 +1,9 @@
 //! The value shapes of team settings ([`Kind`]s): how each parses from the policy, resolves for
 //! the host, travels over D-Bus, reads back, lands in a unit file and shows for people.
 
-use super::value::{human_bytes, int_in, size_item, type_name, want_str, CpuSet, Fail, Size};
+use super::value::{
+    human_bytes, int_in, size_item, type_name, want_str, CpuSet, Fail, Size, SIZE_HELP,
+};
 use super::{Kind, UNSET};
 use std::collections::BTreeMap;
 use toml_edit::Item;
@@ -19,17 +21,51 @@ fn dash_or(v: Option<String>) -> Option<String> {
     Some(v.unwrap_or_else(|| "-".into()))
 }
 
+/// Smallest memory limit (`memory-max`, `memory-high`) once resolved: below this a team's shell
+/// and its CUDA context do not start, and `0` kills every job of the team.
+pub const MIN_MEMORY_BYTES: u64 = 64 << 20;
+
 /// A memory size (`t`): bytes, or a share of host RAM in the policy; `"infinity"` is no limit.
+/// Resolved, it is at least [`MIN_MEMORY_BYTES`] and at most the host's RAM.
 pub struct Memory;
 
 impl Kind for Memory {
     type Policy = Size;
     type Live = u64;
     fn parse(item: &Item) -> Result<Option<Size>, Fail> {
-        size_item(item, true)
+        let v = size_item(item, true)?;
+        if let Some(s) = &v {
+            Self::check(s, 0).map_err(|m| (m, Some(SIZE_HELP.into())))?;
+        }
+        Ok(v)
     }
     fn resolve(v: &Size, host_ram: u64) -> u64 {
         v.resolve(host_ram)
+    }
+    fn check(v: &Size, host_ram: u64) -> Result<(), String> {
+        let what = match *v {
+            Size::Bytes(b) => format!("{b} bytes"),
+            Size::PercentOfRam(p) if !(p > 0.0 && p <= 100.0) => {
+                return Err(format!("{p}% is not a share of host RAM"))
+            }
+            // Without the host's RAM a share cannot be resolved; the host check says so.
+            Size::PercentOfRam(_) if host_ram == 0 => return Ok(()),
+            Size::PercentOfRam(p) => format!("{p}% of host RAM ({} bytes)", v.resolve(host_ram)),
+        };
+        let bytes = v.resolve(host_ram);
+        if bytes < MIN_MEMORY_BYTES {
+            return Err(format!(
+                "{what} is below the floor of {} MiB (MIN_MEMORY_BYTES): the team's jobs could \
+                 not start, and 0 kills every one of them",
+                MIN_MEMORY_BYTES >> 20
+            ));
+        }
+        if host_ram > 0 && bytes > host_ram {
+            return Err(format!(
+                "{what} is above this host's RAM ({host_ram} bytes), so it limits nothing"
+            ));
+        }
+        Ok(())
     }
     fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
         u64_to_bus(v)
@@ -42,6 +78,37 @@ impl Kind for Memory {
     }
     fn show(v: Option<&u64>) -> Option<String> {
         dash_or(v.map(|b| human_bytes(*b)))
+    }
+}
+
+/// `memory-high` above `memory-max` never throttles. Compared after resolution on a host with
+/// `host_ram` bytes, so `"50%"` against `"10G"` is caught; with the RAM unknown (0) only values
+/// of the same shape (bytes and bytes, percent and percent) can be compared.
+pub fn memory_order(max: Option<&Size>, high: Option<&Size>, host_ram: u64) -> Result<(), String> {
+    let (Some(max), Some(high)) = (max, high) else {
+        return Ok(());
+    };
+    let (m, h) = match (max, high) {
+        (Size::PercentOfRam(m), Size::PercentOfRam(h)) if host_ram == 0 => {
+            return if h > m {
+                Err(format!(
+                    "memory-high ({h}% of host RAM) is above memory-max ({m}%), so it never \
+                     throttles"
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        (Size::Bytes(_), Size::Bytes(_)) => (max.resolve(0), high.resolve(0)),
+        _ if host_ram == 0 => return Ok(()),
+        _ => (max.resolve(host_ram), high.resolve(host_ram)),
+    };
+    if h > m {
+        Err(format!(
+            "memory-high ({h} bytes) is above memory-max ({m} bytes), so it never throttles"
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -71,6 +138,13 @@ impl<const LO: u64, const HI: u64, const INFINITY: bool> Kind for Int<LO, HI, IN
     }
     fn resolve(v: &u64, _: u64) -> u64 {
         *v
+    }
+    fn check(v: &u64, _: u64) -> Result<(), String> {
+        if (LO..=HI).contains(v) {
+            Ok(())
+        } else {
+            Err(format!("{v} is out of range {LO} to {HI}"))
+        }
     }
     fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
         u64_to_bus(v)

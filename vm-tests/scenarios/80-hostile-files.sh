@@ -1,0 +1,69 @@
+#!/bin/bash
+# 80 (issue #18): a running gpuctld is fed the files that crashed or hung it through its policy
+# directory: a FIFO and a link to /dev/zero named *.toml, a 2 MiB file, a drain-timeout whose sum
+# overflowed Duration, 100,000 members, a name that is not UTF-8. After each SIGHUP it answers
+# Status, names the file, keeps the last good policy in force, alice's joins still work, and
+# NRestarts stays 0.
+# vmtest: timeout=420
+# vmtest: group=harden
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+shell_setup
+d=/etc/gpuctl/policy.d
+restarts0=$(systemctl show -P NRestarts gpuctld.service)
+
+healthy() { # $1: what was fed
+    local st
+    st=$(status_text)
+    echo "  after $1: $st" | cut -c1-300
+    check "$1: gpuctl status answers" timeout 30 gpuctl status
+    check "$1: last good policy in force" grep -q 'last good policy in force' <<<"$st"
+    check "$1: alice still joins infer" test "$(as alice 'gpuctl run --team infer -- cat /proc/self/cgroup' | grep -c gpu-infer.slice)" = 1
+    check "$1: NRestarts unchanged" test "$(systemctl show -P NRestarts gpuctld.service)" = "$restarts0"
+}
+
+mkfifo $d/90-fifo.toml
+reload_wait
+check "FIFO named in StatusText" grep -q '90-fifo.toml: cannot read: a FIFO' <<<"$(status_text)"
+healthy "a FIFO"
+rm -f $d/90-fifo.toml
+
+ln -s /dev/zero $d/91-zero.toml
+reload_wait
+check "/dev/zero link named" grep -q '91-zero.toml: cannot read: a character device' <<<"$(status_text)"
+healthy "a link to /dev/zero"
+rm -f $d/91-zero.toml
+
+head -c $((2 << 20)) /dev/zero | tr '\0' '#' >$d/92-big.toml
+reload_wait
+check "2 MiB file refused naming the cap" grep -q '92-big.toml: cannot read: .* over the 1024 KiB limit' <<<"$(status_text)"
+healthy "a 2 MiB file"
+rm -f $d/92-big.toml
+
+{ printf 'version = 1\n[host]\ndrain-timeout = "'; for _ in $(seq 60000); do printf 4294967295d; done; printf '"\n'; } >$d/93-panic.toml
+reload_wait
+check "the overflowing duration is an error with file:line:key" grep -q '93-panic.toml:3:17: host.drain-timeout: .* is too large' <<<"$(status_text)"
+healthy "an overflowing drain-timeout"
+rm -f $d/93-panic.toml
+
+{ printf 'version = 1\n[teams.infer]\nmembers = ['; seq -f '"u%g",' 100000 | tr -d '\n'; printf '"z"]\n'; } >$d/94-members.toml
+t0=$(date +%s%N)
+reload_wait
+t1=$(date +%s%N)
+check "100,000 members: error naming the cap" grep -q '94-members.toml:3:11: teams.infer.members: 100001 members is over the limit of 4096 (MAX_MEMBERS)' <<<"$(status_text)"
+echo "BENCH harden-100k-members-reload-ms $(((t1 - t0) / 1000000))"
+healthy "100,000 members"
+rm -f $d/94-members.toml
+
+printf 'version = 1\n' >"$d/95-$(printf '\xff\xfe').toml"
+reload_wait
+check "a non-UTF-8 name is warned about" grep -q 'skipped: the file name is not UTF-8' <(gpuctld_journal)
+rm -f "$d/95-$(printf '\xff\xfe').toml"
+
+reload_wait
+check "clean again: converged" grep -q converged <<<"$(status_text)"
+rss=$(awk '/VmRSS/ {print $2}' "/proc/$(systemctl show -P MainPID gpuctld.service)/status")
+echo "BENCH harden-rss-after-hostile-files-kib $rss"
+check "RSS bounded (< 64 MiB)" test "$rss" -lt 65536
+finish
