@@ -52,15 +52,8 @@ const KEYS_HOST: &[&str] = &[
     "nvml-library",
     "mps-control",
 ];
-const KEYS_TEAM: &[&str] = &[
-    "members",
-    "memory-max",
-    "memory-high",
-    "cpu-weight",
-    "allowed-cpus",
-    "tasks-max",
-    "io-weight",
-];
+/// The team settings' keys come from the one settings table, so a new setting is fuzzed too.
+const KEYS_TEAM: &[&str] = gpuctl::settings::KEYS;
 const KEYS_MPS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const PROFILES: &[&str] = &[
     "1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb", "1g.5gb", "3g.20gb",

@@ -283,6 +283,7 @@ impl Kind for Bandwidth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::value::Size;
     use crate::settings::{Limits, LimitsPart, SliceSpec};
     use std::path::PathBuf;
 
@@ -327,6 +328,51 @@ mod tests {
             assert_eq!(e.len(), 1, "{bad}: {e:?}");
             assert!(e[0].starts_with("io-read-bandwidth-max: "), "{e:?}");
         }
+    }
+
+    #[test]
+    fn memory_has_a_floor_when_parsed_and_a_ceiling_on_the_host() {
+        for bad in ["0", "\"1M\"", "67108863"] {
+            let (p, e) = parse(&format!("memory-max = {bad}\n"));
+            assert!(p.memory_max.is_none(), "{bad}");
+            assert!(
+                e[0].contains("below the floor of 64 MiB (MIN_MEMORY_BYTES)"),
+                "{e:?}"
+            );
+        }
+        let (p, e) = parse("memory-max = \"64M\"\nmemory-high = \"0.1%\"\n");
+        assert!(e.is_empty(), "a share is checked on the host: {e:?}");
+        let ram = 16u64 << 30;
+        let limits = p.to_limits();
+        let errs = limits.check(ram);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].0, "memory-high");
+        assert!(errs[0].1.contains("below the floor"), "{errs:?}");
+        assert!(Memory::check(&Size::Bytes(32 << 30), ram)
+            .unwrap_err()
+            .contains("above this host's RAM"));
+        assert!(
+            Memory::check(&Size::Bytes(32 << 30), 0).is_ok(),
+            "RAM unknown"
+        );
+        assert!(Memory::check(&Size::PercentOfRam(50.0), ram).is_ok());
+    }
+
+    #[test]
+    fn memory_high_is_compared_with_max_after_resolution() {
+        let b = Size::Bytes;
+        let p = Size::PercentOfRam;
+        let ram = 100u64 << 30;
+        assert!(memory_order(Some(&b(10 << 30)), Some(&b(20 << 30)), 0).is_err());
+        assert!(memory_order(Some(&p(10.0)), Some(&p(20.0)), 0).is_err());
+        assert!(
+            memory_order(Some(&b(10 << 30)), Some(&p(50.0)), 0).is_ok(),
+            "no RAM"
+        );
+        let e = memory_order(Some(&b(10 << 30)), Some(&p(50.0)), ram).unwrap_err();
+        assert!(e.contains("never throttles"), "{e}");
+        assert!(memory_order(Some(&p(50.0)), Some(&b(10 << 30)), ram).is_ok());
+        assert!(memory_order(None, Some(&b(1)), ram).is_ok());
     }
 
     fn io_spec() -> SliceSpec {

@@ -47,6 +47,17 @@ pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
     std::borrow::Cow::Owned(out)
 }
 
+/// `text` for a message: quoted, control characters escaped, and cut after 40 characters, so a
+/// hostile value (a 0.5 MiB duration) does not flood the journal or `STATUS=`.
+pub fn quote(text: &str) -> String {
+    const MAX: usize = 40;
+    let mut cut: String = text.chars().take(MAX).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    format!("'{}'", escape_controls(&cut))
+}
+
 /// A value and where it was written.
 #[derive(Debug, Clone, PartialEq)]
 pub struct At<T> {
@@ -146,12 +157,13 @@ pub fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
             Some(help.into()),
         )
     })?;
+    let q = quote(s);
     match parse_size(s) {
         Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err((
-            format!("'{s}': a percentage of host RAM makes no sense here"),
+            format!("{q}: a percentage of host RAM makes no sense here"),
             Some(help.into()),
         )),
-        Ok(None) if !allow_percent => Err((format!("'{s}' is not a size"), Some(help.into()))),
+        Ok(None) if !allow_percent => Err((format!("{q} is not a size"), Some(help.into()))),
         Ok(v) => Ok(v),
         Err(m) => Err((m, Some(help.into()))),
     }
@@ -161,6 +173,7 @@ pub fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
 /// no limit). Suffixes K, M, G, T are powers of 1024, as in systemd; `KiB`-style spellings are
 /// accepted too.
 pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
+    let q = quote(s);
     let t = s.trim();
     if t == "infinity" {
         return Ok(None);
@@ -169,10 +182,10 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
         let v: f64 = p
             .trim()
             .parse()
-            .map_err(|_| format!("'{s}' is not a percentage"))?;
+            .map_err(|_| format!("{q} is not a percentage"))?;
         if !(v > 0.0 && v <= 100.0) {
             return Err(format!(
-                "'{s}': a percentage must be more than 0 and at most 100"
+                "{q}: a percentage must be more than 0 and at most 100"
             ));
         }
         return Ok(Some(Size::PercentOfRam(v)));
@@ -180,7 +193,7 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
     if num.is_empty() {
-        return Err(format!("'{s}' is not a size"));
+        return Err(format!("{q} is not a size"));
     }
     let shift = match unit.trim() {
         "" | "B" => 0,
@@ -188,16 +201,17 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
         "T" | "TiB" => 40,
-        u => return Err(format!("'{s}': unknown size unit '{u}'")),
+        u => return Err(format!("{q}: unknown size unit {}", quote(u))),
     };
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
+    let n: u64 = num.parse().map_err(|_| format!("{q} is too large"))?;
     n.checked_mul(1u64 << shift)
         .map(|b| Some(Size::Bytes(b)))
-        .ok_or_else(|| format!("'{s}' is too large"))
+        .ok_or_else(|| format!("{q} is too large"))
 }
 
 /// Parse a duration: `"90"` (seconds), `"5m"`, `"1h30m"`, `"500ms"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let q = quote(s);
     let t = s.trim();
     if t.is_empty() {
         return Err("empty duration".into());
@@ -212,11 +226,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(rest.len());
         if d == 0 {
-            return Err(format!("'{s}' is not a duration"));
+            return Err(format!("{q} is not a duration"));
         }
-        let n: u64 = rest[..d]
-            .parse()
-            .map_err(|_| format!("'{s}' is too large"))?;
+        let n: u64 = rest[..d].parse().map_err(|_| format!("{q} is too large"))?;
         rest = &rest[d..];
         let u = rest
             .find(|c: char| c.is_ascii_digit())
@@ -229,13 +241,13 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "m" | "min" => Duration::from_secs(60),
             "h" => Duration::from_secs(3600),
             "d" => Duration::from_secs(86400),
-            _ => return Err(format!("'{s}': unknown time unit '{unit}'")),
+            _ => return Err(format!("{q}: unknown time unit {}", quote(unit))),
         };
         // Checked: a long sum of large terms overflowed `Duration` and panicked here.
         total = per
-            .checked_mul(u32::try_from(n).map_err(|_| format!("'{s}' is too large"))?)
+            .checked_mul(u32::try_from(n).map_err(|_| format!("{q} is too large"))?)
             .and_then(|d| total.checked_add(d))
-            .ok_or_else(|| format!("'{s}' is too large"))?;
+            .ok_or_else(|| format!("{q} is too large"))?;
     }
     Ok(total)
 }
@@ -382,12 +394,11 @@ impl FromStr for CpuSet {
     /// `"0-3, 8,4-5"`: numbers below 65536 and ascending ranges, comma-separated, at most
     /// [`MAX_CPU_ITEMS`] items.
     fn from_str(s: &str) -> Result<CpuSet, String> {
+        let q = quote(s);
         let items = s.split(',').count();
         if items > MAX_CPU_ITEMS {
-            let head: String = s.chars().take(20).collect();
             return Err(format!(
-                "'{}…': {}",
-                escape_controls(&head),
+                "{q}: {}",
                 over_cap("CPU list items", items, MAX_CPU_ITEMS, "MAX_CPU_ITEMS")
             ));
         }
@@ -395,21 +406,21 @@ impl FromStr for CpuSet {
         for part in s.split(',') {
             let part = part.trim();
             if part.is_empty() {
-                return Err(format!("'{s}': empty item in CPU list"));
+                return Err(format!("{q}: empty item in CPU list"));
             }
             let num = |x: &str| -> Result<u32, String> {
                 x.trim()
                     .parse::<u32>()
                     .ok()
                     .filter(|n| *n < 65536)
-                    .ok_or_else(|| format!("'{s}': '{x}' is not a CPU number"))
+                    .ok_or_else(|| format!("{q}: {} is not a CPU number", quote(x)))
             };
             let (a, b) = match part.split_once('-') {
                 Some((a, b)) => (num(a)?, num(b)?),
                 None => (num(part)?, num(part)?),
             };
             if a > b {
-                return Err(format!("'{s}': range {part} runs backwards"));
+                return Err(format!("{q}: range {} runs backwards", quote(part)));
             }
             ranges.push((a, b));
         }
@@ -508,6 +519,72 @@ mod tests {
         assert!(CpuSet::default().to_mask().is_empty());
         assert_eq!(serde_json::to_string(&c).unwrap(), "\"0-3,8,10-11\"");
         assert!(serde_json::from_str::<CpuSet>("\"3-1\"").is_err());
+    }
+
+    #[test]
+    fn duration_sums_that_overflow_are_errors_not_panics() {
+        let huge = "4294967295d".repeat(52_000);
+        let e = parse_duration(&huge).unwrap_err();
+        assert!(e.ends_with("is too large"), "{e}");
+        assert!(e.len() < 80, "the value is quoted short: {e}");
+    }
+
+    #[test]
+    fn durations_have_a_maximum() {
+        let item = |t: &str| toml_edit::value(t);
+        let max = MAX_DRAIN_TIMEOUT;
+        assert_eq!(duration_item(&item("24h"), max, "MAX"), Ok(max));
+        assert_eq!(
+            duration_item(&toml_edit::value(90), max, "MAX"),
+            Ok(Duration::from_secs(90))
+        );
+        let (m, _) = duration_item(&item("24h1s"), max, "MAX_DRAIN_TIMEOUT").unwrap_err();
+        assert!(
+            m.contains("over the maximum of 24 h (MAX_DRAIN_TIMEOUT)"),
+            "{m}"
+        );
+        assert!(duration_item(&item("5000000000000000000d"), max, "MAX").is_err());
+    }
+
+    #[test]
+    fn uuids_are_checked_in_full() {
+        assert!(valid_gpu_uuid("GPU-00000000-1111-2222-3333-000000000004"));
+        assert!(valid_gpu_uuid("GPU-5a1b2c3d-AAAA-bbbb-0123-456789abcdef"));
+        for bad in [
+            "GPU-../../etc",
+            "GPU-12345678",
+            "GPU-00000000-1111-2222-3333-00000000000",
+            "GPU-00000000-1111-2222-3333-0000000000000",
+            "GPU-0000000g-1111-2222-3333-000000000000",
+            "MIG-00000000-1111-2222-3333-000000000000",
+            "GPU-00000000-1111-2222-3333-000000000000-",
+            "GPU-00000000-1111-2222-3333-00000000000\n",
+            "GP",
+            "",
+        ] {
+            assert!(!valid_gpu_uuid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cpu_lists_stay_intervals_and_are_capped() {
+        // 2,000 copies of the whole range: one interval, never 131 M numbers.
+        let wide = "0-65535,".repeat(2000) + "7";
+        let c: CpuSet = wide.parse().unwrap();
+        assert_eq!((c.to_string(), c.len()), ("0-65535".to_string(), 65536));
+        let many = "1,".repeat(MAX_CPU_ITEMS) + "2";
+        let e = many.parse::<CpuSet>().unwrap_err();
+        assert!(e.contains("over the limit of 4096 (MAX_CPU_ITEMS)"), "{e}");
+        let c: CpuSet = "9,3-4,5,0-1,2".parse().unwrap();
+        assert_eq!(c.to_string(), "0-5,9");
+    }
+
+    #[test]
+    fn quoted_values_are_short_and_escaped() {
+        assert_eq!(quote("5m"), "'5m'");
+        assert_eq!(quote("a\u{1b}[31mb\n"), "'a\\u{1b}[31mb\\n'");
+        let q = quote(&"x".repeat(1000));
+        assert!(q.ends_with("…'") && q.chars().count() == 43, "{q}");
     }
 
     #[test]
