@@ -81,4 +81,13 @@ fn rules_use_only_documented_metrics() {
         missing.is_empty(),
         "rules use metrics docs/fleet.md does not list: {missing:?}"
     );
+    // And the exporter really exports them: a rule over a name nobody sends is silently empty.
+    let exported: Vec<_> = used
+        .iter()
+        .filter(|n| !gpuctl::metrics::METRIC_NAMES.contains(&n.as_str()))
+        .collect();
+    assert!(
+        exported.is_empty(),
+        "rules use metrics gpuctl-exporter does not export (metrics::METRIC_NAMES): {exported:?}"
+    );
 }

@@ -2,6 +2,7 @@
 
 use super::shell::with_agent;
 use crate::dbus_api::reply::StatusReply;
+use crate::settings::value::compact_bytes;
 use clap::Args;
 
 /// Arguments of `gpuctl status`.
@@ -21,12 +22,7 @@ pub struct StatusArgs {
 }
 
 fn bytes(v: Option<u64>) -> String {
-    match v {
-        None => "-".into(),
-        Some(b) if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
-        Some(b) if b >= 1 << 20 => format!("{:.1}M", b as f64 / (1u64 << 20) as f64),
-        Some(b) => format!("{b}B"),
-    }
+    v.map_or_else(|| "-".into(), compact_bytes)
 }
 
 fn count(v: Option<u64>) -> String {

@@ -3,6 +3,7 @@
 //! for scripts, `--json` for the typed document, `--team T` to filter.
 
 use super::shell::{with_agent, Failure};
+use crate::settings::value::compact_bytes;
 use crate::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
 use clap::Args;
 use std::time::Duration;
@@ -33,12 +34,9 @@ pub struct TopArgs {
     pub interval: f64,
 }
 
+/// "n/a", not "-": NVML did not report it, which is not the same as "no limit".
 fn bytes(v: Option<u64>) -> String {
-    match v {
-        None => "n/a".into(),
-        Some(b) if b >= 1 << 30 => format!("{:.1}G", b as f64 / (1u64 << 30) as f64),
-        Some(b) => format!("{}M", b >> 20),
-    }
+    v.map_or_else(|| "n/a".into(), compact_bytes)
 }
 
 fn mem(used: Option<u64>, total: Option<u64>) -> String {

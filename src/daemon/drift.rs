@@ -25,13 +25,10 @@
 //! "overridden by FILE" was the alternative; it would leave a team with a device list gpuctl
 //! did not decide, which is the leak this issue is about.)
 
+use super::watch::DirWatch;
 use crate::paths::Root;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
-use std::collections::HashMap;
-use std::os::fd::{AsFd, AsRawFd, RawFd};
+use nix::sys::inotify::AddWatchFlags;
 use std::path::{Path, PathBuf};
-use tokio::io::unix::AsyncFd;
-use tokio::io::Interest;
 
 /// Where `systemctl set-property` writes: runtime, then persistent.
 pub const CONTROL_DIRS: [&str; 2] = ["/run/systemd/system.control", "/etc/systemd/system.control"];
@@ -113,20 +110,10 @@ pub fn remove_persistent_overrides(root: &Root) -> (Vec<RemovedOverride>, Vec<St
     (removed, errors)
 }
 
-struct Fd(Inotify);
-
-impl AsRawFd for Fd {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
-}
-
 /// inotify over the control drop-in directories of owned units.
 pub struct DropinWatch {
-    fd: AsyncFd<Fd>,
+    w: DirWatch<Kind>,
     root: Root,
-    /// Watch → (directory, what it is).
-    watches: HashMap<WatchDescriptor, (PathBuf, Kind)>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -154,14 +141,9 @@ const DIRS: AddWatchFlags = AddWatchFlags::IN_CREATE
 impl DropinWatch {
     /// Start watching under `root`.
     pub fn new(root: Root) -> std::io::Result<Self> {
-        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
-        // SAFETY: as in `watch::PolicyWatch::new`: `Fd` owns the descriptor for the AsyncFd's
-        // whole life and never replaces it.
-        let fd = unsafe { AsyncFd::register_with_interest(Fd(ino), Interest::READABLE) }?;
         let mut w = DropinWatch {
-            fd,
+            w: DirWatch::new()?,
             root,
-            watches: HashMap::new(),
         };
         w.rearm();
         Ok(w)
@@ -169,23 +151,17 @@ impl DropinWatch {
 
     /// Directories watched (for tests and logs).
     pub fn watched(&self) -> Vec<PathBuf> {
-        let mut v: Vec<_> = self.watches.values().map(|(p, _)| p.clone()).collect();
-        v.sort();
-        v
+        self.w.dirs().into_iter().map(|(p, _)| p).collect()
     }
 
     fn add(&mut self, dir: &Path, kind: Kind) {
         let flags = if kind == Kind::Unit { UNIT } else { DIRS };
-        if let Ok(wd) = self.fd.get_ref().0.add_watch(dir, flags) {
-            self.watches.insert(wd, (dir.to_path_buf(), kind));
-        }
+        self.w.add(dir, flags, kind);
     }
 
     /// Rebuild the watch set from what exists now.
     pub fn rearm(&mut self) {
-        for wd in std::mem::take(&mut self.watches).into_keys() {
-            let _ = self.fd.get_ref().0.rm_watch(wd);
-        }
+        self.w.clear();
         for c in CONTROL_DIRS {
             let dir = self.root.join(c);
             if dir.is_dir() {
@@ -211,43 +187,20 @@ impl DropinWatch {
     /// directories) that changed, e.g. `gpu-infer.slice.d/50-MemoryMax.conf`.
     pub async fn changed(&mut self) -> std::io::Result<Vec<String>> {
         loop {
-            let mut guard = self.fd.readable().await?;
-            let events = match guard.try_io(|fd| {
-                fd.get_ref()
-                    .0
-                    .read_events()
-                    .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
-            }) {
-                Ok(Ok(ev)) => ev,
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-                Ok(Err(e)) => return Err(e),
-                Err(_would_block) => continue,
-            };
-            drop(guard);
             let mut rearm = false;
             let mut appeared = false;
             let mut out = Vec::new();
-            for ev in events {
-                let Some((dir, kind)) = self.watches.get(&ev.wd).cloned() else {
-                    continue;
-                };
-                if ev.mask.intersects(
-                    AddWatchFlags::IN_DELETE_SELF
-                        | AddWatchFlags::IN_MOVE_SELF
-                        | AddWatchFlags::IN_IGNORED,
-                ) {
+            for ev in self.w.next().await? {
+                if ev.dir_gone() {
                     rearm = true;
                     continue;
                 }
-                let name = ev
-                    .name
-                    .map(|n| n.to_string_lossy().into_owned())
-                    .unwrap_or_default();
-                match kind {
+                let name = ev.name.unwrap_or_default();
+                match ev.kind {
                     Kind::Ancestor => {
                         if CONTROL_DIRS
                             .iter()
-                            .any(|c| self.root.join(c) == dir.join(&name))
+                            .any(|c| self.root.join(c) == ev.dir.join(&name))
                         {
                             rearm = true;
                             appeared = true;
@@ -262,7 +215,8 @@ impl DropinWatch {
                     Kind::Unit => {
                         // systemd writes `.#50-X.confXXXX` and renames it into place.
                         if !name.starts_with('.') {
-                            let unit_dir = dir
+                            let unit_dir = ev
+                                .dir
                                 .file_name()
                                 .map(|n| n.to_string_lossy().into_owned())
                                 .unwrap_or_default();
@@ -276,13 +230,17 @@ impl DropinWatch {
             }
             if appeared {
                 // A control dir that appeared may hold unit dirs created before their watch.
-                out.extend(self.watches.values().filter(|(_, k)| *k == Kind::Unit).map(
-                    |(p, _)| {
-                        p.file_name()
-                            .map(|n| n.to_string_lossy().into_owned())
-                            .unwrap_or_default()
-                    },
-                ));
+                out.extend(
+                    self.w
+                        .dirs()
+                        .into_iter()
+                        .filter(|(_, k)| *k == Kind::Unit)
+                        .map(|(p, _)| {
+                            p.file_name()
+                                .map(|n| n.to_string_lossy().into_owned())
+                                .unwrap_or_default()
+                        }),
+                );
             }
             if !out.is_empty() {
                 out.sort();

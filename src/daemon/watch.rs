@@ -29,12 +29,122 @@ impl AsRawFd for Fd {
     }
 }
 
+/// One inotify instance on the tokio reactor, over directories each tagged with what it is to
+/// the caller (`K`). Shared by [`PolicyWatch`] and `drift::DropinWatch`, which differ only in
+/// which directories they watch and what an event means.
+pub(crate) struct DirWatch<K> {
+    fd: AsyncFd<Fd>,
+    watches: HashMap<WatchDescriptor, (PathBuf, K)>,
+}
+
+/// One event on a watched directory.
+pub(crate) struct DirEvent<K> {
+    /// The watched directory.
+    pub dir: PathBuf,
+    /// What the caller said it is.
+    pub kind: K,
+    /// The entry in it the event is about (none for events on the directory itself).
+    pub name: Option<String>,
+    /// inotify's event mask.
+    pub mask: AddWatchFlags,
+}
+
+impl<K> DirEvent<K> {
+    /// The directory itself went away (removed, moved, or its watch dropped): re-arm.
+    pub fn dir_gone(&self) -> bool {
+        self.mask.intersects(
+            AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF | AddWatchFlags::IN_IGNORED,
+        )
+    }
+}
+
+/// `IN_MASK_ADD`, which nix's flag set does not name.
+const MASK_ADD: AddWatchFlags = AddWatchFlags::from_bits_retain(nix::libc::IN_MASK_ADD);
+
+impl<K: Clone> DirWatch<K> {
+    pub(crate) fn new() -> std::io::Result<Self> {
+        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+        // SAFETY: `Fd` owns the inotify descriptor (nix's `Inotify` holds an `OwnedFd`) and never
+        // replaces it, so the raw fd stays open and the same for the AsyncFd's whole life.
+        let fd = unsafe { AsyncFd::register_with_interest(Fd(ino), Interest::READABLE) }?;
+        Ok(DirWatch {
+            fd,
+            watches: HashMap::new(),
+        })
+    }
+
+    /// Watch `dir` for `flags`. A directory watched already keeps its first kind and gains the
+    /// flags (`IN_MASK_ADD`): a plain second `add_watch` on the same inode would *replace* its
+    /// mask, so a policy directory that is also the ancestor of a missing one (`/etc/gpuctl`
+    /// while `policy.d` does not exist) would stop reporting in-place writes. Callers add the
+    /// directories whose events mean more first. Returns whether the watch is in place.
+    pub(crate) fn add(&mut self, dir: &Path, flags: AddWatchFlags, kind: K) -> bool {
+        match self
+            .fd
+            .get_ref()
+            .0
+            .add_watch(dir, flags | MASK_ADD)
+        {
+            Ok(wd) => {
+                self.watches
+                    .entry(wd)
+                    .or_insert_with(|| (dir.to_path_buf(), kind));
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Drop every watch.
+    pub(crate) fn clear(&mut self) {
+        for wd in std::mem::take(&mut self.watches).into_keys() {
+            let _ = self.fd.get_ref().0.rm_watch(wd);
+        }
+    }
+
+    /// The watched directories and their kinds, sorted by path.
+    pub(crate) fn dirs(&self) -> Vec<(PathBuf, K)> {
+        let mut v: Vec<_> = self.watches.values().cloned().collect();
+        v.sort_by(|a, b| a.0.cmp(&b.0));
+        v
+    }
+
+    /// The next batch of events on watched directories (waits for at least one read).
+    pub(crate) async fn next(&mut self) -> std::io::Result<Vec<DirEvent<K>>> {
+        loop {
+            let mut guard = self.fd.readable().await?;
+            let events = match guard.try_io(|fd| {
+                fd.get_ref()
+                    .0
+                    .read_events()
+                    .map_err(|e| std::io::Error::from_raw_os_error(e as i32))
+            }) {
+                Ok(Ok(ev)) => ev,
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Ok(Err(e)) => return Err(e),
+                Err(_would_block) => continue,
+            };
+            drop(guard);
+            return Ok(events
+                .into_iter()
+                .filter_map(|ev| {
+                    let (dir, kind) = self.watches.get(&ev.wd)?.clone();
+                    Some(DirEvent {
+                        dir,
+                        kind,
+                        name: ev.name.map(|n| n.to_string_lossy().into_owned()),
+                        mask: ev.mask,
+                    })
+                })
+                .collect());
+        }
+    }
+}
+
 /// A watch over the policy directories.
 pub struct PolicyWatch {
-    fd: AsyncFd<Fd>,
+    w: DirWatch<bool>,
     root: Root,
-    /// Watch → (watched dir, whether it is a policy dir itself or only an ancestor).
-    watches: HashMap<WatchDescriptor, (PathBuf, bool)>,
 }
 
 const CONTENT: AddWatchFlags = AddWatchFlags::IN_CLOSE_WRITE
@@ -54,50 +164,33 @@ const ANCESTOR: AddWatchFlags = AddWatchFlags::IN_CREATE
 impl PolicyWatch {
     /// Start watching the policy directories under `root`.
     pub fn new(root: Root) -> std::io::Result<Self> {
-        let ino = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
-        // SAFETY: `Fd` owns the inotify descriptor (nix's `Inotify` holds an `OwnedFd`) and never
-        // replaces it, so the raw fd stays open and the same for the AsyncFd's whole life.
-        let fd = unsafe { AsyncFd::register_with_interest(Fd(ino), Interest::READABLE) }?;
         let mut w = PolicyWatch {
-            fd,
+            w: DirWatch::new()?,
             root,
-            watches: HashMap::new(),
         };
         w.rearm();
         Ok(w)
     }
 
-    /// Directories currently watched (for logs and tests).
+    /// Directories currently watched, and whether each is a policy dir itself or only the
+    /// ancestor of a missing one (for logs and tests).
     pub fn watched(&self) -> Vec<(PathBuf, bool)> {
-        let mut v: Vec<_> = self.watches.values().cloned().collect();
-        v.sort();
-        v
+        self.w.dirs()
     }
 
     fn rearm(&mut self) {
-        let ino = &self.fd.get_ref().0;
-        for (wd, _) in self.watches.drain() {
-            let _ = ino.rm_watch(wd);
-        }
-        let mut seen = std::collections::HashSet::new();
-        for dir in POLICY_DIRS {
-            let real = self.root.join(dir);
-            if let Ok(wd) = ino.add_watch(&real, CONTENT) {
-                self.watches.insert(wd, (real, true));
-                continue;
-            }
+        self.w.clear();
+        // Policy directories first: one that is also the ancestor of a missing one keeps its
+        // kind and full mask (see `DirWatch::add`).
+        let missing: Vec<PathBuf> = POLICY_DIRS
+            .iter()
+            .map(|d| self.root.join(d))
+            .filter(|real| !self.w.add(real, CONTENT, true))
+            .collect();
+        for real in missing {
             // Not there yet: watch the closest existing ancestor for its creation.
-            let mut anc: &Path = &real;
-            while let Some(parent) = anc.parent() {
-                anc = parent;
-                if anc.is_dir() {
-                    if seen.insert(anc.to_path_buf()) {
-                        if let Ok(wd) = ino.add_watch(anc, ANCESTOR) {
-                            self.watches.entry(wd).or_insert((anc.to_path_buf(), false));
-                        }
-                    }
-                    break;
-                }
+            if let Some(anc) = real.ancestors().skip(1).find(|a| a.is_dir()) {
+                self.w.add(anc, ANCESTOR, false);
             }
         }
     }
@@ -106,44 +199,26 @@ impl PolicyWatch {
     /// policy directory or created a missing one.
     pub async fn changed(&mut self) -> std::io::Result<()> {
         loop {
-            let mut guard = self.fd.readable().await?;
-            let events = match guard.get_inner().0.read_events() {
-                Ok(ev) => ev,
-                Err(nix::errno::Errno::EAGAIN) => {
-                    guard.clear_ready();
-                    continue;
-                }
-                Err(e) => return Err(e.into()),
-            };
-            drop(guard);
             let mut relevant = false;
             let mut rearm = false;
-            for ev in events {
-                let Some((dir, is_policy)) = self.watches.get(&ev.wd).cloned() else {
-                    continue;
-                };
-                if ev.mask.intersects(
-                    AddWatchFlags::IN_DELETE_SELF
-                        | AddWatchFlags::IN_MOVE_SELF
-                        | AddWatchFlags::IN_IGNORED,
-                ) {
+            for ev in self.w.next().await? {
+                if ev.dir_gone() {
                     rearm = true;
-                    relevant |= is_policy;
+                    relevant |= ev.kind;
                     continue;
                 }
-                let name = ev.name.map(|n| n.to_string_lossy().into_owned());
-                if is_policy {
+                if ev.kind {
                     // Editors' swap and backup files (`.x.swp`, `x~`) are not policy; a
                     // created subdirectory (`policy.d` under `/etc/gpuctl`) needs a watch.
                     if ev.mask.contains(AddWatchFlags::IN_ISDIR) {
                         rearm = true;
                     }
-                    relevant |= name.as_deref().is_none_or(|n| {
+                    relevant |= ev.name.as_deref().is_none_or(|n| {
                         !n.starts_with('.') && !n.ends_with('~') && !n.ends_with(".swp")
                     });
-                } else if let Some(n) = name {
+                } else if let Some(n) = ev.name {
                     // An ancestor: only the creation of the next path component matters.
-                    let created = dir.join(&n);
+                    let created = ev.dir.join(&n);
                     if POLICY_DIRS
                         .iter()
                         .any(|d| self.root.join(d).starts_with(&created))
@@ -199,5 +274,30 @@ mod tests {
         std::fs::write(&tmp, "version = 1\n").unwrap();
         std::fs::rename(&tmp, root.join("/etc/gpuctl/policy.d/10-a.toml")).unwrap();
         expect_change(&mut w, "rename into policy.d").await;
+    }
+
+    /// `/etc/gpuctl` is a policy directory and, while `policy.d` is missing, also the ancestor
+    /// watched for its creation. Watching it twice once replaced its mask with the ancestor's
+    /// (creations only), so writing the main file in place or deleting it went unseen.
+    #[tokio::test(flavor = "current_thread")]
+    async fn in_place_writes_are_seen_while_policy_d_is_missing() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        std::fs::create_dir_all(root.join("/etc/gpuctl")).unwrap();
+        let main = root.join("/etc/gpuctl/gpuctl.toml");
+        std::fs::write(&main, "version = 1\n").unwrap();
+        let mut w = PolicyWatch::new(root.clone()).unwrap();
+        assert!(w.watched().contains(&(root.join("/etc/gpuctl"), true)));
+
+        // Truncate and write the same inode: IN_CLOSE_WRITE only, no create or rename.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .truncate(true)
+            .open(&main)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, b"version = 1\n# x\n"))
+            .unwrap();
+        expect_change(&mut w, "an in-place write of /etc/gpuctl/gpuctl.toml").await;
+        std::fs::remove_file(&main).unwrap();
+        expect_change(&mut w, "rm /etc/gpuctl/gpuctl.toml").await;
     }
 }

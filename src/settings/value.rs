@@ -477,9 +477,29 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// Bytes in a table column, where width matters more than the unit's name: `1.5G`, `512.0M`,
+/// `900B`. One place for `gpuctl status` and `gpuctl top`; [`human_bytes`] is the prose form.
+pub fn compact_bytes(b: u64) -> String {
+    if b >= 1 << 30 {
+        format!("{:.1}G", b as f64 / (1u64 << 30) as f64)
+    } else if b >= 1 << 20 {
+        format!("{:.1}M", b as f64 / (1u64 << 20) as f64)
+    } else {
+        format!("{b}B")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn compact_bytes_picks_the_largest_unit_that_fits() {
+        assert_eq!(compact_bytes(3 << 29), "1.5G");
+        assert_eq!(compact_bytes(512 << 20), "512.0M");
+        assert_eq!(compact_bytes((1 << 30) - 1), "1024.0M");
+        assert_eq!(compact_bytes(900), "900B");
+    }
 
     #[test]
     fn sizes() {
