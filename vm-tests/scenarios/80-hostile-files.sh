@@ -23,7 +23,12 @@ healthy() { # $1: what was fed
     local st
     st=$(status_text)
     echo "  after $1: $st" | cut -c1-300
-    check "$1: gpuctl status answers" timeout 30 gpuctl status
+    # `gpuctl status` exits 1 (INVALID) while a policy error is shown: it must answer (not time
+    # out: 124) with that exit and the last good policy in force.
+    local out rc=0
+    out=$(timeout 30 gpuctl status 2>&1) || rc=$?
+    check "$1: gpuctl status answers, exit 1 for the policy error" test "$rc" = 1
+    check "$1: gpuctl status shows the last good policy in force" grep -q 'policy in force: last-good' <<<"$out"
     check "$1: last good policy in force" grep -q 'last good policy in force' <<<"$st"
     check "$1: alice still joins infer" test "$(as alice 'gpuctl run --team infer -- cat /proc/self/cgroup' | grep -c gpu-infer.slice)" = 1
     check "$1: NRestarts unchanged" test "$(systemctl show -P NRestarts gpuctld.service)" = "$restarts0"
