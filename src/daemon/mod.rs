@@ -2,11 +2,11 @@
 //!
 //! One tokio current-thread runtime, no busy polling. Reconciles run on a blocking thread (the
 //! effectors are synchronous) while the runtime thread keeps serving D-Bus and the watchdog.
-//! Triggers: start, `SIGHUP` (`systemctl reload`), inotify on the policy directories
-//! (debounced), the D-Bus `Reload`/`Apply` methods, systemd removing a `gpu-*.slice` or
-//! `gpuctl-mps@*` unit, a hand change of an owned unit's control drop-ins or an MPS unit going
-//! inactive ([`drift`]: repaired within a second), and a slow drift timer for MIG, which has no
-//! event. Queued triggers coalesce into one run.
+//! Triggers: start, `SIGHUP` (`systemctl reload`), inotify on the policy directories (a file
+//! that has landed is loaded at once: `watch::PolicyWatch::next_settled`), the D-Bus
+//! `Reload`/`Apply` methods, systemd removing a `gpu-*.slice` or `gpuctl-mps@*` unit, a hand
+//! change of an owned unit's control drop-ins or an MPS unit going inactive ([`drift`]:
+//! repaired within a second), and a slow drift timer for MIG, which has no event. Queued triggers coalesce into one run.
 //!
 //! Loading runs on a blocking thread too, under a panic guard and a time limit ([`LOAD_LIMIT`]):
 //! a file that made the loader panic or hang would otherwise take the runtime thread, and with it
@@ -168,7 +168,8 @@ pub struct Options {
     pub root: Root,
     /// Drift timer period.
     pub drift: Duration,
-    /// inotify / unit-signal debounce.
+    /// How long the policy directories must be quiet before a change still under way (a file
+    /// moved away or created but not yet written) is loaded anyway.
     pub debounce: Duration,
 }
 
@@ -546,12 +547,10 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
             return;
         }
     };
-    loop {
-        if w.changed().await.is_err() {
-            return;
-        }
-        // Debounce: config tools write several files, editors rename twice.
-        while let Ok(Ok(())) = tokio::time::timeout(debounce, w.changed()).await {}
+    // A change that has landed is sent at once; changes arriving while a reconcile runs are
+    // coalesced into exactly one more by the main loop. `debounce` is only the quiet window
+    // for changes under way (`PolicyWatch::next_settled` says why).
+    while w.next_settled(debounce).await.is_ok() {
         let _ = tx.send(Request::Reconcile {
             reason: "policy files changed".into(),
             reply: None,

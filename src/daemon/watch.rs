@@ -79,12 +79,7 @@ impl<K: Clone> DirWatch<K> {
     /// while `policy.d` does not exist) would stop reporting in-place writes. Callers add the
     /// directories whose events mean more first. Returns whether the watch is in place.
     pub(crate) fn add(&mut self, dir: &Path, flags: AddWatchFlags, kind: K) -> bool {
-        match self
-            .fd
-            .get_ref()
-            .0
-            .add_watch(dir, flags | MASK_ADD)
-        {
+        match self.fd.get_ref().0.add_watch(dir, flags | MASK_ADD) {
             Ok(wd) => {
                 self.watches
                     .entry(wd)
@@ -195,16 +190,39 @@ impl PolicyWatch {
         }
     }
 
-    /// Wait for the next relevant change. Returns after at least one event that touched a
-    /// policy directory or created a missing one.
-    pub async fn changed(&mut self) -> std::io::Result<()> {
+    /// Wait until the policy files changed and the change has landed: at once when a file
+    /// arrived whole (closed after writing, or renamed into place: what config management and
+    /// most editors end with), else once the directories have been quiet for `quiet`.
+    ///
+    /// Why not a plain trailing debounce: it put a fixed `quiet` (300 ms) on the path of every
+    /// change, 60% of the time from a drop-in to `memory.max` (issue 14). Why not react to
+    /// every event: editors move or delete the old file before they write the new one (vim's
+    /// `backupcopy=auto` renames `x.toml` to `x.toml~`, then creates and writes `x.toml`), and
+    /// a file just created is still empty — loading then would apply a policy without it.
+    pub async fn next_settled(&mut self, quiet: std::time::Duration) -> std::io::Result<()> {
+        let mut change = self.changed().await?;
+        while change == Change::UnderWay {
+            match tokio::time::timeout(quiet, self.changed()).await {
+                Ok(next) => change = next?,
+                Err(_quiet) => break,
+            }
+        }
+        Ok(())
+    }
+
+    /// Wait for the next relevant batch of events: at least one that touched a policy
+    /// directory or created a missing one. Says whether its last relevant event left the
+    /// files whole.
+    pub async fn changed(&mut self) -> std::io::Result<Change> {
         loop {
-            let mut relevant = false;
+            let mut last = None;
             let mut rearm = false;
             for ev in self.w.next().await? {
                 if ev.dir_gone() {
                     rearm = true;
-                    relevant |= ev.kind;
+                    if ev.kind {
+                        last = Some(Change::UnderWay);
+                    }
                     continue;
                 }
                 if ev.kind {
@@ -213,9 +231,12 @@ impl PolicyWatch {
                     if ev.mask.contains(AddWatchFlags::IN_ISDIR) {
                         rearm = true;
                     }
-                    relevant |= ev.name.as_deref().is_none_or(|n| {
+                    let policy_file = ev.name.as_deref().is_none_or(|n| {
                         !n.starts_with('.') && !n.ends_with('~') && !n.ends_with(".swp")
                     });
+                    if policy_file {
+                        last = Some(Change::of(ev.mask));
+                    }
                 } else if let Some(n) = ev.name {
                     // An ancestor: only the creation of the next path component matters.
                     let created = ev.dir.join(&n);
@@ -224,16 +245,38 @@ impl PolicyWatch {
                         .any(|d| self.root.join(d).starts_with(&created))
                     {
                         rearm = true;
-                        relevant = true;
+                        last = Some(Change::UnderWay);
                     }
                 }
             }
             if rearm {
                 self.rearm();
             }
-            if relevant {
-                return Ok(());
+            if let Some(c) = last {
+                return Ok(c);
             }
+        }
+    }
+}
+
+/// What a policy-directory event says about the files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// A file arrived whole: closed after writing, renamed into place, or only its mode or
+    /// owner changed. Load now.
+    Settled,
+    /// Something is under way: a file created but not yet written, or one moved away or
+    /// deleted (editors do that right before writing the new copy), or a directory appeared.
+    UnderWay,
+}
+
+impl Change {
+    fn of(mask: AddWatchFlags) -> Change {
+        let whole = AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_MOVED_TO;
+        if mask.intersects(whole) || mask == AddWatchFlags::IN_ATTRIB {
+            Change::Settled
+        } else {
+            Change::UnderWay
         }
     }
 }
@@ -243,11 +286,71 @@ mod tests {
     use super::*;
     use std::time::Duration;
 
-    async fn expect_change(w: &mut PolicyWatch, what: &str) {
+    async fn expect_change(w: &mut PolicyWatch, what: &str) -> Change {
         tokio::time::timeout(Duration::from_secs(5), w.changed())
             .await
             .unwrap_or_else(|_| panic!("no change seen after {what}"))
+            .unwrap()
+    }
+
+    /// No quiet window on the path of a change that has landed; a change under way waits for
+    /// the file to arrive (or for quiet). The quiet window here is a minute, so a settled
+    /// change seen within the test's 20 s guard was not waited out.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_rename_into_place_settles_at_once_an_editors_dance_waits_for_the_new_file() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        let dir = root.join("/etc/gpuctl/policy.d");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut w = PolicyWatch::new(root.clone()).unwrap();
+        let quiet = Duration::from_secs(60);
+        let guard = Duration::from_secs(20);
+
+        // Config management: write a dot-file, rename it into place.
+        std::fs::write(dir.join(".10-a.toml.tmp"), "version = 1\n").unwrap();
+        std::fs::rename(dir.join(".10-a.toml.tmp"), dir.join("10-a.toml")).unwrap();
+        tokio::time::timeout(guard, w.next_settled(quiet))
+            .await
+            .expect("a rename into place waited for the quiet window")
             .unwrap();
+
+        // vim: move the old file aside, then create and write the new one. Between the two,
+        // the policy has no 10-a.toml: nothing may be loaded then.
+        std::fs::rename(dir.join("10-a.toml"), dir.join("10-a.toml~")).unwrap();
+        {
+            let settled = w.next_settled(quiet);
+            tokio::pin!(settled);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), &mut settled)
+                    .await
+                    .is_err(),
+                "settled while the file was moved away"
+            );
+            std::fs::write(dir.join("10-a.toml"), "version = 1\n# new\n").unwrap();
+            tokio::time::timeout(guard, &mut settled)
+                .await
+                .expect("the new file's close did not settle the change")
+                .unwrap();
+        }
+
+        // A plain delete settles once the directory is quiet.
+        std::fs::remove_file(dir.join("10-a.toml")).unwrap();
+        tokio::time::timeout(guard, w.next_settled(Duration::from_millis(50)))
+            .await
+            .expect("a delete never settled")
+            .unwrap();
+    }
+
+    #[test]
+    fn what_an_event_says_about_the_file() {
+        use AddWatchFlags as F;
+        assert_eq!(Change::of(F::IN_CLOSE_WRITE), Change::Settled);
+        assert_eq!(Change::of(F::IN_MOVED_TO), Change::Settled);
+        assert_eq!(Change::of(F::IN_ATTRIB), Change::Settled);
+        assert_eq!(Change::of(F::IN_CREATE), Change::UnderWay);
+        assert_eq!(Change::of(F::IN_MOVED_FROM), Change::UnderWay);
+        assert_eq!(Change::of(F::IN_DELETE), Change::UnderWay);
+        assert_eq!(Change::of(F::IN_CREATE | F::IN_ISDIR), Change::UnderWay);
     }
 
     #[tokio::test(flavor = "current_thread")]
