@@ -92,6 +92,7 @@ stage() {
     for u in units/*; do install -D -m 644 "$u" "$d$sd/system/${u##*/}"; done
     install -D -m 644 packaging/files/90-gpuctl.preset "$d$sd/system-preset/90-gpuctl.preset"
     install -D -m 644 packaging/files/gpuctl.tmpfiles "$d/usr/lib/tmpfiles.d/gpuctl.conf"
+    install -D -m 644 packaging/files/gpuctl.sysusers "$d/usr/lib/sysusers.d/gpuctl.conf"
     install -D -m 644 packaging/files/org.gpuctl.Agent1.conf "$d/usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf"
     install -D -m 644 packaging/files/policy.toml "$d/etc/gpuctl/policy.toml"
     # Shipped disabled: an admin links it into /etc/systemd/system/gpuctld.service.d/.

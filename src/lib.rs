@@ -37,6 +37,7 @@ pub mod paths;
 pub mod plan;
 pub mod policy;
 pub mod profiles;
+pub mod ratelimit;
 pub mod real;
 pub mod settings;
 pub mod sim;

@@ -150,8 +150,13 @@ pub struct MpsSpec {
     pub active_thread_percentage: Option<u32>,
     /// Default pinned device memory limit in bytes.
     pub pinned_memory_limit: Option<u64>,
-    /// Unix user of the daemon; `None` is root.
+    /// Unix user of the daemon; `None` is the default `gpuctl-mps`.
     pub user: Option<String>,
+    /// Group of the daemon and its pipe directory (0750): the team's group when the team is
+    /// exactly one `@group`; `None` leaves the pipe directory world-searchable (0755), because
+    /// no one group holds every member.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl Observed {

@@ -22,8 +22,17 @@ fn mask(root: &Path, rel: &str) {
     std::os::unix::fs::symlink("/dev/null", p).unwrap();
 }
 
+/// A well-formed GPU UUID of its own per team name.
+fn uuid_of(name: &str) -> String {
+    let h = name.bytes().fold(0x811c_9dc5u32, |h, b| {
+        (h ^ b as u32).wrapping_mul(0x0100_0193)
+    });
+    format!("GPU-{h:08x}-0000-0000-0000-000000000000")
+}
+
 fn team(name: &str, extra: &str) -> String {
-    format!("version = 1\n[teams.{name}]\nmembers = [\"u\"]\n{extra}\n[[gpu]]\nuuid = [\"GPU-{name}-0000\"]\nowner = \"{name}\"\n")
+    let uuid = uuid_of(name);
+    format!("version = 1\n[teams.{name}]\nmembers = [\"u\"]\n{extra}\n[[gpu]]\nuuid = [\"{uuid}\"]\nowner = \"{name}\"\n")
 }
 
 #[test]

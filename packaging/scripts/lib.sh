@@ -14,6 +14,8 @@ gpuctl_daemon_reload() {
 
 # First install (or reinstall after remove): create directories, enable per preset, start.
 gpuctl_configure() {
+    # The MPS daemons' default user, before any unit can start as it.
+    systemd-sysusers gpuctl.conf >/dev/null 2>&1 || true
     systemd-tmpfiles --create gpuctl.conf >/dev/null 2>&1 || true
     gpuctl_daemon_reload
     if [ ! -e "$GPUCTL_PRESET_MARK" ]; then

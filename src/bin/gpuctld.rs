@@ -48,6 +48,9 @@ fn main() -> anyhow::Result<()> {
     };
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        // Bounded: each blocking task is a thread, and the unit caps tasks (TasksMax=); callers
+        // beyond this wait in tokio's queue instead of failing to spawn.
+        .max_blocking_threads(16)
         .build()
         .context("tokio runtime")?
         .block_on(gpuctl::daemon::run(opts))?;

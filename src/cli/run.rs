@@ -38,10 +38,14 @@ pub fn parse_fast(argv: &[OsString]) -> Option<Fast> {
     if sub != "run" && sub != "shell" {
         return None;
     }
-    let (team, used) = match argv.get(2)?.to_str()? {
-        "--team" | "-t" => (argv.get(3)?.to_str()?, 2),
-        a => (a.strip_prefix("--team=")?, 1),
+    // Lossy: a team name that is not UTF-8 is an invalid team name (exit 4, one line), not a
+    // usage error of clap's (exit 2).
+    let a2 = argv.get(2)?.to_string_lossy();
+    let (team, used) = match a2.as_ref() {
+        "--team" | "-t" => (argv.get(3)?.to_string_lossy().into_owned(), 2),
+        a => (a.strip_prefix("--team=")?.to_string(), 1),
     };
+    let team = team.as_str();
     if team.is_empty() || team.starts_with('-') {
         return None;
     }
@@ -119,6 +123,31 @@ mod tests {
                 (f, s) => panic!("{c:?}: fast {f:?}, clap {s:?}"),
             }
         }
+    }
+
+    #[test]
+    fn a_team_name_that_is_not_utf8_is_an_invalid_team_not_a_usage_error() {
+        use std::os::unix::ffi::OsStringExt;
+        let bad = OsString::from_vec(b"\xff\xfe".to_vec());
+        let a = vec![
+            OsString::from("gpuctl"),
+            OsString::from("run"),
+            OsString::from("--team"),
+            bad,
+            OsString::from("--"),
+            OsString::from("true"),
+        ];
+        let Some(Fast::Run(r)) = parse_fast(&a) else {
+            panic!("not taken by the fast path");
+        };
+        // run() would print this refusal and exit 4 (UNKNOWN_TEAM), before any bus call.
+        assert!(crate::join::check_team_name(&r.team).is_err());
+        assert_eq!(
+            super::super::shell::checked_team(&r.team)
+                .err()
+                .map(|f| f.code),
+            Some(crate::cli::exit::UNKNOWN_TEAM)
+        );
     }
 
     #[test]

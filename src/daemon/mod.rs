@@ -8,6 +8,12 @@
 //! change of an owned unit's control drop-ins or an MPS unit going inactive ([`drift`]:
 //! repaired within a second), and a slow drift timer for MIG, which has no event. Queued triggers coalesce into one run.
 //!
+//! Loading runs on a blocking thread too, under a panic guard and a time limit ([`LOAD_LIMIT`]):
+//! a file that made the loader panic or hang would otherwise take the runtime thread, and with it
+//! every `gpuctl shell`, down. The watchdog ([`Progress`]) pings systemd only while the reconcile
+//! loop itself makes progress: idle and waiting for work, or inside a step that is within its
+//! time limit; a wedged load or reconcile stops the pings and systemd restarts gpuctld.
+//!
 //! A policy that fails to load never replaces the last good one: that stays in force (in memory
 //! and in `/var/lib/gpuctl/last-good/`), and the error goes to `STATUS=`, the journal and
 //! `Status`.
@@ -82,12 +88,13 @@ fn error_line(d: &crate::policy::Diagnostic) -> String {
     if let Some(loc) = &d.loc {
         s.push_str(&format!("{loc}: "));
     }
+    let esc = crate::policy::escape_controls;
     if !d.key.is_empty() {
-        s.push_str(&format!("{}: ", d.key));
+        s.push_str(&format!("{}: ", esc(&d.key)));
     }
-    s.push_str(&d.message);
+    s.push_str(&esc(&d.message));
     if let Some(h) = &d.help {
-        s.push_str(&format!(" ({h})"));
+        s.push_str(&format!(" ({})", esc(h)));
     }
     s
 }
@@ -238,7 +245,44 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
+/// Longest a policy load may take: reading at most a few MiB and validating them linearly takes
+/// milliseconds; a load still running after this is wedged.
+pub const LOAD_LIMIT: Duration = Duration::from_secs(60);
+
+/// Longest a reconcile (or dry run) may take before the watchdog stops attesting progress: the
+/// policy's drain timeout (a drain may wait that long) plus 15 minutes for MIG changes and GPU
+/// resets on a full host.
+pub fn reconcile_limit(p: &Policy) -> Duration {
+    p.host.drain_timeout + Duration::from_secs(15 * 60)
+}
+
+/// What the reconcile loop is doing, for the watchdog: idle (waiting for work: healthy), or in a
+/// step that must end by a deadline. Shared between the loop and the watchdog task.
+#[derive(Debug, Clone, Default)]
+pub struct Progress(Arc<Mutex<Option<std::time::Instant>>>);
+
+impl Progress {
+    /// The loop starts a step that may take up to `limit`.
+    pub fn enter(&self, limit: Duration) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now() + limit);
+    }
+
+    /// The step ended; the loop is back to waiting for work.
+    pub fn leave(&self) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// Whether the loop is progressing at `now`: idle, or within its step's deadline.
+    pub fn healthy(&self, now: std::time::Instant) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_none_or(|deadline| now < deadline)
+    }
+}
+
 struct Looper {
+    progress: Progress,
     root: Root,
     shared: Arc<Mutex<Shared>>,
     expected: ExpectedUnits,
@@ -248,9 +292,50 @@ struct Looper {
 }
 
 impl Looper {
-    /// Load, keeping the last good policy on failure. Returns the policy to act on.
-    fn load(&mut self) -> Option<Policy> {
-        load_keeping_last_good(&self.root, &mut self.last_good, &self.shared)
+    /// [`Looper::load`] on a blocking thread, under a panic guard and [`LOAD_LIMIT`]. On a panic
+    /// or a timeout the last good policy stays in force and the error is shown like a policy
+    /// error.
+    async fn load_guarded(&mut self) -> Option<Policy> {
+        self.progress.enter(LOAD_LIMIT);
+        let root = self.root.clone();
+        let shared = self.shared.clone();
+        let mut lg = self.last_good.clone();
+        let task = tokio::task::spawn_blocking(move || {
+            let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                load_keeping_last_good(&root, &mut lg, &shared)
+            }));
+            r.map(|p| (p, lg))
+        });
+        let failure = match tokio::time::timeout(LOAD_LIMIT, task).await {
+            Ok(Ok(Ok((policy, lg)))) => {
+                self.last_good = lg;
+                self.progress.leave();
+                return policy;
+            }
+            Ok(Ok(Err(panic))) => format!(
+                "loading the policy panicked: {}",
+                panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("(no message)")
+            ),
+            Ok(Err(e)) => format!("the policy loader failed: {e}"),
+            Err(_) => format!(
+                "loading the policy did not finish within {} s",
+                LOAD_LIMIT.as_secs()
+            ),
+        };
+        self.progress.leave();
+        error!(
+            gpuctl_action = "load-policy",
+            "{failure}; last good policy kept"
+        );
+        let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        sh.policy_error = Some(failure);
+        sh.policy = self.last_good.clone();
+        sh.policy_origin = self.last_good.as_ref().map(|_| "last-good");
+        self.last_good.clone()
     }
 
     async fn cycle(&mut self, reason: &str) -> ReconcileReport {
@@ -260,16 +345,18 @@ impl Looper {
             sh.busy = true;
             sh.cycle_started_us = unix_now_us();
         }
-        let policy = self.load();
         let started = std::time::Instant::now();
+        let policy = self.load_guarded().await;
         let report = match policy {
             Some(p) => {
                 let rec = self.reconciler.clone();
-                tokio::task::spawn_blocking(move || {
+                self.progress.enter(reconcile_limit(&p));
+                let r = tokio::task::spawn_blocking(move || {
                     rec.lock().unwrap_or_else(|e| e.into_inner()).reconcile(&p)
                 })
-                .await
-                .unwrap_or_else(|e| ReconcileReport {
+                .await;
+                self.progress.leave();
+                r.unwrap_or_else(|e| ReconcileReport {
                     errors: vec![format!("reconciler panicked: {e}")],
                     at: unix_now(),
                     ..Default::default()
@@ -307,16 +394,21 @@ impl Looper {
     }
 
     async fn plan(&mut self) -> ReconcileReport {
-        let Some(p) = self.load() else {
+        let Some(p) = self.load_guarded().await else {
             return ReconcileReport {
                 errors: vec!["no valid policy".into()],
                 ..Default::default()
             };
         };
         let rec = self.reconciler.clone();
-        tokio::task::spawn_blocking(move || rec.lock().unwrap_or_else(|e| e.into_inner()).plan(&p))
-            .await
-            .unwrap_or_default()
+        self.progress.enter(reconcile_limit(&p));
+        let r = tokio::task::spawn_blocking(move || {
+            rec.lock().unwrap_or_else(|e| e.into_inner()).plan(&p)
+        })
+        .await
+        .unwrap_or_default();
+        self.progress.leave();
+        r
     }
 }
 
@@ -519,19 +611,29 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         tx.clone(),
     ));
 
+    let progress = Progress::default();
     let mut wd_usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut wd_usec) && wd_usec > 0 {
         let period = Duration::from_micros(wd_usec / 2);
+        let progress = progress.clone();
         tokio::spawn(async move {
             let mut t = tokio::time::interval(period);
+            let mut said = false;
             loop {
                 t.tick().await;
-                notify(&[sd_notify::NotifyState::Watchdog]);
+                if progress.healthy(std::time::Instant::now()) {
+                    notify(&[sd_notify::NotifyState::Watchdog]);
+                    said = false;
+                } else if !said {
+                    error!("the reconcile loop is past its step's deadline; withholding the watchdog ping");
+                    said = true;
+                }
             }
         });
     }
 
     let mut looper = Looper {
+        progress,
         root: opts.root.clone(),
         shared,
         expected,
@@ -582,12 +684,33 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
                 let _ = w.send(report.clone());
             }
         }
-        for p in plans {
+        // Every Plan queued by now gets the same dry run: N callers cost one observation.
+        if !plans.is_empty() {
             let report = looper.plan().await;
-            let _ = p.send(report);
+            for p in plans {
+                let _ = p.send(report.clone());
+            }
         }
     }
     notify(&[sd_notify::NotifyState::Stopping]);
     info!("stopping");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn the_watchdog_attests_progress_not_a_ticking_task() {
+        let p = Progress::default();
+        let now = Instant::now();
+        assert!(p.healthy(now), "idle is healthy");
+        p.enter(Duration::from_secs(60));
+        assert!(p.healthy(now + Duration::from_secs(59)));
+        assert!(!p.healthy(now + Duration::from_secs(61)), "a wedged step");
+        p.leave();
+        assert!(p.healthy(now + Duration::from_secs(3600)));
+    }
 }

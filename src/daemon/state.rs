@@ -86,8 +86,18 @@ pub fn save_last_good(path: &Path, policy: &Policy) -> Result<(), StateError> {
     write_json(path, policy)
 }
 
-/// Load the last good policy, if one was saved.
+/// Load the last good policy, if one was saved and still passes the value rules (it is read back
+/// without the parser, so a corrupted or hand-edited copy is checked again; a bad one is
+/// ignored, with a warning, rather than applied). Read like a policy file: regular files only,
+/// without blocking, size capped.
 pub fn load_last_good(path: &Path) -> Option<Policy> {
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).ok()
+    let bytes = crate::policy::load::read_policy_file(path).ok()?;
+    let p: Policy = serde_json::from_slice(&bytes).ok()?;
+    match crate::policy::caps::check_policy(&p) {
+        Ok(()) => Some(p),
+        Err(e) => {
+            tracing::warn!("{}: ignored: {e}", path.display());
+            None
+        }
+    }
 }

@@ -11,6 +11,16 @@
 //! still alive. A live pidfd means the pid was never recycled in between, so the process moved
 //! is the process checked. Where the bus does hand out a `ProcessFD`, that fd is used instead
 //! of opening one.
+//!
+//! A live pidfd does not stop the pid *number* being reused after the process exits, so before
+//! the move the daemon records where the process is ([`record_origin`]: its unit through
+//! `GetUnitByPIDFD`, systemd ≥ 249, else `GetUnitByPID`, and its cgroup), and when the
+//! after-check fails it attaches whatever now has that pid in the new scope back there
+//! (`AttachProcessesToUnit`, systemd ≥ 238) instead of leaving it in the team's slice.
+//! Versions: `PIDFDs` in `StartTransientUnit` (systemd ≥ 253) would close the window entirely and
+//! `ProcessFD` in `GetConnectionCredentials` (dbus-broker, dbus-daemon ≥ 1.15.7) pins the caller;
+//! Debian bookworm has systemd 252 and dbus-daemon 1.14, so the daemon uses `GetUnitByPIDFD` and
+//! its own pidfd there, and `ProcessFD` wherever the bus offers it.
 
 use super::reply::TeamInfo;
 use super::Backend;
@@ -26,6 +36,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use tracing::{info, warn};
 use zbus::message::Header;
+use zbus::zvariant::OwnedValue;
 use zbus::{fdo, Connection};
 
 /// Errors of the join methods. The D-Bus name (`org.gpuctl.Agent1.Error.<Variant>`) is what
@@ -245,6 +256,124 @@ fn pid_of_pidfd(pidfd: &OwnedFd) -> Option<u32> {
         .ok()
 }
 
+const SYSTEMD: &str = "org.freedesktop.systemd1";
+const SYSTEMD_PATH: &str = "/org/freedesktop/systemd1";
+const MANAGER: &str = "org.freedesktop.systemd1.Manager";
+
+async fn unit_property(
+    conn: &Connection,
+    path: &str,
+    iface: &str,
+    name: &str,
+) -> Result<String, zbus::Error> {
+    let reply = conn
+        .call_method(
+            Some(SYSTEMD),
+            path,
+            Some("org.freedesktop.DBus.Properties"),
+            "Get",
+            &(iface, name),
+        )
+        .await?;
+    let v: OwnedValue = reply.body().deserialize()?;
+    String::try_from(v).map_err(Into::into)
+}
+
+/// Where `pid` (pinned by `pidfd`) is now: its unit and its cgroup relative to that unit.
+/// `GetUnitByPIDFD` (systemd ≥ 249) answers for the process behind the fd, never another that
+/// took its number; older systemd gets `GetUnitByPID`.
+pub async fn record_origin(
+    conn: &Connection,
+    root: &Root,
+    pid: u32,
+    pidfd: &OwnedFd,
+) -> Option<join::cgroup::Origin> {
+    let cgroup = join::cgroup::read_proc_cgroup(root, pid)?;
+    let fd = zbus::zvariant::Fd::from(std::os::fd::AsFd::as_fd(pidfd));
+    let by_fd = conn
+        .call_method(
+            Some(SYSTEMD),
+            SYSTEMD_PATH,
+            Some(MANAGER),
+            "GetUnitByPIDFD",
+            &(fd,),
+        )
+        .await
+        .ok()
+        .and_then(|m| {
+            m.body()
+                .deserialize::<(zbus::zvariant::OwnedObjectPath, String, Vec<u8>)>()
+                .ok()
+        });
+    let (path, unit, by_pidfd) = match by_fd {
+        Some((p, id, _)) => (p.to_string(), id, true),
+        None => {
+            let m = conn
+                .call_method(
+                    Some(SYSTEMD),
+                    SYSTEMD_PATH,
+                    Some(MANAGER),
+                    "GetUnitByPID",
+                    &(pid,),
+                )
+                .await
+                .ok()?;
+            let p: zbus::zvariant::OwnedObjectPath = m.body().deserialize().ok()?;
+            let id = unit_property(conn, p.as_str(), "org.freedesktop.systemd1.Unit", "Id")
+                .await
+                .ok()?;
+            (p.to_string(), id, false)
+        }
+    };
+    let iface = join::cgroup::unit_interface(&unit)?;
+    let unit_cgroup = unit_property(conn, &path, iface, "ControlGroup")
+        .await
+        .ok()?;
+    let subcgroup = join::cgroup::subcgroup(&unit_cgroup, &cgroup)?;
+    Some(join::cgroup::Origin {
+        unit,
+        subcgroup,
+        by_pidfd,
+    })
+}
+
+/// After a failed after-check: attach the process that has `pid` now, if it sits in `scope`,
+/// back to `origin`. Returns what was done, for the journal.
+async fn put_back(
+    conn: &Connection,
+    root: &Root,
+    pid: u32,
+    scope: &str,
+    origin: Option<&join::cgroup::Origin>,
+) -> String {
+    let now = join::cgroup::read_proc_cgroup(root, pid);
+    if !now
+        .as_deref()
+        .is_some_and(|c| c.ends_with(&format!("/{scope}")))
+    {
+        return format!("pid {pid} is not in {scope} now; nothing to put back");
+    }
+    let Some(o) = origin else {
+        return format!("pid {pid} stays in {scope}: where it was before is unknown");
+    };
+    match conn
+        .call_method(
+            Some(SYSTEMD),
+            SYSTEMD_PATH,
+            Some(MANAGER),
+            "AttachProcessesToUnit",
+            &(o.unit.as_str(), o.subcgroup.as_str(), vec![pid]),
+        )
+        .await
+    {
+        Ok(_) => format!("pid {pid} put back into {}{}", o.unit, o.subcgroup),
+        Err(e) => format!(
+            "pid {pid} stays in {scope}: putting it back into {} failed: {e}",
+            o.unit
+        ),
+    }
+}
+
 /// `Join(team)`: authorize the caller, move its own process into a new scope in the team's
 /// slice, and return the team's environment and the scope's name.
 pub async fn join(
@@ -262,7 +391,9 @@ pub async fn join(
     let grant = match authorize(backend, &bc.caller, team).await {
         Ok(g) => g,
         Err(r) => {
-            info!(gpuctl_team = %team, gpuctl_action = "join-refused", uid, "{r}");
+            if let Some(held_back) = crate::ratelimit::refusal_log() {
+                info!(gpuctl_team = %team, gpuctl_action = "join-refused", uid, held_back, "{r}");
+            }
             return Err(r.into());
         }
     };
@@ -288,7 +419,9 @@ pub async fn join(
     };
     let before = ProcIdentity::read(root, pid)?;
     if let Err(r) = verify_process(uid, &before) {
-        warn!(gpuctl_team = %team, gpuctl_action = "join-refused", uid, pid, "{r}");
+        if let Some(held_back) = crate::ratelimit::refusal_log() {
+            warn!(gpuctl_team = %team, gpuctl_action = "join-refused", uid, pid, held_back, "{r}");
+        }
         return Err(r.into());
     }
 
@@ -309,6 +442,9 @@ pub async fn join(
         Err(e) => return Err(JoinError::PlacementFailed(e.to_string())),
     }
 
+    // Recorded after the checks and right before the move, to put back what the after-check
+    // rejects.
+    let origin = record_origin(conn, root, pid, &pidfd).await;
     let scope = scope_name(team, pid);
     let description = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
     if let Err(e) = sd.start_scope(jobs, &scope, &slice, pid, description).await {
@@ -320,13 +456,14 @@ pub async fn join(
     let after = ProcIdentity::read(root, pid);
     if !pidfd_alive(&pidfd) || after.as_ref().ok() != Some(&before) {
         // The checked process is gone: the pid may now be someone else's. Nothing is killed
-        // (never kill a job); the admin is told which scope to look at.
+        // (never kill a job); whatever has the pid now goes back where the pid was.
+        let done = put_back(conn, root, pid, &scope, origin.as_ref()).await;
         warn!(
             gpuctl_team = %team,
             gpuctl_action = "join-raced",
             uid,
             pid,
-            "pid {pid} exited or changed while being placed in {scope}; check that scope"
+            "pid {pid} exited or changed while being placed in {scope}: {done}"
         );
         return Err(JoinError::NotYourProcess(format!(
             "pid {pid}: the process changed while it was placed in {scope}"

@@ -20,9 +20,16 @@
 //! take uid, groups and pid from `GetConnectionCredentials` the same way. The bus policy file
 //! (`packaging/files/org.gpuctl.Agent1.conf`) lets only root own the name and lets other users
 //! send only the read and join methods.
+//!
+//! Every method but `Apply`/`Reload` (root only) first takes a token from the caller's uid
+//! bucket ([`crate::ratelimit`]: `Plan` from a small heavy one, the rest from a light one); a
+//! caller over its rate gets `org.freedesktop.DBus.Error.LimitsExceeded` with the wait, and
+//! nothing else is done for it. `Plan` requests queued at once are bounded
+//! ([`MAX_QUEUED_PLANS`]) and answered by one dry run.
 
 use crate::paths::Root;
 use crate::policy::Policy;
+use crate::ratelimit::{Limits, RateLimiter};
 use crate::systemd::scope::JobWaiter;
 use crate::systemd::{mps, Systemd};
 use reply::{
@@ -30,7 +37,9 @@ use reply::{
     StatusReply, TeamStatus,
 };
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use tokio::sync::oneshot;
 use zbus::{fdo, interface, message::Header, Connection};
 
@@ -98,12 +107,60 @@ pub const BUS_NAME: &str = "org.gpuctl.Agent1";
 /// Object path.
 pub const OBJECT_PATH: &str = "/org/gpuctl/Agent1";
 
+/// Most `Plan` calls waiting at once, all callers together; more are refused until the queued
+/// ones are answered (they are answered together, by one dry run).
+pub const MAX_QUEUED_PLANS: usize = 16;
+
 /// The exported object.
 pub struct Agent {
     backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
     jobs: Arc<JobWaiter>,
+    light: Mutex<RateLimiter>,
+    heavy: Mutex<RateLimiter>,
+    queued_plans: Arc<AtomicUsize>,
+}
+
+/// Decrements the queued-plan count however the call ends (answered, dropped, cancelled).
+struct Queued(Arc<AtomicUsize>);
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl Agent {
+    /// Take a token from the caller's bucket in `limiter`, or refuse with the wait.
+    async fn admit(
+        &self,
+        conn: &Connection,
+        hdr: &Header<'_>,
+        heavy: bool,
+        what: &str,
+    ) -> fdo::Result<()> {
+        let uid = caller_uid(conn, hdr).await?;
+        let limiter = if heavy { &self.heavy } else { &self.light };
+        let r = limiter
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .check(uid, Instant::now());
+        r.map_err(|wait| {
+            if let Some(held_back) = crate::ratelimit::refusal_log() {
+                tracing::info!(
+                    gpuctl_action = "rate-limited",
+                    uid,
+                    held_back,
+                    "{what} from uid {uid} refused: over its rate"
+                );
+            }
+            fdo::Error::LimitsExceeded(format!(
+                "{what}: too many calls from uid {uid}; retry in {} ms",
+                wait.as_millis().max(1)
+            ))
+        })
+    }
 }
 
 async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> fdo::Result<u32> {
@@ -145,13 +202,30 @@ impl Agent {
 #[interface(name = "org.gpuctl.Agent1")]
 impl Agent {
     /// Everything `gpuctl status` shows, as JSON.
-    async fn status(&self) -> fdo::Result<String> {
+    async fn status(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, false, "Status").await?;
         let reply = status(self.backend.state(), &self.sd).await;
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// What a reconcile would change now, as JSON.
-    async fn plan(&self) -> fdo::Result<String> {
+    async fn plan(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, true, "Plan").await?;
+        if self.queued_plans.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PLANS {
+            self.queued_plans.fetch_sub(1, Ordering::SeqCst);
+            return Err(fdo::Error::LimitsExceeded(format!(
+                "Plan: {MAX_QUEUED_PLANS} plans already queued; retry when they are answered"
+            )));
+        }
+        let _queued = Queued(self.queued_plans.clone());
         let (reply, rx) = oneshot::channel();
         if !self.backend.send(Request::Plan { reply }) {
             return Err(fdo::Error::Failed("daemon is shutting down".into()));
@@ -191,6 +265,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
+        self.admit(conn, &hdr, false, "Join").await?;
         let r = join::join(
             &*self.backend,
             &self.sd,
@@ -206,7 +281,12 @@ impl Agent {
     }
 
     /// Who uses which GPU and MIG device now, as JSON of [`crate::usage::Usage`].
-    async fn usage(&self) -> fdo::Result<String> {
+    async fn usage(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, false, "Usage").await?;
         let u = usage::usage_marked(&*self.backend, &self.root).await?;
         serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
@@ -218,7 +298,13 @@ impl Agent {
     }
 
     /// Prometheus metrics in `format` (`openmetrics` or `prometheus-text`).
-    async fn metrics(&self, format: String) -> fdo::Result<String> {
+    async fn metrics(
+        &self,
+        format: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, false, "Metrics").await?;
         usage::metrics(&*self.backend, &self.sd, &self.root, &format).await
     }
 
@@ -230,6 +316,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<HashMap<String, String>, join::JoinError> {
+        self.admit(conn, &hdr, false, "Env").await?;
         join::env(&*self.backend, &self.root, conn, &hdr, &team).await
     }
 
@@ -239,6 +326,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, join::JoinError> {
+        self.admit(conn, &hdr, false, "Teams").await?;
         join::teams(&*self.backend, &self.root, conn, &hdr).await
     }
 
@@ -278,6 +366,9 @@ pub async fn serve(
                 sd,
                 root,
                 jobs,
+                light: Mutex::new(RateLimiter::new(Limits::light())),
+                heavy: Mutex::new(RateLimiter::new(Limits::heavy())),
+                queued_plans: Arc::new(AtomicUsize::new(0)),
             },
         )
         .await?;

@@ -128,6 +128,11 @@ pub fn join(socket: &Path, team: &str) -> Result<(BTreeMap<String, String>, Stri
             body: &body,
         },
     )?;
+    join_reply(&reply)
+}
+
+/// The body of a `Join` reply: the environment and the scope name.
+pub fn join_reply(reply: &Reply) -> Result<(BTreeMap<String, String>, String), WireError> {
     if reply.signature != "a{ss}s" {
         return Err(proto(format!(
             "Join replied with signature '{}', expected 'a{{ss}}s'",
@@ -243,31 +248,70 @@ pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
             fill(&mut s, &mut buf)?;
         }
         let msg: Vec<u8> = buf.drain(..total).collect();
-        let h = parse_header(&msg, big, fields_len)?;
-        match (h.kind, h.reply_serial) {
-            (METHOD_RETURN, Some(2)) => {
-                return Ok(Reply {
-                    signature: h.signature,
-                    body: msg[header_len..].to_vec(),
-                    big_endian: big,
-                })
-            }
-            (ERROR, Some(serial @ (1 | 2))) => {
-                let name = h.error_name.unwrap_or_else(|| "unnamed error".into());
-                let message = if h.signature.starts_with('s') {
-                    Reader::new(&msg[header_len..], big).string().ok()
-                } else {
-                    None
-                };
-                let name = if serial == 1 {
-                    format!("{name} (Hello)")
-                } else {
-                    name
-                };
-                return Err(WireError::Method { name, message });
-            }
-            // Hello's reply, NameAcquired and any other signal: not what we wait for.
-            _ => {}
+        if let Some(r) = handle(&msg, big, fields_len, header_len)? {
+            return Ok(r);
+        }
+    }
+}
+
+/// One whole message: `Some` for the call's reply, `Err` for its error (or a malformed
+/// message), `None` for anything else (Hello's reply, signals).
+fn handle(
+    msg: &[u8],
+    big: bool,
+    fields_len: usize,
+    header_len: usize,
+) -> Result<Option<Reply>, WireError> {
+    let h = parse_header(msg, big, fields_len)?;
+    let body = msg
+        .get(header_len..)
+        .ok_or_else(|| proto("message ends inside its header"))?;
+    match (h.kind, h.reply_serial) {
+        (METHOD_RETURN, Some(2)) => Ok(Some(Reply {
+            signature: h.signature,
+            body: body.to_vec(),
+            big_endian: big,
+        })),
+        (ERROR, Some(serial @ (1 | 2))) => {
+            let name = h.error_name.unwrap_or_else(|| "unnamed error".into());
+            let message = if h.signature.starts_with('s') {
+                Reader::new(body, big).string().ok()
+            } else {
+                None
+            };
+            let name = if serial == 1 {
+                format!("{name} (Hello)")
+            } else {
+                name
+            };
+            Err(WireError::Method { name, message })
+        }
+        // Hello's reply, NameAcquired and any other signal: not what we wait for.
+        _ => Ok(None),
+    }
+}
+
+/// What the client makes of `stream`, the bytes a bus sends after `OK <guid>\r\n`: the reply
+/// to the call (serial 2), its error, or `Ok(None)` when the stream ends first. The same
+/// framing and parsing as [`call`], without a socket, for tests and the fuzzer.
+pub fn parse_stream(mut stream: &[u8]) -> Result<Option<Reply>, WireError> {
+    loop {
+        if stream.len() < 16 {
+            return Ok(None);
+        }
+        let Frame {
+            big,
+            fields_len,
+            header_len,
+            total,
+        } = frame(&stream[..16])?;
+        if stream.len() < total {
+            return Ok(None);
+        }
+        let (msg, rest) = stream.split_at(total);
+        stream = rest;
+        if let Some(r) = handle(msg, big, fields_len, header_len)? {
+            return Ok(Some(r));
         }
     }
 }
@@ -449,6 +493,11 @@ impl<'a> Reader<'a> {
         if self.take(1)? != [0] {
             return Err(proto("string without its terminating NUL"));
         }
+        // D-Bus strings contain no NUL; one inside would cut an environment value short
+        // wherever it is used as a C string.
+        if s.contains(&0) {
+            return Err(proto("string with a NUL byte inside"));
+        }
         String::from_utf8(s.to_vec()).map_err(|_| proto("string is not UTF-8"))
     }
 
@@ -515,6 +564,17 @@ mod tests {
         );
         let team: String = msg.body().deserialize().expect("body is one string");
         assert_eq!(team, "infer");
+    }
+
+    #[test]
+    fn strings_with_an_interior_nul_are_refused() {
+        let mut b = Vec::new();
+        put_string(&mut b, "a\0b");
+        let e = Reader::new(&b, false).string().unwrap_err();
+        assert!(e.to_string().contains("NUL byte inside"), "{e}");
+        let mut b = Vec::new();
+        put_string(&mut b, "ab");
+        assert_eq!(Reader::new(&b, false).string().unwrap(), "ab");
     }
 
     #[test]

@@ -19,6 +19,7 @@ use std::ffi::OsString;
 use std::fmt;
 use std::path::PathBuf;
 
+pub mod cgroup;
 pub mod nss;
 
 /// Environment keys the daemon owns: inherited ones are stripped before the daemon's are set,

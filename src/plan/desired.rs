@@ -347,6 +347,10 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
             active_thread_percentage: s.active_thread_percentage,
             pinned_memory_limit: s.pinned_memory_limit,
             user: s.user.clone(),
+            group: match team.members.as_slice() {
+                [crate::policy::Member::Group(g)] => Some(g.clone()),
+                _ => None,
+            },
         };
         if !whole.is_empty() {
             // All of a team's whole GPUs share one daemon: one control pipe per share.

@@ -11,13 +11,76 @@
 //!
 //! Diagnostics name host paths (`/etc/gpuctl/policy.d/10-x.toml`), never the root under which
 //! they were read, because that is the path the admin edits.
+//!
+//! Reading cannot hurt the daemon ([`read_policy_file`]): a file is opened `O_NONBLOCK` (a FIFO
+//! named `*.toml` cannot block the open), its type is checked on the open descriptor (only a
+//! regular file is read: a FIFO, a socket or a link to `/dev/zero` is refused with its type), and
+//! at most [`MAX_FILE_BYTES`] are read, so a growing or huge file is refused instead of filling
+//! memory. Such a file is "unreadable" (exit 2), reported with its path alone.
 
 use super::parse::{parse_fragment, Fragment};
 use super::validate::build;
 use super::{Diagnostic, Loc, Policy, Severity};
 use crate::paths::{Root, POLICY_DIR_ETC, POLICY_DIR_RUN, POLICY_DIR_VENDOR, POLICY_MAIN};
 use std::collections::BTreeMap;
+use std::io::Read;
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+
+/// Largest policy file read: the largest example policy is 3 KiB, and an 8-GPU host with every
+/// setting of every team spelt out stays under 64 KiB; anything near 1 MiB is not a policy.
+pub const MAX_FILE_BYTES: u64 = 1 << 20;
+
+/// Open and read one policy file without blocking and without reading more than
+/// [`MAX_FILE_BYTES`]. The error says what the path is when it is not a regular file.
+pub fn read_policy_file(path: &Path) -> Result<Vec<u8>, String> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        // A FIFO's open would wait for a writer; a tty's would become our controlling one.
+        .custom_flags(nix::libc::O_NONBLOCK | nix::libc::O_NOCTTY | nix::libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|e| e.to_string())?;
+    let meta = f.metadata().map_err(|e| e.to_string())?;
+    let ft = meta.file_type();
+    if !ft.is_file() {
+        let what = if ft.is_fifo() {
+            "a FIFO"
+        } else if ft.is_char_device() {
+            "a character device"
+        } else if ft.is_block_device() {
+            "a block device"
+        } else if ft.is_socket() {
+            "a socket"
+        } else if ft.is_dir() {
+            "a directory"
+        } else {
+            "not a regular file"
+        };
+        return Err(format!(
+            "{what}, not a regular file: policy files must be regular files"
+        ));
+    }
+    if meta.len() > MAX_FILE_BYTES {
+        return Err(too_big(meta.len()));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    // The size can change between fstat and read (a file being appended to): read one byte more
+    // than the cap to tell "at the cap" from "over it".
+    f.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(too_big(bytes.len() as u64));
+    }
+    Ok(bytes)
+}
+
+fn too_big(len: u64) -> String {
+    format!(
+        "{len} bytes is over the {} KiB limit of a policy file (MAX_FILE_BYTES)",
+        MAX_FILE_BYTES >> 10
+    )
+}
 
 /// Result of loading: the policy when there were no errors, and every diagnostic.
 #[derive(Debug)]
@@ -82,6 +145,14 @@ fn is_mask(path: &Path) -> bool {
 /// The files to merge under `root`, in merge order, after precedence and masking; plus the
 /// directories that exist but cannot be listed.
 pub fn discover(root: &Root) -> (Vec<Source>, Vec<(PathBuf, String)>) {
+    let (sources, unreadable, _) = discover_all(root);
+    (sources, unreadable)
+}
+
+/// [`discover`], plus a warning for each directory entry skipped because its name is not UTF-8
+/// (it cannot be shown or ordered as admins expect, so it is never merged; but it is named).
+pub fn discover_all(root: &Root) -> (Vec<Source>, Vec<(PathBuf, String)>, Vec<Diagnostic>) {
+    let mut skipped = Vec::new();
     let mut unreadable = Vec::new();
     let mut out = Vec::new();
 
@@ -114,7 +185,19 @@ pub fn discover(root: &Root) -> (Vec<Source>, Vec<(PathBuf, String)>) {
                 }
             };
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
-                continue; // not UTF-8: cannot end in .toml in any name an admin would write
+                let raw = entry.file_name();
+                skipped.push(Diagnostic {
+                    severity: Severity::Warning,
+                    loc: None,
+                    key: String::new(),
+                    message: format!(
+                        "{}/{}: skipped: the file name is not UTF-8",
+                        dir,
+                        raw.to_string_lossy()
+                    ),
+                    help: Some("rename it to a UTF-8 name ending in .toml".into()),
+                });
+                continue;
             };
             // Hidden files are editor backups and package-manager temporaries, never policy.
             if !name.ends_with(".toml") || name.starts_with('.') {
@@ -129,14 +212,15 @@ pub fn discover(root: &Root) -> (Vec<Source>, Vec<(PathBuf, String)>) {
         }
     }
     out.extend(by_name.into_values().flatten());
-    (out, unreadable)
+    (out, unreadable, skipped)
 }
 
 /// Load the host policy from the standard directories under `root`.
 pub fn load(root: &Root) -> LoadOutcome {
-    let (sources, unreadable) = discover(root);
+    let (sources, unreadable, skipped) = discover_all(root);
     let mut outcome = load_sources(&sources);
     outcome.unreadable.splice(0..0, unreadable);
+    outcome.diagnostics.splice(0..0, skipped);
     if sources.is_empty() && outcome.unreadable.is_empty() {
         outcome.diagnostics.push(Diagnostic {
             severity: Severity::Warning,
@@ -175,7 +259,7 @@ pub fn load_sources(sources: &[Source]) -> LoadOutcome {
     let mut unreadable = Vec::new();
     let mut fragments: Vec<Fragment> = Vec::new();
     for s in sources {
-        let text = match std::fs::read(&s.read) {
+        let text = match read_policy_file(&s.read) {
             Ok(bytes) => match String::from_utf8(bytes) {
                 Ok(t) => t,
                 Err(e) => {
@@ -194,7 +278,7 @@ pub fn load_sources(sources: &[Source]) -> LoadOutcome {
                 }
             },
             Err(e) => {
-                unreadable.push((s.host.clone(), e.to_string()));
+                unreadable.push((s.host.clone(), e));
                 continue;
             }
         };
@@ -211,6 +295,27 @@ pub fn load_sources(sources: &[Source]) -> LoadOutcome {
             (file, l.line, l.col)
         })
     });
+    if diagnostics.len() > super::caps::MAX_DIAGNOSTICS {
+        let more = diagnostics.len() - super::caps::MAX_DIAGNOSTICS;
+        let errors_dropped = diagnostics[super::caps::MAX_DIAGNOSTICS..]
+            .iter()
+            .any(|d| d.severity == Severity::Error);
+        diagnostics.truncate(super::caps::MAX_DIAGNOSTICS);
+        diagnostics.push(Diagnostic {
+            severity: if errors_dropped {
+                Severity::Error
+            } else {
+                Severity::Warning
+            },
+            loc: None,
+            key: String::new(),
+            message: format!(
+                "{more} more diagnostic(s) not shown (MAX_DIAGNOSTICS = {})",
+                super::caps::MAX_DIAGNOSTICS
+            ),
+            help: None,
+        });
+    }
     let files = sources.iter().map(|s| s.host.clone()).collect();
     let ok = unreadable.is_empty() && !diagnostics.iter().any(|d| d.severity == Severity::Error);
     LoadOutcome {

@@ -15,12 +15,13 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod caps;
 pub mod inplace;
 pub mod load;
 pub mod parse;
 pub mod validate;
 
-pub use crate::settings::value::{Loc, Size};
+pub use crate::settings::value::{escape_controls, Loc, Size};
 pub use crate::settings::Limits;
 pub use load::{load, load_files, LoadOutcome, Rejected};
 
@@ -60,11 +61,11 @@ impl fmt::Display for Diagnostic {
         };
         write!(f, "{sev}: ")?;
         if !self.key.is_empty() {
-            write!(f, "{}: ", self.key)?;
+            write!(f, "{}: ", escape_controls(&self.key))?;
         }
-        write!(f, "{}", self.message)?;
+        write!(f, "{}", escape_controls(&self.message))?;
         if let Some(help) = &self.help {
-            write!(f, " ({help})")?;
+            write!(f, " ({})", escape_controls(help))?;
         }
         Ok(())
     }
@@ -104,8 +105,6 @@ pub struct HostSettings {
     pub reconfigure: Reconfigure,
     /// How long `drain` waits for a team's units to stop.
     pub drain_timeout: Duration,
-    /// Path of `nvidia-cuda-mps-control`.
-    pub mps_control: PathBuf,
     /// Explicit `libnvidia-ml.so` path; `None` means the loader's default.
     pub nvml_library: Option<PathBuf>,
 }
@@ -115,7 +114,6 @@ impl Default for HostSettings {
         HostSettings {
             reconfigure: Reconfigure::WhenIdle,
             drain_timeout: Duration::from_secs(300),
-            mps_control: PathBuf::from("/usr/bin/nvidia-cuda-mps-control"),
             nvml_library: None,
         }
     }

@@ -7,12 +7,17 @@
 //! team name is legal) happen here; checks that need the merged policy (a team exists, a device is
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
+use super::caps;
 use super::{
     valid_team_name, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Severity, Size,
 };
-use crate::settings::value::{int_in, size_item, type_name, want_str, Fail, SIZE_HELP_BYTES};
+use crate::settings::value::{
+    check_len, duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str,
+    Fail, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
+};
 pub use crate::settings::value::{parse_cpus, parse_duration, parse_size, At};
 use crate::settings::{LimitsPart, KEYS as LIMIT_KEYS};
+use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,8 +43,6 @@ pub struct HostPart {
     pub reconfigure: Option<At<Reconfigure>>,
     /// `drain-timeout`.
     pub drain_timeout: Option<At<Duration>>,
-    /// `mps-control`.
-    pub mps_control: Option<At<PathBuf>>,
     /// `nvml-library`.
     pub nvml_library: Option<At<PathBuf>>,
 }
@@ -137,12 +140,7 @@ pub struct MigPart {
 }
 
 const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu"];
-const HOST_KEYS: &[&str] = &[
-    "reconfigure",
-    "drain-timeout",
-    "mps-control",
-    "nvml-library",
-];
+const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library"];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
     "after",
@@ -216,6 +214,12 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
     }
     if let Some((k, item)) = root.get_key_value("teams") {
         match item.as_table_like() {
+            Some(t) if t.len() > caps::MAX_TEAMS => cx.error(
+                span(k, item),
+                "teams",
+                over_cap("teams", t.len(), caps::MAX_TEAMS, "MAX_TEAMS"),
+                Some("split the host, or check the file was generated as intended".into()),
+            ),
             Some(t) => {
                 for (name, titem) in t.iter() {
                     let key = t.key(name).expect("key of iterated entry");
@@ -229,6 +233,17 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
     }
     if let Some((k, item)) = root.get_key_value("gpu") {
         match tables_of(item) {
+            Some(entries) if entries.len() > caps::MAX_GPU_ENTRIES => cx.error(
+                span(k, item),
+                "gpu",
+                over_cap(
+                    "[[gpu]] entries",
+                    entries.len(),
+                    caps::MAX_GPU_ENTRIES,
+                    "MAX_GPU_ENTRIES",
+                ),
+                Some("one entry can name many GPUs (index = [...], model, all)".into()),
+            ),
             Some(entries) => {
                 for (i, (t, sp)) in entries.into_iter().enumerate() {
                     let key = format!("gpu[{i}]");
@@ -292,6 +307,10 @@ pub(crate) fn suggest<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
 ) -> Option<&'a str> {
+    // Distance is quadratic in length: a long word is no typo of a short name anyway.
+    if word.len() > 64 {
+        return None;
+    }
     candidates
         .into_iter()
         .map(|c| (distance(word, c), c))
@@ -404,7 +423,21 @@ impl<'a> Cx<'a> {
     }
 
     fn host(&mut self, t: &dyn TableLike) -> HostPart {
-        self.check_keys(t, "host", HOST_KEYS);
+        if let Some(k) = t.key("mps-control") {
+            // Accepted once and never used: gpuctl-mps@.service runs the binary itself.
+            self.error(
+                k.span(),
+                "host.mps-control",
+                "`mps-control` is no longer a setting: nothing used it".into(),
+                Some(
+                    "remove the line; to run another nvidia-cuda-mps-control, override ExecStart= \
+                     of gpuctl-mps@.service with a drop-in"
+                        .into(),
+                ),
+            );
+        }
+        let keys: Vec<&str> = HOST_KEYS.iter().copied().chain(["mps-control"]).collect();
+        self.check_keys(t, "host", &keys);
         HostPart {
             reconfigure: self.field(t, "host", "reconfigure", |i| {
                 let s = want_str(i)?;
@@ -418,11 +451,9 @@ impl<'a> Cx<'a> {
                     )),
                 }
             }),
-            drain_timeout: self.field(t, "host", "drain-timeout", |i| match i.as_integer() {
-                Some(n) if n >= 0 => Ok(Duration::from_secs(n as u64)),
-                _ => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into()))),
+            drain_timeout: self.field(t, "host", "drain-timeout", |i| {
+                duration_item(i, MAX_DRAIN_TIMEOUT, "MAX_DRAIN_TIMEOUT")
             }),
-            mps_control: self.field(t, "host", "mps-control", |i| abs_path(want_str(i)?)),
             nvml_library: self.field(t, "host", "nvml-library", |i| abs_path(want_str(i)?)),
         }
     }
@@ -652,7 +683,22 @@ impl<'a> Cx<'a> {
     }
 
     fn selector(&mut self, t: &dyn TableLike, path: &str, which: &str) -> Option<At<Selector>> {
-        self.field(t, path, which, |i| match which {
+        self.field(t, path, which, |i| {
+            if let Some(a) = i.as_array() {
+                check_len(
+                    "GPUs",
+                    a.len(),
+                    caps::MAX_SELECTED_GPUS,
+                    "MAX_SELECTED_GPUS",
+                )
+                .map_err(|m| (m, None))?;
+            }
+            Self::selector_value(i, which)
+        })
+    }
+
+    fn selector_value(i: &Item, which: &str) -> Result<Selector, Fail> {
+        match which {
             "index" => {
                 let v = list_of(i, |v| match v.as_integer() {
                     Some(n) if (0..=u32::MAX as i64).contains(&n) => Some(n as u32),
@@ -674,9 +720,9 @@ impl<'a> Cx<'a> {
                         Some("e.g. uuid = [\"GPU-5a1b…\"]".into()),
                     )
                 })?;
-                if let Some(bad) = v.iter().find(|u| !u.starts_with("GPU-") || u.len() < 8) {
+                if let Some(bad) = v.iter().find(|u| !valid_gpu_uuid(u)) {
                     return Err((
-                        format!("'{bad}' is not a GPU UUID"),
+                        format!("'{bad}' is not a GPU UUID (GPU- and 8-4-4-4-12 hex digits)"),
                         Some(
                             "GPU UUIDs look like GPU-5a1b2c3d-…, as `nvidia-smi -L` prints".into(),
                         ),
@@ -700,7 +746,7 @@ impl<'a> Cx<'a> {
                 )),
                 None => Err((format!("expected true, found {}", type_name(i)), None)),
             },
-        })
+        }
     }
 
     fn usage(&mut self, t: &dyn TableLike, path: &str, which: &str) -> Option<UsagePart> {
@@ -715,6 +761,15 @@ impl<'a> Cx<'a> {
                     self.type_error(k, item, &key, "a list of team names");
                     return None;
                 };
+                if let Err(m) = check_len(
+                    "teams",
+                    arr.len(),
+                    caps::MAX_SHARED_TEAMS,
+                    "MAX_SHARED_TEAMS",
+                ) {
+                    self.error(span(k, item), &key, m, None);
+                    return None;
+                }
                 let mut out = Vec::new();
                 for v in arr.iter() {
                     match v.as_str() {
@@ -751,6 +806,15 @@ impl<'a> Cx<'a> {
                     );
                     return None;
                 };
+                if let Err(m) = check_len(
+                    "MIG entries",
+                    elems.len(),
+                    caps::MAX_MIG_ENTRIES,
+                    "MAX_MIG_ENTRIES",
+                ) {
+                    self.error(span(k, item), &key, m, None);
+                    return None;
+                }
                 if elems.is_empty() {
                     self.error(
                         span(k, item),
@@ -789,6 +853,15 @@ impl<'a> Cx<'a> {
                 .map(|a| a.value as u32),
         };
         let compute = self.field(t, key, "compute", |i| {
+            if let Some(a) = i.as_array() {
+                check_len(
+                    "compute instances",
+                    a.len(),
+                    caps::MAX_COMPUTE,
+                    "MAX_COMPUTE",
+                )
+                .map_err(|m| (m, None))?;
+            }
             list_of(i, |v| v.as_str().map(str::to_string))
                 .filter(|v| !v.is_empty())
                 .ok_or_else(|| {
@@ -826,8 +899,6 @@ impl<'a> Cx<'a> {
     }
 }
 
-const DURATION_HELP: &str =
-    "expected seconds, or numbers with units ms, s, m/min, h, d, e.g. \"5m\" or \"1h30m\"";
 const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \"*H100*\"";
 
 /// A duration written as seconds (integer) or a string (`"15m"`).
@@ -894,9 +965,11 @@ fn list_of<T>(i: &Item, f: impl Fn(&Value) -> Option<T>) -> Option<Vec<T>> {
     }
 }
 
-fn no_dups<T: PartialEq + std::fmt::Debug>(v: &[T]) -> Result<(), Fail> {
-    for (i, a) in v.iter().enumerate() {
-        if v[..i].contains(a) {
+/// Linear: a set, not a scan of the prefix (a 200,000-entry list took over a minute that way).
+fn no_dups<T: Eq + std::hash::Hash + std::fmt::Debug>(v: &[T]) -> Result<(), Fail> {
+    let mut seen = HashSet::with_capacity(v.len());
+    for a in v {
+        if !seen.insert(a) {
             return Err((format!("{a:?} is listed twice"), None));
         }
     }
@@ -912,7 +985,10 @@ fn members(i: &Item) -> Result<Vec<Member>, Fail> {
             help.clone(),
         )
     })?;
+    check_len("members", arr.len(), caps::MAX_MEMBERS, "MAX_MEMBERS")
+        .map_err(|m| (m, help.clone()))?;
     let mut out = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
     for v in arr.iter() {
         let Some(s) = v.as_str() else {
             return Err(("every member must be a string".into(), help));
@@ -927,7 +1003,7 @@ fn members(i: &Item) -> Result<Vec<Member>, Fail> {
         if !valid_unix_name(name) {
             return Err((format!("invalid member '{s}'"), help));
         }
-        if out.contains(&m) {
+        if !seen.insert(m.clone()) {
             return Err((format!("member '{s}' is listed twice"), None));
         }
         out.push(m);
@@ -1037,7 +1113,7 @@ owner = "a"
 model = "*H100*"
 mig = [ { profile = "3g.40gb", owner = "a" }, { profile = "1g.10gb", owner = "b", count = 4, compute = ["1c"] } ]
 [[gpu]]
-uuid = "GPU-12345678"
+uuid = "GPU-00000000-1111-2222-3333-444455556666"
 [[gpu.mig]]
 profile = "7g.80gb"
 owner = "c"

@@ -46,16 +46,17 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
     let mut host = HostSettings::default();
     let mut teams: BTreeMap<String, TeamPart> = BTreeMap::new();
     let mut gpus: Vec<&GpuPart> = Vec::new();
+    let mut reconfigure_at = None;
+    let mut drain_timeout_at = None;
     for f in fragments {
         let h = &f.host;
         if let Some(v) = &h.reconfigure {
             host.reconfigure = v.value;
+            reconfigure_at = Some(v);
         }
         if let Some(v) = &h.drain_timeout {
             host.drain_timeout = v.value;
-        }
-        if let Some(v) = &h.mps_control {
-            host.mps_control = v.value.clone();
+            drain_timeout_at = Some(v);
         }
         if let Some(v) = &h.nvml_library {
             host.nvml_library = Some(v.value.clone());
@@ -71,6 +72,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         gpus.extend(f.gpus.iter());
     }
 
+    check_drain(reconfigure_at, drain_timeout_at, diags);
     check_teams(&teams, &gpus, diags);
     for g in &gpus {
         check_refs(g, &teams, diags);
@@ -219,16 +221,14 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
             ));
         }
         if let (Some(max), Some(high)) = (&t.limits.memory_max, &t.limits.memory_high) {
-            let bigger = match (max.value, high.value) {
-                (Some(Size::Bytes(m)), Some(Size::Bytes(h))) => h > m,
-                (Some(Size::PercentOfRam(m)), Some(Size::PercentOfRam(h))) => h > m,
-                _ => false,
-            };
-            if bigger {
-                diags.push(warning(
+            // Values of the same shape compare without a host; mixed ones in the host check.
+            let order =
+                crate::settings::kinds::memory_order(max.value.as_ref(), high.value.as_ref(), 0);
+            if let Err(m) = order {
+                diags.push(error(
                     &high.loc,
                     &format!("{key}.memory-high"),
-                    "memory-high is above memory-max, so it never throttles".into(),
+                    m,
                     Some("set memory-high below memory-max".into()),
                 ));
             }
@@ -274,6 +274,30 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
                     ));
                 }
             }
+        }
+    }
+}
+
+/// `reconfigure = "drain"` with a drain timeout of zero stops nothing gracefully: units would be
+/// killed the moment the drain starts.
+fn check_drain(
+    reconfigure: Option<&At<super::Reconfigure>>,
+    timeout: Option<&At<std::time::Duration>>,
+    diags: &mut Vec<Diagnostic>,
+) {
+    if let (Some(r), Some(t)) = (reconfigure, timeout) {
+        if r.value == super::Reconfigure::Drain && t.value.is_zero() {
+            diags.push(error(
+                &t.loc,
+                "host.drain-timeout",
+                "a drain timeout of 0 with reconfigure = \"drain\" gives the team's units no time \
+                 to stop"
+                    .into(),
+                Some(format!(
+                    "give the units time to stop, e.g. \"5m\" (at most {} h)",
+                    crate::settings::value::MAX_DRAIN_TIMEOUT.as_secs() / 3600
+                )),
+            ));
         }
     }
 }
@@ -719,17 +743,19 @@ fn static_overlap(a: &Selector, b: &Selector) -> Option<String> {
     match (a, b) {
         (Selector::All, _) | (_, Selector::All) => Some("every GPU".into()),
         (Selector::Index(x), Selector::Index(y)) => {
+            let ys: BTreeSet<&u32> = y.iter().collect();
             let both: Vec<String> = x
                 .iter()
-                .filter(|i| y.contains(i))
+                .filter(|i| ys.contains(i))
                 .map(u32::to_string)
                 .collect();
             (!both.is_empty()).then(|| format!("gpu {}", both.join(",")))
         }
         (Selector::Uuid(x), Selector::Uuid(y)) => {
+            let ys: BTreeSet<String> = y.iter().map(|u| u.to_ascii_lowercase()).collect();
             let both: Vec<&str> = x
                 .iter()
-                .filter(|u| y.iter().any(|v| v.eq_ignore_ascii_case(u)))
+                .filter(|u| ys.contains(&u.to_ascii_lowercase()))
                 .map(String::as_str)
                 .collect();
             (!both.is_empty()).then(|| both.join(","))
@@ -819,6 +845,25 @@ fn check_teams_on_host(
                     &format!("{key}.{name}"),
                     format!("{p}% of host RAM cannot be resolved: the host's RAM size is unknown"),
                     Some("give an absolute size such as \"64G\"".into()),
+                ));
+            }
+        }
+        if host.memory_bytes == 0 {
+            continue;
+        }
+        // Every setting's bounds once resolved for this host (memory floor and host RAM).
+        for (name, m) in t.limits.check(host.memory_bytes) {
+            out.push(error(loc, &format!("{key}.{name}"), m, None));
+        }
+        // Compared after resolution, so "50%" against "10G" is caught too; same shapes were
+        // compared without a host (in `check_teams`) and are not reported twice.
+        if t.limits.memory_order(0).is_ok() {
+            if let Err(m) = t.limits.memory_order(host.memory_bytes) {
+                out.push(error(
+                    loc,
+                    &format!("{key}.memory-high"),
+                    format!("{m} on this host"),
+                    Some("set memory-high below memory-max".into()),
                 ));
             }
         }
@@ -1050,7 +1095,7 @@ mod tests {
         let m = Catalog::get().by_key(key).unwrap();
         GpuState {
             index,
-            uuid: format!("GPU-0000000{index}-test"),
+            uuid: format!("GPU-0000000{index}-0000-0000-0000-000000000000"),
             name: m.nvml_name.clone(),
             model: Some(m.key.clone()),
             minor: index,
@@ -1189,7 +1234,7 @@ mod tests {
     fn host_check_resolves_selectors_and_real_models() {
         let text = format!(
             "{TEAMS}[[gpu]]\nindex = [0, 9]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\", count = 2 }}]\n\
-             [[gpu]]\nmodel = \"*L40S*\"\nowner = \"b\"\n[[gpu]]\nuuid = [\"GPU-00000001-test\"]\nshared = [\"a\"]\n"
+             [[gpu]]\nmodel = \"*L40S*\"\nowner = \"b\"\n[[gpu]]\nuuid = [\"GPU-00000001-0000-0000-0000-000000000000\"]\nshared = [\"a\"]\n"
         );
         let (p, d) = check(&text);
         let p = p.unwrap_or_else(|| panic!("{d:#?}"));

@@ -15,9 +15,15 @@ fn path(root: &Root, team: &str) -> PathBuf {
         .join(format!("{team}.env"))
 }
 
-/// Write a team's env file (atomically).
+/// Write a team's env file (atomically), mode 0640 root:root: its readers are systemd
+/// (`EnvironmentFile=` of team services, as root) and gpuctld; members get the same content
+/// through `Env`/`Join`, which check membership, so no group needs to read it.
 pub fn write(root: &Root, team: &str, content: &str) -> Result<(), FileError> {
-    write_atomic(&path(root, team), content.as_bytes())
+    use std::os::unix::fs::PermissionsExt;
+    let p = path(root, team);
+    write_atomic(&p, content.as_bytes())?;
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o640))
+        .map_err(|e| FileError::new(&p, e))
 }
 
 /// Remove a team's env file, if there is one.

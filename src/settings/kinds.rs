@@ -1,7 +1,9 @@
 //! The value shapes of team settings ([`Kind`]s): how each parses from the policy, resolves for
 //! the host, travels over D-Bus, reads back, lands in a unit file and shows for people.
 
-use super::value::{human_bytes, int_in, size_item, type_name, want_str, CpuSet, Fail, Size};
+use super::value::{
+    human_bytes, int_in, size_item, type_name, want_str, CpuSet, Fail, Size, SIZE_HELP,
+};
 use super::{Kind, UNSET};
 use std::collections::BTreeMap;
 use toml_edit::Item;
@@ -19,17 +21,51 @@ fn dash_or(v: Option<String>) -> Option<String> {
     Some(v.unwrap_or_else(|| "-".into()))
 }
 
+/// Smallest memory limit (`memory-max`, `memory-high`) once resolved: below this a team's shell
+/// and its CUDA context do not start, and `0` kills every job of the team.
+pub const MIN_MEMORY_BYTES: u64 = 64 << 20;
+
 /// A memory size (`t`): bytes, or a share of host RAM in the policy; `"infinity"` is no limit.
+/// Resolved, it is at least [`MIN_MEMORY_BYTES`] and at most the host's RAM.
 pub struct Memory;
 
 impl Kind for Memory {
     type Policy = Size;
     type Live = u64;
     fn parse(item: &Item) -> Result<Option<Size>, Fail> {
-        size_item(item, true)
+        let v = size_item(item, true)?;
+        if let Some(s) = &v {
+            Self::check(s, 0).map_err(|m| (m, Some(SIZE_HELP.into())))?;
+        }
+        Ok(v)
     }
     fn resolve(v: &Size, host_ram: u64) -> u64 {
         v.resolve(host_ram)
+    }
+    fn check(v: &Size, host_ram: u64) -> Result<(), String> {
+        let what = match *v {
+            Size::Bytes(b) => format!("{b} bytes"),
+            Size::PercentOfRam(p) if !(p > 0.0 && p <= 100.0) => {
+                return Err(format!("{p}% is not a share of host RAM"))
+            }
+            // Without the host's RAM a share cannot be resolved; the host check says so.
+            Size::PercentOfRam(_) if host_ram == 0 => return Ok(()),
+            Size::PercentOfRam(p) => format!("{p}% of host RAM ({} bytes)", v.resolve(host_ram)),
+        };
+        let bytes = v.resolve(host_ram);
+        if bytes < MIN_MEMORY_BYTES {
+            return Err(format!(
+                "{what} is below the floor of {} MiB (MIN_MEMORY_BYTES): the team's jobs could \
+                 not start, and 0 kills every one of them",
+                MIN_MEMORY_BYTES >> 20
+            ));
+        }
+        if host_ram > 0 && bytes > host_ram {
+            return Err(format!(
+                "{what} is above this host's RAM ({host_ram} bytes), so it limits nothing"
+            ));
+        }
+        Ok(())
     }
     fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
         u64_to_bus(v)
@@ -42,6 +78,37 @@ impl Kind for Memory {
     }
     fn show(v: Option<&u64>) -> Option<String> {
         dash_or(v.map(|b| human_bytes(*b)))
+    }
+}
+
+/// `memory-high` above `memory-max` never throttles. Compared after resolution on a host with
+/// `host_ram` bytes, so `"50%"` against `"10G"` is caught; with the RAM unknown (0) only values
+/// of the same shape (bytes and bytes, percent and percent) can be compared.
+pub fn memory_order(max: Option<&Size>, high: Option<&Size>, host_ram: u64) -> Result<(), String> {
+    let (Some(max), Some(high)) = (max, high) else {
+        return Ok(());
+    };
+    let (m, h) = match (max, high) {
+        (Size::PercentOfRam(m), Size::PercentOfRam(h)) if host_ram == 0 => {
+            return if h > m {
+                Err(format!(
+                    "memory-high ({h}% of host RAM) is above memory-max ({m}%), so it never \
+                     throttles"
+                ))
+            } else {
+                Ok(())
+            };
+        }
+        (Size::Bytes(_), Size::Bytes(_)) => (max.resolve(0), high.resolve(0)),
+        _ if host_ram == 0 => return Ok(()),
+        _ => (max.resolve(host_ram), high.resolve(host_ram)),
+    };
+    if h > m {
+        Err(format!(
+            "memory-high ({h} bytes) is above memory-max ({m} bytes), so it never throttles"
+        ))
+    } else {
+        Ok(())
     }
 }
 
@@ -71,6 +138,13 @@ impl<const LO: u64, const HI: u64, const INFINITY: bool> Kind for Int<LO, HI, IN
     }
     fn resolve(v: &u64, _: u64) -> u64 {
         *v
+    }
+    fn check(v: &u64, _: u64) -> Result<(), String> {
+        if (LO..=HI).contains(v) {
+            Ok(())
+        } else {
+            Err(format!("{v} is out of range {LO} to {HI}"))
+        }
     }
     fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
         u64_to_bus(v)
@@ -209,6 +283,7 @@ impl Kind for Bandwidth {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::settings::value::Size;
     use crate::settings::{Limits, LimitsPart, SliceSpec};
     use std::path::PathBuf;
 
@@ -253,6 +328,51 @@ mod tests {
             assert_eq!(e.len(), 1, "{bad}: {e:?}");
             assert!(e[0].starts_with("io-read-bandwidth-max: "), "{e:?}");
         }
+    }
+
+    #[test]
+    fn memory_has_a_floor_when_parsed_and_a_ceiling_on_the_host() {
+        for bad in ["0", "\"1M\"", "67108863"] {
+            let (p, e) = parse(&format!("memory-max = {bad}\n"));
+            assert!(p.memory_max.is_none(), "{bad}");
+            assert!(
+                e[0].contains("below the floor of 64 MiB (MIN_MEMORY_BYTES)"),
+                "{e:?}"
+            );
+        }
+        let (p, e) = parse("memory-max = \"64M\"\nmemory-high = \"0.1%\"\n");
+        assert!(e.is_empty(), "a share is checked on the host: {e:?}");
+        let ram = 16u64 << 30;
+        let limits = p.to_limits();
+        let errs = limits.check(ram);
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].0, "memory-high");
+        assert!(errs[0].1.contains("below the floor"), "{errs:?}");
+        assert!(Memory::check(&Size::Bytes(32 << 30), ram)
+            .unwrap_err()
+            .contains("above this host's RAM"));
+        assert!(
+            Memory::check(&Size::Bytes(32 << 30), 0).is_ok(),
+            "RAM unknown"
+        );
+        assert!(Memory::check(&Size::PercentOfRam(50.0), ram).is_ok());
+    }
+
+    #[test]
+    fn memory_high_is_compared_with_max_after_resolution() {
+        let b = Size::Bytes;
+        let p = Size::PercentOfRam;
+        let ram = 100u64 << 30;
+        assert!(memory_order(Some(&b(10 << 30)), Some(&b(20 << 30)), 0).is_err());
+        assert!(memory_order(Some(&p(10.0)), Some(&p(20.0)), 0).is_err());
+        assert!(
+            memory_order(Some(&b(10 << 30)), Some(&p(50.0)), 0).is_ok(),
+            "no RAM"
+        );
+        let e = memory_order(Some(&b(10 << 30)), Some(&p(50.0)), ram).unwrap_err();
+        assert!(e.contains("never throttles"), "{e}");
+        assert!(memory_order(Some(&p(50.0)), Some(&b(10 << 30)), ram).is_ok());
+        assert!(memory_order(None, Some(&b(1)), ram).is_ok());
     }
 
     fn io_spec() -> SliceSpec {

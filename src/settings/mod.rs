@@ -39,6 +39,12 @@ pub trait Kind {
     fn parse(item: &Item) -> Result<Option<Self::Policy>, Fail>;
     /// The value on a host with `host_ram` bytes of memory.
     fn resolve(v: &Self::Policy, host_ram: u64) -> Self::Live;
+    /// The bounds a value must keep beyond its type, on a host with `host_ram` bytes of memory
+    /// (0: unknown; only what does not depend on the host is checked). `parse` applies it with
+    /// 0; the host check and the read-back of the last good policy apply it again.
+    fn check(_v: &Self::Policy, _host_ram: u64) -> Result<(), String> {
+        Ok(())
+    }
     /// The values of the `SetUnitProperties` assignments that make a live unit hold exactly
     /// `v` (`None`: systemd's default), in order.
     fn to_bus(v: Option<&Self::Live>) -> Vec<Value<'static>>;
@@ -121,6 +127,18 @@ macro_rules! team_settings {
         }
 
         impl Limits {
+            /// Every setting's [`Kind::check`] on a host with `host_ram` bytes (0: unknown):
+            /// `(key, what is wrong)`. The rule between settings is [`Limits::memory_order`].
+            pub fn check(&self, host_ram: u64) -> Vec<(&'static str, String)> {
+                let mut out = Vec::new();
+                $( if let Some(v) = &self.$field {
+                    if let Err(m) = <$kind as Kind>::check(v, host_ram) {
+                        out.push(($key, m));
+                    }
+                } )*
+                out
+            }
+
             /// The slice properties on a host with `host_ram` bytes of memory (no devices yet).
             pub fn resolve(&self, host_ram: u64) -> SliceSpec {
                 SliceSpec {
@@ -189,6 +207,18 @@ macro_rules! team_settings {
 }
 
 use kinds::{Bandwidth, Cpus, Memory, Tasks, Weight};
+
+impl Limits {
+    /// `memory-high` at most `memory-max`, on a host with `host_ram` bytes (0: unknown, then only
+    /// values of the same shape are compared): [`kinds::memory_order`].
+    pub fn memory_order(&self, host_ram: u64) -> Result<(), String> {
+        kinds::memory_order(
+            self.memory_max.as_ref(),
+            self.memory_high.as_ref(),
+            host_ram,
+        )
+    }
+}
 
 team_settings! {
     /// `MemoryMax=`: the hard memory limit of the slice.

@@ -5,7 +5,6 @@
 //! table, the systemd encodings and the CLI can all share it without import cycles.
 
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeSet;
 use std::fmt;
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -25,8 +24,38 @@ pub struct Loc {
 
 impl fmt::Display for Loc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}:{}", self.file.display(), self.line, self.col)
+        let file = self.file.to_string_lossy();
+        write!(f, "{}:{}:{}", escape_controls(&file), self.line, self.col)
     }
+}
+
+/// `text` with control characters (NUL, ESC, newline, DEL, C1) escaped as `\u{1b}`, `\n`, …:
+/// a value quoted from a file or a bus call must not forge journal lines or drive a terminal.
+/// Borrowed when there is nothing to escape, which is almost always.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// `text` for a message: quoted, control characters escaped, and cut after 40 characters, so a
+/// hostile value (a 0.5 MiB duration) does not flood the journal or `STATUS=`.
+pub fn quote(text: &str) -> String {
+    const MAX: usize = 40;
+    let mut cut: String = text.chars().take(MAX).collect();
+    if cut.len() < text.len() {
+        cut.push('…');
+    }
+    format!("'{}'", escape_controls(&cut))
 }
 
 /// A value and where it was written.
@@ -128,12 +157,13 @@ pub fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
             Some(help.into()),
         )
     })?;
+    let q = quote(s);
     match parse_size(s) {
         Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err((
-            format!("'{s}': a percentage of host RAM makes no sense here"),
+            format!("{q}: a percentage of host RAM makes no sense here"),
             Some(help.into()),
         )),
-        Ok(None) if !allow_percent => Err((format!("'{s}' is not a size"), Some(help.into()))),
+        Ok(None) if !allow_percent => Err((format!("{q} is not a size"), Some(help.into()))),
         Ok(v) => Ok(v),
         Err(m) => Err((m, Some(help.into()))),
     }
@@ -143,6 +173,7 @@ pub fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
 /// no limit). Suffixes K, M, G, T are powers of 1024, as in systemd; `KiB`-style spellings are
 /// accepted too.
 pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
+    let q = quote(s);
     let t = s.trim();
     if t == "infinity" {
         return Ok(None);
@@ -151,10 +182,10 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
         let v: f64 = p
             .trim()
             .parse()
-            .map_err(|_| format!("'{s}' is not a percentage"))?;
+            .map_err(|_| format!("{q} is not a percentage"))?;
         if !(v > 0.0 && v <= 100.0) {
             return Err(format!(
-                "'{s}': a percentage must be more than 0 and at most 100"
+                "{q}: a percentage must be more than 0 and at most 100"
             ));
         }
         return Ok(Some(Size::PercentOfRam(v)));
@@ -162,7 +193,7 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
     let digits = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(digits);
     if num.is_empty() {
-        return Err(format!("'{s}' is not a size"));
+        return Err(format!("{q} is not a size"));
     }
     let shift = match unit.trim() {
         "" | "B" => 0,
@@ -170,16 +201,17 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
         "T" | "TiB" => 40,
-        u => return Err(format!("'{s}': unknown size unit '{u}'")),
+        u => return Err(format!("{q}: unknown size unit {}", quote(u))),
     };
-    let n: u64 = num.parse().map_err(|_| format!("'{s}' is too large"))?;
+    let n: u64 = num.parse().map_err(|_| format!("{q} is too large"))?;
     n.checked_mul(1u64 << shift)
         .map(|b| Some(Size::Bytes(b)))
-        .ok_or_else(|| format!("'{s}' is too large"))
+        .ok_or_else(|| format!("{q} is too large"))
 }
 
 /// Parse a duration: `"90"` (seconds), `"5m"`, `"1h30m"`, `"500ms"`.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let q = quote(s);
     let t = s.trim();
     if t.is_empty() {
         return Err("empty duration".into());
@@ -194,11 +226,9 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(rest.len());
         if d == 0 {
-            return Err(format!("'{s}' is not a duration"));
+            return Err(format!("{q} is not a duration"));
         }
-        let n: u64 = rest[..d]
-            .parse()
-            .map_err(|_| format!("'{s}' is too large"))?;
+        let n: u64 = rest[..d].parse().map_err(|_| format!("{q} is too large"))?;
         rest = &rest[d..];
         let u = rest
             .find(|c: char| c.is_ascii_digit())
@@ -211,23 +241,113 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "m" | "min" => Duration::from_secs(60),
             "h" => Duration::from_secs(3600),
             "d" => Duration::from_secs(86400),
-            _ => return Err(format!("'{s}': unknown time unit '{unit}'")),
+            _ => return Err(format!("{q}: unknown time unit {}", quote(unit))),
         };
-        total += per
-            .checked_mul(u32::try_from(n).map_err(|_| format!("'{s}' is too large"))?)
-            .ok_or_else(|| format!("'{s}' is too large"))?;
+        // Checked: a long sum of large terms overflowed `Duration` and panicked here.
+        total = per
+            .checked_mul(u32::try_from(n).map_err(|_| format!("{q} is too large"))?)
+            .and_then(|d| total.checked_add(d))
+            .ok_or_else(|| format!("{q} is too large"))?;
     }
     Ok(total)
 }
 
+/// Help for durations.
+pub const DURATION_HELP: &str =
+    "expected seconds, or numbers with units ms, s, m/min, h, d, e.g. \"5m\" or \"1h30m\"";
+
+/// Longest `host.drain-timeout`: a drain holds a MIG change (and the team's restart) this long;
+/// a day is far beyond any job's graceful stop.
+pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// A duration written as whole seconds or a string ([`parse_duration`]), at most `max`
+/// (`max_name` is the bound's name, so the error says which limit it met).
+pub fn duration_item(i: &Item, max: Duration, max_name: &str) -> Result<Duration, Fail> {
+    let d = match i.as_integer() {
+        Some(n) if n >= 0 => Duration::from_secs(n as u64),
+        _ => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into())))?,
+    };
+    if d > max {
+        return Err((
+            format!(
+                "{} s is over the maximum of {} ({max_name})",
+                d.as_secs(),
+                human_duration(max)
+            ),
+            Some(DURATION_HELP.into()),
+        ));
+    }
+    Ok(d)
+}
+
+/// A duration for people: `24 h`, `90 s`.
+pub fn human_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    if s >= 3600 && s % 3600 == 0 {
+        format!("{} h", s / 3600)
+    } else {
+        format!("{s} s")
+    }
+}
+
+/// A GPU UUID as NVML reports it: `GPU-` and a canonical UUID (8-4-4-4-12 hex digits). MIG
+/// device UUIDs (`MIG-…`) are not GPU selectors. Checked in full: a prefix-and-length check let
+/// `GPU-../../etc` through.
+pub fn valid_gpu_uuid(s: &str) -> bool {
+    if !s.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-")) {
+        return false;
+    }
+    let groups: Vec<&str> = s[4..].split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, n)| g.len() == n && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The error for a list of `n` over its cap, naming the cap.
+pub fn over_cap(what: &str, n: usize, cap: usize, cap_name: &str) -> String {
+    format!("{n} {what} is over the limit of {cap} ({cap_name})")
+}
+
+/// `Err` when a list of `n` is over `cap`.
+pub fn check_len(what: &str, n: usize, cap: usize, cap_name: &str) -> Result<(), String> {
+    if n > cap {
+        Err(over_cap(what, n, cap, cap_name))
+    } else {
+        Ok(())
+    }
+}
+
+/// Most comma-separated items in a CPU list: far above any real list (a 512-CPU host written
+/// one CPU at a time), and it bounds the work on a hostile one.
+pub const MAX_CPU_ITEMS: usize = 4096;
+
 /// A set of CPU numbers, as `AllowedCPUs=` and `/sys/devices/system/cpu/online` write them
 /// (`0-5,8`). The one CPU-list parser: it reads the list an admin writes and the list systemd
 /// or the kernel report, and prints the normalised form.
+///
+/// Held as sorted, merged, non-adjacent intervals, never expanded into CPU numbers: parsing is
+/// O(n log n) in the number of items (at most [`MAX_CPU_ITEMS`]) whatever the ranges span
+/// (`"0-65535,"` × 2,000 expanded to 131 M numbers took over a minute).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
-pub struct CpuSet(BTreeSet<u32>);
+pub struct CpuSet(Vec<(u32, u32)>);
 
 impl CpuSet {
+    /// Sort and merge overlapping and adjacent intervals (0-3 and 4-5 are 0-5).
+    fn from_ranges(mut ranges: Vec<(u32, u32)>) -> CpuSet {
+        ranges.sort_unstable();
+        let mut merged: Vec<(u32, u32)> = Vec::with_capacity(ranges.len());
+        for (a, b) in ranges {
+            match merged.last_mut() {
+                Some((_, end)) if a <= end.saturating_add(1) => *end = (*end).max(b),
+                _ => merged.push((a, b)),
+            }
+        }
+        CpuSet(merged)
+    }
+
     /// The CPUs of a systemd `AllowedCPUs` bitmask (byte i, bit j = CPU 8i+j).
     pub fn from_mask(mask: &[u8]) -> CpuSet {
         let bits = mask.iter().enumerate().flat_map(|(i, byte)| {
@@ -235,29 +355,31 @@ impl CpuSet {
                 .filter(move |bit| byte & (1 << bit) != 0)
                 .map(move |bit| i as u32 * 8 + bit)
         });
-        CpuSet(bits.collect())
+        CpuSet::from_ranges(bits.map(|c| (c, c)).collect())
     }
 
     /// systemd's `AllowedCPUs` bitmask of these CPUs.
     pub fn to_mask(&self) -> Vec<u8> {
-        let Some(&max) = self.0.iter().next_back() else {
+        let Some(max) = self.max() else {
             return Vec::new();
         };
         let mut mask = vec![0u8; (max as usize) / 8 + 1];
-        for &c in &self.0 {
-            mask[c as usize / 8] |= 1 << (c % 8);
+        for &(a, b) in &self.0 {
+            for c in a..=b {
+                mask[c as usize / 8] |= 1 << (c % 8);
+            }
         }
         mask
     }
 
     /// The highest CPU number.
     pub fn max(&self) -> Option<u32> {
-        self.0.iter().next_back().copied()
+        self.0.last().map(|&(_, b)| b)
     }
 
     /// How many CPUs.
     pub fn len(&self) -> usize {
-        self.0.len()
+        self.0.iter().map(|&(a, b)| (b - a) as usize + 1).sum()
     }
 
     /// Whether the set is empty.
@@ -269,47 +391,49 @@ impl CpuSet {
 impl FromStr for CpuSet {
     type Err = String;
 
-    /// `"0-3, 8,4-5"`: numbers below 65536 and ascending ranges, comma-separated.
+    /// `"0-3, 8,4-5"`: numbers below 65536 and ascending ranges, comma-separated, at most
+    /// [`MAX_CPU_ITEMS`] items.
     fn from_str(s: &str) -> Result<CpuSet, String> {
-        let mut cpus = BTreeSet::new();
+        let q = quote(s);
+        let items = s.split(',').count();
+        if items > MAX_CPU_ITEMS {
+            return Err(format!(
+                "{q}: {}",
+                over_cap("CPU list items", items, MAX_CPU_ITEMS, "MAX_CPU_ITEMS")
+            ));
+        }
+        let mut ranges = Vec::with_capacity(items);
         for part in s.split(',') {
             let part = part.trim();
             if part.is_empty() {
-                return Err(format!("'{s}': empty item in CPU list"));
+                return Err(format!("{q}: empty item in CPU list"));
             }
             let num = |x: &str| -> Result<u32, String> {
                 x.trim()
                     .parse::<u32>()
                     .ok()
                     .filter(|n| *n < 65536)
-                    .ok_or_else(|| format!("'{s}': '{x}' is not a CPU number"))
+                    .ok_or_else(|| format!("{q}: {} is not a CPU number", quote(x)))
             };
             let (a, b) = match part.split_once('-') {
                 Some((a, b)) => (num(a)?, num(b)?),
                 None => (num(part)?, num(part)?),
             };
             if a > b {
-                return Err(format!("'{s}': range {part} runs backwards"));
+                return Err(format!("{q}: range {} runs backwards", quote(part)));
             }
-            cpus.extend(a..=b);
+            ranges.push((a, b));
         }
-        Ok(CpuSet(cpus))
+        Ok(CpuSet::from_ranges(ranges))
     }
 }
 
 impl fmt::Display for CpuSet {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut it = self.0.iter().copied().peekable();
-        let mut first = true;
-        while let Some(lo) = it.next() {
-            let mut hi = lo;
-            while it.peek() == Some(&(hi + 1)) {
-                hi = it.next().unwrap_or(hi);
-            }
-            if !first {
+        for (i, &(lo, hi)) in self.0.iter().enumerate() {
+            if i > 0 {
                 f.write_str(",")?;
             }
-            first = false;
             if lo == hi {
                 write!(f, "{lo}")?;
             } else {
@@ -415,6 +539,72 @@ mod tests {
         assert!(CpuSet::default().to_mask().is_empty());
         assert_eq!(serde_json::to_string(&c).unwrap(), "\"0-3,8,10-11\"");
         assert!(serde_json::from_str::<CpuSet>("\"3-1\"").is_err());
+    }
+
+    #[test]
+    fn duration_sums_that_overflow_are_errors_not_panics() {
+        let huge = "4294967295d".repeat(52_000);
+        let e = parse_duration(&huge).unwrap_err();
+        assert!(e.ends_with("is too large"), "{e}");
+        assert!(e.len() < 80, "the value is quoted short: {e}");
+    }
+
+    #[test]
+    fn durations_have_a_maximum() {
+        let item = |t: &str| toml_edit::value(t);
+        let max = MAX_DRAIN_TIMEOUT;
+        assert_eq!(duration_item(&item("24h"), max, "MAX"), Ok(max));
+        assert_eq!(
+            duration_item(&toml_edit::value(90), max, "MAX"),
+            Ok(Duration::from_secs(90))
+        );
+        let (m, _) = duration_item(&item("24h1s"), max, "MAX_DRAIN_TIMEOUT").unwrap_err();
+        assert!(
+            m.contains("over the maximum of 24 h (MAX_DRAIN_TIMEOUT)"),
+            "{m}"
+        );
+        assert!(duration_item(&item("5000000000000000000d"), max, "MAX").is_err());
+    }
+
+    #[test]
+    fn uuids_are_checked_in_full() {
+        assert!(valid_gpu_uuid("GPU-00000000-1111-2222-3333-000000000004"));
+        assert!(valid_gpu_uuid("GPU-5a1b2c3d-AAAA-bbbb-0123-456789abcdef"));
+        for bad in [
+            "GPU-../../etc",
+            "GPU-12345678",
+            "GPU-00000000-1111-2222-3333-00000000000",
+            "GPU-00000000-1111-2222-3333-0000000000000",
+            "GPU-0000000g-1111-2222-3333-000000000000",
+            "MIG-00000000-1111-2222-3333-000000000000",
+            "GPU-00000000-1111-2222-3333-000000000000-",
+            "GPU-00000000-1111-2222-3333-00000000000\n",
+            "GP",
+            "",
+        ] {
+            assert!(!valid_gpu_uuid(bad), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn cpu_lists_stay_intervals_and_are_capped() {
+        // 2,000 copies of the whole range: one interval, never 131 M numbers.
+        let wide = "0-65535,".repeat(2000) + "7";
+        let c: CpuSet = wide.parse().unwrap();
+        assert_eq!((c.to_string(), c.len()), ("0-65535".to_string(), 65536));
+        let many = "1,".repeat(MAX_CPU_ITEMS) + "2";
+        let e = many.parse::<CpuSet>().unwrap_err();
+        assert!(e.contains("over the limit of 4096 (MAX_CPU_ITEMS)"), "{e}");
+        let c: CpuSet = "9,3-4,5,0-1,2".parse().unwrap();
+        assert_eq!(c.to_string(), "0-5,9");
+    }
+
+    #[test]
+    fn quoted_values_are_short_and_escaped() {
+        assert_eq!(quote("5m"), "'5m'");
+        assert_eq!(quote("a\u{1b}[31mb\n"), "'a\\u{1b}[31mb\\n'");
+        let q = quote(&"x".repeat(1000));
+        assert!(q.ends_with("…'") && q.chars().count() == 43, "{q}");
     }
 
     #[test]

@@ -382,23 +382,20 @@ impl Systemd {
                 message: "instance must be <team>-<n>".into(),
             });
         }
-        let mut changed = write_if_changed(
-            &self.root.join(mps::env_path(instance)),
-            &mps::env_file(instance, spec),
-        )?;
+        let env = self.root.join(mps::env_path(instance));
+        let mut changed = write_if_changed(&env, &mps::env_file(instance, spec))?;
+        // Only systemd (EnvironmentFile=, as root) and gpuctld read it.
+        set_mode(&env, 0o640)?;
         changed |= write_if_changed(
             &self.root.join(mps::ctl_path(instance)),
             &mps::control_commands(spec),
         )?;
-        // User= cannot come from the environment file; it needs a drop-in and a daemon-reload,
-        // so only teams with a dedicated MPS user pay for one.
+        // User= and Group= cannot come from the environment file; they need a drop-in and a
+        // daemon-reload (once per instance: the file changes only when they do).
         let dropin = self
             .root
             .join(format!("/run/systemd/system/{unit}.d/50-gpuctl-user.conf"));
-        let dropin_changed = match &spec.user {
-            Some(u) => write_if_changed(&dropin, &format!("[Service]\nUser={u}\n"))?,
-            None => remove_if_exists(&dropin)?,
-        };
+        let dropin_changed = write_if_changed(&dropin, &mps::dropin(spec))?;
         if dropin_changed {
             self.reload().await?;
             changed = true;
@@ -461,6 +458,16 @@ pub fn cgroup_usage(root: &Root, cgroup: &str) -> (Option<u64>, Option<u64>) {
     });
     let pids = PidController::new(dir, base, true).get_pid_current().ok();
     (mem, pids)
+}
+
+fn set_mode(path: &std::path::Path, mode: u32) -> Result<(), SystemdError> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(|source| {
+        SystemdError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// The async client as the executor's slice, MPS and unit effectors and the observer's

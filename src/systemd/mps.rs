@@ -80,6 +80,32 @@ pub fn env_file(instance: &str, spec: &MpsSpec) -> String {
     if let Some(u) = &spec.user {
         let _ = writeln!(s, "GPUCTL_MPS_USER={u}");
     }
+    if let Some(g) = &spec.group {
+        let _ = writeln!(s, "GPUCTL_MPS_GROUP={g}");
+    }
+    s
+}
+
+/// The default user of MPS control daemons (created by the package, `sysusers.d`).
+pub const DEFAULT_USER: &str = "gpuctl-mps";
+
+/// The instance's drop-in (`50-gpuctl-user.conf`): the policy's `mps.user` in place of the
+/// template's `gpuctl-mps`, and the team's group for the daemon and its 0750 pipe directory;
+/// without a team group the pipe directory stays 0755 (members connect through it).
+pub fn dropin(spec: &MpsSpec) -> String {
+    let mut s = String::from("# Written by gpuctld; do not edit.\n[Service]\n");
+    if let Some(u) = &spec.user {
+        let _ = writeln!(s, "User={u}");
+    }
+    match &spec.group {
+        Some(g) => {
+            let _ = writeln!(s, "Group={g}");
+        }
+        None => s.push_str(
+            "# No single group holds every member of the team: the pipe directory stays \
+             searchable by all.\nRuntimeDirectoryMode=0755\n",
+        ),
+    }
     s
 }
 
@@ -102,6 +128,7 @@ pub fn parse_env(text: &str) -> MpsSpec {
             "GPUCTL_MPS_ACTIVE_THREAD_PERCENTAGE" => spec.active_thread_percentage = v.parse().ok(),
             "GPUCTL_MPS_PINNED_MEM_LIMIT" => spec.pinned_memory_limit = v.parse().ok(),
             "GPUCTL_MPS_USER" => spec.user = Some(v.to_string()),
+            "GPUCTL_MPS_GROUP" => spec.group = Some(v.to_string()),
             _ => {}
         }
     }
@@ -137,6 +164,7 @@ mod tests {
             active_thread_percentage: Some(40),
             pinned_memory_limit: Some(3 << 30),
             user: Some("mps".into()),
+            group: Some("ml-infer".into()),
         }
     }
 
@@ -153,6 +181,16 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(parse_env(&env_file("t-0", &bare)), bare);
+    }
+
+    #[test]
+    fn dropins_name_the_team_group_or_open_the_pipe_dir() {
+        let d = dropin(&spec());
+        assert!(d.contains("\nUser=mps\nGroup=ml-infer\n"), "{d}");
+        assert!(!d.contains("RuntimeDirectoryMode"), "{d}");
+        let d = dropin(&MpsSpec::default());
+        assert!(!d.contains("User="), "{d}");
+        assert!(d.contains("\nRuntimeDirectoryMode=0755\n"), "{d}");
     }
 
     #[test]

@@ -1,0 +1,101 @@
+//! Where a process was before `Join` moved it, so a failed after-check can put it back.
+//!
+//! The pid of a joining process is checked, moved by systemd (`StartTransientUnit` with `PIDs`),
+//! then checked again. A held pidfd tells whether the checked process is still alive, but does
+//! not stop its pid *number* being reused once it has exited: if the after-check fails, the
+//! process now in the new scope may be someone else's. Nothing is killed (never kill a job);
+//! instead the process at that pid is attached back to the unit and cgroup recorded before the
+//! move (`AttachProcessesToUnit`, systemd ≥ 238), so it leaves the team's slice and its devices.
+//!
+//! The parsing here is pure; the bus calls are in `dbus_api::join`.
+
+use crate::paths::Root;
+
+/// The cgroup v2 path of a process from `/proc/<pid>/cgroup` text (`0::/user.slice/…`).
+pub fn parse_proc_cgroup(text: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|p| p.trim_end().to_string())
+        .filter(|p| p.starts_with('/'))
+}
+
+/// The cgroup of `pid` under `root`, `None` when it cannot be read (the process is gone).
+pub fn read_proc_cgroup(root: &Root, pid: u32) -> Option<String> {
+    let text = std::fs::read_to_string(root.join(format!("/proc/{pid}/cgroup"))).ok()?;
+    parse_proc_cgroup(&text)
+}
+
+/// `cgroup` relative to its unit's `unit_cgroup` (`""` for the unit's own cgroup), as
+/// `AttachProcessesToUnit` takes it; `None` when `cgroup` is not inside the unit.
+pub fn subcgroup(unit_cgroup: &str, cgroup: &str) -> Option<String> {
+    let rest = cgroup.strip_prefix(unit_cgroup)?;
+    if rest.is_empty() {
+        Some(String::new())
+    } else {
+        rest.starts_with('/').then(|| rest.to_string())
+    }
+}
+
+/// The D-Bus interface carrying `ControlGroup` for a unit, by its type suffix.
+pub fn unit_interface(unit: &str) -> Option<&'static str> {
+    let (_, kind) = unit.rsplit_once('.')?;
+    Some(match kind {
+        "scope" => "org.freedesktop.systemd1.Scope",
+        "service" => "org.freedesktop.systemd1.Service",
+        "slice" => "org.freedesktop.systemd1.Slice",
+        "socket" => "org.freedesktop.systemd1.Socket",
+        "mount" => "org.freedesktop.systemd1.Mount",
+        "swap" => "org.freedesktop.systemd1.Swap",
+        _ => return None,
+    })
+}
+
+/// Where a process was before the move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Origin {
+    /// The unit that held it (`session-3.scope`).
+    pub unit: String,
+    /// Its cgroup, relative to the unit's (`""` for the unit's own).
+    pub subcgroup: String,
+    /// Whether the unit was found through the pidfd (`GetUnitByPIDFD`, systemd ≥ 249), which
+    /// cannot name another process than the one checked.
+    pub by_pidfd: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proc_cgroup_lines() {
+        assert_eq!(
+            parse_proc_cgroup("0::/user.slice/user-1000.slice/session-3.scope\n").as_deref(),
+            Some("/user.slice/user-1000.slice/session-3.scope")
+        );
+        // A hybrid host lists v1 hierarchies first.
+        assert_eq!(
+            parse_proc_cgroup("12:pids:/x\n1:name=systemd:/x\n0::/system.slice/a.service\n")
+                .as_deref(),
+            Some("/system.slice/a.service")
+        );
+        assert_eq!(parse_proc_cgroup("1:name=systemd:/x\n"), None);
+        assert_eq!(parse_proc_cgroup(""), None);
+    }
+
+    #[test]
+    fn subcgroups_are_relative_to_the_unit() {
+        let unit = "/system.slice/a.service";
+        assert_eq!(subcgroup(unit, unit).as_deref(), Some(""));
+        assert_eq!(
+            subcgroup(unit, "/system.slice/a.service/payload").as_deref(),
+            Some("/payload")
+        );
+        assert_eq!(subcgroup(unit, "/system.slice/a.serviceX"), None);
+        assert_eq!(subcgroup(unit, "/user.slice"), None);
+        assert_eq!(
+            unit_interface("session-3.scope"),
+            Some("org.freedesktop.systemd1.Scope")
+        );
+        assert_eq!(unit_interface("x.target"), None);
+    }
+}

@@ -1,0 +1,50 @@
+#!/bin/bash
+# 81 (issue #18): bob (no team) hammers Plan and Join on the bus from 8 clients for 20 s. gpuctld
+# stays healthy: root's Status answers, alice's joins work, NRestarts stays 0, RSS stays
+# bounded; bob is rate limited (LimitsExceeded) and his refusals cost the journal a few lines.
+# BENCH: alice's `gpuctl run` during the flood against the same run before it.
+# vmtest: timeout=420
+# vmtest: group=harden
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+shell_setup
+restarts0=$(systemctl show -P NRestarts gpuctld.service)
+since=$(date '+%Y-%m-%d %H:%M:%S')
+
+run_ms() { # alice's gpuctl run, in ms
+    local t0 t1
+    t0=$(date +%s%N)
+    as alice 'gpuctl run --team infer -- true' || echo "run failed: $?" >&2
+    t1=$(date +%s%N)
+    echo $(((t1 - t0) / 1000000))
+}
+before=0
+for _ in 1 2 3; do before=$((before + $(run_ms))); done
+
+out=/tmp/flood
+mkdir -p $out
+chmod 777 $out
+for i in 1 2 3 4; do
+    as bob "end=\$((\$(date +%s) + 20)); while [ \$(date +%s) -lt \$end ]; do busctl call org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Plan >/dev/null 2>>$out/plan$i; done" &
+    as bob "end=\$((\$(date +%s) + 20)); while [ \$(date +%s) -lt \$end ]; do busctl call org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Join s infer >/dev/null 2>>$out/join$i; done" &
+done
+sleep 5
+during=0
+for _ in 1 2 3; do during=$((during + $(run_ms))); done
+check "root's gpuctl status answers during the flood" timeout 30 gpuctl status
+check "alice joins during the flood" test "$(as alice 'gpuctl run --team infer -- cat /proc/self/cgroup' | grep -c gpu-infer.slice)" = 1
+wait
+limited=$(cat $out/plan* $out/join* | grep -c 'LimitsExceeded\|too many calls')
+refused=$(cat $out/join* | grep -c 'not a member')
+echo "bob: $limited calls rate limited, $refused Join refusals answered"
+check "bob was rate limited" test "$limited" -gt 0
+check "NRestarts unchanged" test "$(systemctl show -P NRestarts gpuctld.service)" = "$restarts0"
+lines=$(journalctl -u gpuctld.service --since "$since" -o cat | grep -c 'join-refused\|over its rate\|not a member\|refused')
+echo "journal lines about bob's refusals: $lines"
+check "refusal logging is rate limited (<= 30 lines in ~25 s)" test "$lines" -le 30
+rss=$(awk '/VmRSS/ {print $2}' "/proc/$(systemctl show -P MainPID gpuctld.service)/status")
+echo "BENCH harden-rss-after-flood-kib $rss"
+check "RSS bounded (< 64 MiB)" test "$rss" -lt 65536
+echo "BENCH harden-alice-run-during-flood-ms $((during / 3)) baseline-before-flood-ms $((before / 3)) ratio $(awk -v a="$during" -v b="$before" 'BEGIN { printf "%.2f", (b > 0 ? a / b : 0) }')"
+finish
