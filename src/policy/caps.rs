@@ -123,6 +123,7 @@ mod tests {
                     ..Default::default()
                 },
                 mps: None,
+                idle: None,
                 loc: None,
             },
         );

@@ -13,7 +13,7 @@ use super::{
 };
 use crate::settings::value::{
     check_len, duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str,
-    Fail, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
+    Fail, DURATION_HELP, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
 };
 pub use crate::settings::value::{parse_cpus, parse_duration, parse_size, At};
 use crate::settings::{LimitsPart, KEYS as LIMIT_KEYS};
@@ -560,7 +560,7 @@ impl<'a> Cx<'a> {
     fn idle(&mut self, path: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> IdlePart {
         self.check_keys(t, path, IDLE_KEYS);
         let positive = |i: &Item| -> Result<Duration, Fail> {
-            let d = duration_item(i)?;
+            let d = idle_duration(i)?;
             if d.is_zero() {
                 return Err((
                     "the idle window must be longer than 0".into(),
@@ -582,7 +582,7 @@ impl<'a> Cx<'a> {
                     Some("expected one of: report, warn, stop".into()),
                 )),
             }),
-            grace: self.field(t, path, "grace", duration_item),
+            grace: self.field(t, path, "grace", idle_duration),
             exclude: self.field(t, path, "exclude", |i| {
                 let v = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
                     (
@@ -901,13 +901,13 @@ impl<'a> Cx<'a> {
 
 const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \"*H100*\"";
 
-/// A duration written as seconds (integer) or a string (`"15m"`).
-fn duration_item(i: &Item) -> Result<Duration, Fail> {
-    match i.as_integer() {
-        Some(n) if n >= 0 => Ok(Duration::from_secs(n as u64)),
-        Some(n) => Err((format!("negative duration {n}"), Some(DURATION_HELP.into()))),
-        None => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into()))),
-    }
+/// The longest idle window (`after`, `grace`): a month. Longer is a typo (`"15d"` for
+/// `"15m"`) more often than a rule, and it bounds the idle tracker's arithmetic.
+pub const MAX_IDLE_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// An idle window: a duration of at most [`MAX_IDLE_WINDOW`].
+fn idle_duration(i: &Item) -> Result<Duration, Fail> {
+    duration_item(i, MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW")
 }
 
 /// A percentage written `"5%"` (a string; a bare number would be ambiguous between a share and

@@ -265,7 +265,8 @@ pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub fn duration_item(i: &Item, max: Duration, max_name: &str) -> Result<Duration, Fail> {
     let d = match i.as_integer() {
         Some(n) if n >= 0 => Duration::from_secs(n as u64),
-        _ => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into())))?,
+        Some(n) => return Err((format!("negative duration {n}"), Some(DURATION_HELP.into()))),
+        None => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into())))?,
     };
     if d > max {
         return Err((
