@@ -252,24 +252,7 @@ pub struct Tracker {
 /// Case-sensitive glob with `*` and `?` over a unit name (systemd's unit patterns are
 /// case-sensitive; `policy::validate::glob_match` folds case for GPU model names).
 pub fn unit_glob(pattern: &str, name: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    let (mut pi, mut ti, mut star) = (0, 0, None);
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|c| *c == '*')
+    crate::policy::validate::glob_case(pattern, name)
 }
 
 /// Why gpuctl may not stop `unit` of `team`, or `None` when it may.

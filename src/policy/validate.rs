@@ -346,8 +346,13 @@ fn check_refs(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Vec<D
 
 /// Case-insensitive glob with `*` and `?`, as used by `model = "*H100*"`.
 pub fn glob_match(pattern: &str, text: &str) -> bool {
-    let p: Vec<char> = pattern.to_lowercase().chars().collect();
-    let t: Vec<char> = text.to_lowercase().chars().collect();
+    glob_case(&pattern.to_lowercase(), &text.to_lowercase())
+}
+
+/// Case-sensitive glob with `*` and `?` (one `*` backtrack point: linear in practice).
+pub fn glob_case(pattern: &str, text: &str) -> bool {
+    let p: Vec<char> = pattern.chars().collect();
+    let t: Vec<char> = text.chars().collect();
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while ti < t.len() {
