@@ -293,7 +293,12 @@ impl Agent {
 
     /// The holders the idle rules track (idle ones and those on their way), as JSON of
     /// [`reply::IdleReply`].
-    async fn idle(&self) -> fdo::Result<String> {
+    async fn idle(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, false, "Idle").await?;
         serde_json::to_string(&self.backend.idle()).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
