@@ -18,6 +18,7 @@ expected=(
     /lib/systemd/system-generators/gpuctl-generator
     /lib/systemd/system-preset/90-gpuctl.preset
     /usr/lib/tmpfiles.d/gpuctl.conf
+    /usr/lib/sysusers.d/gpuctl.conf
     /usr/share/dbus-1/system.d/org.gpuctl.Agent1.conf
     /etc/gpuctl/policy.toml
     /usr/share/man/man1/gpuctl.1.gz
@@ -62,6 +63,7 @@ check_output "gpuctl --version runs" gpuctl --version
 check_output "systemd loads the unit from the package" systemctl show -P FragmentPath gpuctld.service
 check "the unit is loaded (daemon-reload ran)" test "$(systemctl show -P LoadState gpuctld.service)" = loaded
 check_output "gpuctld.service enabled by the preset" systemctl is-enabled gpuctld.service
+check_output "sysusers made the gpuctl-mps system user (the MPS daemons run as it)" getent passwd gpuctl-mps
 check "tmpfiles made /run/gpuctl" test -d /run/gpuctl
 check "tmpfiles made /var/lib/gpuctl" test -d /var/lib/gpuctl
 
