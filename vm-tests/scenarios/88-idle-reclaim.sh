@@ -6,7 +6,6 @@
 # idle service on GPU 2: reported, untouched. The journal names user and unit.
 # vmtest: timeout=420
 # vmtest: group=idle
-# vmtest: quarantine=on the merged main (with #18) 17 of 18 checks passed: the warning reached "0 terminal(s)", because #18 dropped CAP_DAC_OVERRIDE from gpuctld and terminals are crw--w---- user:tty; gpuctld.service now has SupplementaryGroups=tty, not yet seen passing in a VM
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
