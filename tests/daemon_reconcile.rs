@@ -307,6 +307,39 @@ fn a_limit_only_change_makes_no_nvml_call_and_the_same_policy_again_observes_all
     assert_eq!(d.rec.plan(&moved).changes, Vec::<String>::new());
 }
 
+/// Issue 17: a hand `set-property` on a team slice is repaired by a units-only run (what a
+/// control drop-in event triggers), which reads the units again but not NVML; the drift timer's
+/// full run still does.
+#[test]
+fn a_hand_change_of_a_slice_is_repaired_without_asking_nvml() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    let policy = d.load();
+    converged(&d.rec.reconcile(&policy));
+    let want = d.slice("infer");
+
+    // The hand change: a higher memory limit and train's GPU allowed.
+    {
+        let mut r = d.sd.rec.lock().unwrap();
+        let s = r.slices.get_mut("infer").unwrap();
+        s.memory_max = Some(1 << 30);
+        s.device_allow.insert("/dev/nvidia1 rw".into());
+    }
+    let q0 = d.fake.query_calls();
+    let r = d.rec.reconcile_units(&policy);
+    converged(&r);
+    assert_eq!(d.fake.query_calls(), q0, "a unit drift queried NVML");
+    assert_eq!(d.slice("infer"), want, "the slice was not put back");
+    assert_eq!(r.changes.len(), 1, "{:#?}", r.changes);
+
+    // Nothing differs now: a units-only run changes nothing.
+    assert!(d.rec.reconcile_units(&policy).changes.is_empty());
+    // The drift timer's run reads the GPUs.
+    let q1 = d.fake.query_calls();
+    converged(&d.rec.reconcile(&policy));
+    assert!(d.fake.query_calls() > q1, "a full run did not observe NVML");
+}
+
 #[test]
 fn mig_devices_bring_exactly_their_cap_nodes_into_device_allow() {
     let mut d = Daemon::new("h100");

@@ -198,6 +198,7 @@ pub fn unix_now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
+pub use crate::dbus_api::Observe;
 pub use crate::dbus_api::Request;
 
 /// The daemon as the bus API sees it ([`crate::dbus_api::Backend`]): the shared state and the
@@ -338,7 +339,7 @@ impl Looper {
         self.last_good.clone()
     }
 
-    async fn cycle(&mut self, reason: &str) -> ReconcileReport {
+    async fn cycle(&mut self, reason: &str, observe: Observe) -> ReconcileReport {
         info!(gpuctl_action = "reconcile", "reconcile ({reason})");
         {
             let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
@@ -352,7 +353,11 @@ impl Looper {
                 let rec = self.reconciler.clone();
                 self.progress.enter(reconcile_limit(&p));
                 let r = tokio::task::spawn_blocking(move || {
-                    rec.lock().unwrap_or_else(|e| e.into_inner()).reconcile(&p)
+                    let mut rec = rec.lock().unwrap_or_else(|e| e.into_inner());
+                    match observe {
+                        Observe::All => rec.reconcile(&p),
+                        Observe::Units => rec.reconcile_units(&p),
+                    }
                 })
                 .await;
                 self.progress.leave();
@@ -434,6 +439,7 @@ async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSe
             let _ = tx.send(Request::Reconcile {
                 reason: format!("{id} removed"),
                 reply: None,
+                observe: Observe::Units,
             });
         }
     }
@@ -474,6 +480,7 @@ async fn watch_dropins(root: Root, shared: Arc<Mutex<Shared>>, tx: mpsc::Unbound
         let _ = tx.send(Request::Reconcile {
             reason,
             reply: None,
+            observe: Observe::Units,
         });
     }
 }
@@ -541,6 +548,7 @@ async fn watch_mps_state(
         let _ = tx.send(Request::Reconcile {
             reason: format!("drift: {unit} is {state}"),
             reply: None,
+            observe: Observe::Units,
         });
     }
 }
@@ -563,6 +571,7 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
         let _ = tx.send(Request::Reconcile {
             reason: "policy files changed".into(),
             reply: None,
+            observe: Observe::All,
         });
     }
 }
@@ -641,7 +650,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         last_good: None,
         conn,
     };
-    looper.cycle("start").await;
+    looper.cycle("start", Observe::All).await;
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut drift = tokio::time::interval_at(tokio::time::Instant::now() + opts.drift, opts.drift);
@@ -652,11 +661,15 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
                 notify(&[sd_notify::NotifyState::Reloading]);
                 let mono = sd_notify::NotifyState::monotonic_usec_now().ok();
                 if let Some(m) = mono { notify(&[m]); }
-                looper.cycle("SIGHUP").await;
+                looper.cycle("SIGHUP", Observe::All).await;
                 notify(&[sd_notify::NotifyState::Ready]);
                 continue;
             }
-            _ = drift.tick() => Request::Reconcile { reason: "drift timer".into(), reply: None },
+            _ = drift.tick() => Request::Reconcile {
+                reason: "drift timer".into(),
+                reply: None,
+                observe: Observe::All,
+            },
             _ = term.recv() => break,
             _ = int.recv() => break,
         };
@@ -664,13 +677,19 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         let mut waiters = Vec::new();
         let mut reasons = Vec::new();
         let mut plans = Vec::new();
+        let mut observe = None::<Observe>;
         let mut pending = vec![first];
         while let Ok(r) = rx.try_recv() {
             pending.push(r);
         }
         for r in pending {
             match r {
-                Request::Reconcile { reason, reply } => {
+                Request::Reconcile {
+                    reason,
+                    reply,
+                    observe: o,
+                } => {
+                    observe = Some(observe.map_or(o, |a| a.and(o)));
                     reasons.push(reason);
                     waiters.extend(reply);
                 }
@@ -679,7 +698,9 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         }
         if !reasons.is_empty() {
             reasons.dedup();
-            let report = looper.cycle(&reasons.join(", ")).await;
+            let report = looper
+                .cycle(&reasons.join(", "), observe.unwrap_or(Observe::All))
+                .await;
             for w in waiters {
                 let _ = w.send(report.clone());
             }

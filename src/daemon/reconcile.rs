@@ -28,6 +28,11 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 pub trait Reconciler: Send {
     /// Apply `policy`.
     fn reconcile(&mut self, policy: &Policy) -> ReconcileReport;
+    /// Apply `policy` after a hand change of a unit gpuctl owns: GPUs may be taken from the
+    /// last converged run, since no unit change alters MIG (issue 17: repair within a second).
+    fn reconcile_units(&mut self, policy: &Policy) -> ReconcileReport {
+        self.reconcile(policy)
+    }
     /// Report what [`Reconciler::reconcile`] would change, changing nothing.
     fn plan(&mut self, policy: &Policy) -> ReconcileReport;
 }
@@ -71,9 +76,13 @@ impl CoreReconciler {
     /// a limit change is as cheap as a hand `set-property`). A run with the same policy again
     /// (start, drift, reload, the drift timer) observes everything: that is how hand changes
     /// are found.
-    fn cached_gpus(&self, policy: &Policy) -> Option<&Observed> {
+    ///
+    /// With `units_only` (the trigger was a hand change of a unit, see
+    /// [`Reconciler::reconcile_units`]) the same policy also takes them: units are read again in
+    /// any case, and a unit change cannot alter MIG; the drift timer still reads NVML.
+    fn cached_gpus(&self, policy: &Policy, units_only: bool) -> Option<&Observed> {
         let (prev, obs) = self.last.as_ref()?;
-        (prev != policy && gpu_side(prev) == gpu_side(policy)).then_some(obs)
+        ((units_only || prev != policy) && gpu_side(prev) == gpu_side(policy)).then_some(obs)
     }
 
     /// Observe, after pointing NVML at the library the policy names. NVML missing is logged
@@ -117,7 +126,7 @@ impl CoreReconciler {
         Some(obs)
     }
 
-    fn run(&mut self, policy: &Policy) -> ReconcileReport {
+    fn run(&mut self, policy: &Policy, units_only: bool) -> ReconcileReport {
         let mut r = ReconcileReport {
             teams: policy.teams.len(),
             ..Default::default()
@@ -163,7 +172,7 @@ impl CoreReconciler {
         }
         r.errors.extend(errors);
         // Taken, not kept: only a run that converges leaves a cache behind.
-        let prev = self.cached_gpus(policy).cloned();
+        let prev = self.cached_gpus(policy, units_only).cloned();
         self.last = None;
         let cached = prev.is_some();
         let Some(obs) = self.observe(policy, prev.as_ref(), &mut r) else {
@@ -361,7 +370,11 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
 
 impl Reconciler for CoreReconciler {
     fn reconcile(&mut self, policy: &Policy) -> ReconcileReport {
-        self.run(policy)
+        self.run(policy, false)
+    }
+
+    fn reconcile_units(&mut self, policy: &Policy) -> ReconcileReport {
+        self.run(policy, true)
     }
 
     fn plan(&mut self, policy: &Policy) -> ReconcileReport {

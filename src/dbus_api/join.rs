@@ -347,14 +347,9 @@ async fn put_back(
     origin: Option<&join::cgroup::Origin>,
 ) -> String {
     let now = join::cgroup::read_proc_cgroup(root, pid);
-    if !now
-        .as_deref()
-        .is_some_and(|c| c.ends_with(&format!("/{scope}")))
-    {
-        return format!("pid {pid} is not in {scope} now; nothing to put back");
-    }
-    let Some(o) = origin else {
-        return format!("pid {pid} stays in {scope}: where it was before is unknown");
+    let o = match join::cgroup::put_back_target(pid, now.as_deref(), scope, origin) {
+        Ok(o) => o,
+        Err(why) => return why,
     };
     match conn
         .call_method(

@@ -80,12 +80,36 @@ pub enum Request {
         reason: String,
         /// Who waits for the result.
         reply: Option<oneshot::Sender<ReconcileReport>>,
+        /// What may have changed: a hand change of a unit gpuctl owns needs only units read
+        /// again (see [`Observe`]).
+        observe: Observe,
     },
     /// Dry run against the policy on disk (or the last good one).
     Plan {
         /// Where the report goes.
         reply: oneshot::Sender<ReconcileReport>,
     },
+}
+
+/// How much of the host a reconcile reads again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Observe {
+    /// Everything, NVML included: start, reload, the drift timer, an explicit `Apply`.
+    All,
+    /// Only what systemd and files hold, when the trigger was a unit (a control drop-in, an MPS
+    /// daemon's state, a removed unit): GPUs are taken from the last converged run, if any.
+    Units,
+}
+
+impl Observe {
+    /// What a run serving both `self` and `other` must read.
+    pub fn and(self, other: Observe) -> Observe {
+        if self == Observe::Units && other == Observe::Units {
+            Observe::Units
+        } else {
+            Observe::All
+        }
+    }
 }
 
 /// What the bus API needs from the daemon that serves it. The daemon (the composition root)
@@ -190,6 +214,7 @@ impl Agent {
         let sent = self.backend.send(Request::Reconcile {
             reason: reason.into(),
             reply: Some(reply),
+            observe: Observe::All,
         });
         if !sent {
             return Err(fdo::Error::Failed("daemon is shutting down".into()));

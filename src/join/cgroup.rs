@@ -62,9 +62,70 @@ pub struct Origin {
     pub by_pidfd: bool,
 }
 
+/// After a failed after-check, where the process now at the joined pid goes: back to `origin`
+/// when it sits in the new `scope` (its cgroup `now` ends in `/<scope>`), nowhere otherwise.
+/// `Err` says, for the journal, why nothing is moved.
+pub fn put_back_target<'a>(
+    pid: u32,
+    now: Option<&str>,
+    scope: &str,
+    origin: Option<&'a Origin>,
+) -> Result<&'a Origin, String> {
+    let in_scope = now.is_some_and(|c| {
+        c.strip_suffix(scope)
+            .is_some_and(|head| head.ends_with('/'))
+    });
+    if !in_scope {
+        return Err(format!(
+            "pid {pid} is not in {scope} now; nothing to put back"
+        ));
+    }
+    origin.ok_or_else(|| format!("pid {pid} stays in {scope}: where it was before is unknown"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_raced_pid_goes_back_only_from_the_new_scope() {
+        let scope = &super::super::scope_name("infer", 4242);
+        let origin = Origin {
+            unit: "session-3.scope".into(),
+            subcgroup: String::new(),
+            by_pidfd: true,
+        };
+        let in_scope = format!("/gpu.slice/gpu-infer.slice/{scope}");
+        // The pid was reused and the newcomer landed in the scope: it goes back where the pid
+        // was before the move.
+        assert_eq!(
+            put_back_target(4242, Some(&in_scope), scope, Some(&origin)),
+            Ok(&origin)
+        );
+        // Gone, or somewhere else (the newcomer was never moved): nothing to do.
+        assert!(put_back_target(4242, None, scope, Some(&origin))
+            .unwrap_err()
+            .contains("not in gpuctl-run-infer-4242.scope now"));
+        assert!(put_back_target(
+            4242,
+            Some("/user.slice/user-1000.slice/session-3.scope"),
+            scope,
+            Some(&origin)
+        )
+        .is_err());
+        // A scope whose name merely ends the same is not ours.
+        assert!(put_back_target(
+            4242,
+            Some("/gpu.slice/gpu-infer.slice/x-gpuctl-run-infer-4242.scope"),
+            scope,
+            Some(&origin)
+        )
+        .is_err());
+        // In the scope but the origin is unknown: left there, and said so.
+        assert!(put_back_target(4242, Some(&in_scope), scope, None)
+            .unwrap_err()
+            .contains("where it was before is unknown"));
+    }
 
     #[test]
     fn proc_cgroup_lines() {
