@@ -348,6 +348,11 @@ impl Looper {
         }
         let started = std::time::Instant::now();
         let policy = self.load_guarded().await;
+        debug!(
+            gpuctl_action = "reconcile-timing",
+            "policy loaded in {:.1} ms",
+            started.elapsed().as_secs_f64() * 1000.0
+        );
         let report = match policy {
             Some(p) => {
                 let rec = self.reconciler.clone();

@@ -17,7 +17,7 @@ use crate::policy::Policy;
 use crate::real::RealHost;
 use crate::systemd::{mps, props};
 use std::collections::BTreeMap;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 /// How long a reconcile waits for another writer (`gpuctl apply --local`) before it reports an
 /// error and leaves the host to the next trigger.
@@ -127,6 +127,17 @@ impl CoreReconciler {
     }
 
     fn run(&mut self, policy: &Policy, units_only: bool) -> ReconcileReport {
+        let mut laps = Laps::start();
+        let r = self.run_timed(policy, units_only, &mut laps);
+        debug!(
+            gpuctl_action = "reconcile-timing",
+            "reconcile took {}",
+            laps.show()
+        );
+        r
+    }
+
+    fn run_timed(&mut self, policy: &Policy, units_only: bool, laps: &mut Laps) -> ReconcileReport {
         let mut r = ReconcileReport {
             teams: policy.teams.len(),
             ..Default::default()
@@ -154,6 +165,7 @@ impl CoreReconciler {
         };
         // gpuctl owns its units: persistent `set-property` overrides go (issue 17; see
         // `daemon::drift` for why removal rather than reporting).
+        laps.lap("lock");
         let (removed, errors) = super::drift::remove_persistent_overrides(self.host.root());
         for o in removed {
             warn!(
@@ -175,11 +187,18 @@ impl CoreReconciler {
         let prev = self.cached_gpus(policy, units_only).cloned();
         self.last = None;
         let cached = prev.is_some();
+        laps.lap("overrides");
         let Some(obs) = self.observe(policy, prev.as_ref(), &mut r) else {
             r.at = super::unix_now();
             return r;
         };
+        laps.lap(if cached {
+            "observe (units)"
+        } else {
+            "observe (all)"
+        });
         let pl = plan::plan(policy, &obs);
+        laps.lap("plan");
         let pl_obs = if cached {
             obs.clone()
         } else {
@@ -204,6 +223,7 @@ impl CoreReconciler {
                 Ok(rep) => absorb(&rep, &mut r),
                 Err(e) => r.errors.push(format!("apply: {e}")),
             }
+            laps.lap("apply");
             // A plan from cached GPUs touches no GPU (same GPU side, converged before): the
             // GPUs are as they were.
             let after = if cached {
@@ -221,6 +241,7 @@ impl CoreReconciler {
                 }
             }
         };
+        laps.lap("observe after");
         let d = plan::desired(policy, &end);
         r.gpus = d.gpus.len();
         r.units = units_of(&d.teams);
@@ -240,6 +261,7 @@ impl CoreReconciler {
                 r.errors.push(e.to_string());
             }
         }
+        laps.lap("state");
         self.last = (r.converged() && !provisional).then(|| (policy.clone(), end.clone()));
         r.view = Some(HostView {
             teams: d.teams,
@@ -247,6 +269,38 @@ impl CoreReconciler {
         });
         r.at = super::unix_now();
         r
+    }
+}
+
+/// Where a reconcile's time went, for the debug log (issue 17: a drift repair within 1 s needs
+/// to know which step costs what on a real host).
+struct Laps {
+    last: std::time::Instant,
+    laps: Vec<(&'static str, u128)>,
+}
+
+impl Laps {
+    fn start() -> Laps {
+        Laps {
+            last: std::time::Instant::now(),
+            laps: Vec::new(),
+        }
+    }
+
+    fn lap(&mut self, what: &'static str) {
+        let now = std::time::Instant::now();
+        self.laps.push((what, (now - self.last).as_micros()));
+        self.last = now;
+    }
+
+    fn show(&self) -> String {
+        let total: u128 = self.laps.iter().map(|l| l.1).sum();
+        let parts: Vec<String> = self
+            .laps
+            .iter()
+            .map(|(w, us)| format!("{w} {:.1}", *us as f64 / 1000.0))
+            .collect();
+        format!("{:.1} ms: {}", total as f64 / 1000.0, parts.join(", "))
     }
 }
 

@@ -11,6 +11,7 @@ use futures_lite::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
+use zbus::proxy::CacheProperties;
 use zbus::zvariant::{OwnedObjectPath, Value};
 use zbus::Connection;
 
@@ -114,7 +115,15 @@ impl Systemd {
     }
 
     async fn unit_proxy(&self, path: OwnedObjectPath) -> Result<UnitProxy<'static>, zbus::Error> {
-        UnitProxy::builder(&self.conn).path(path)?.build().await
+        // No property cache: a cached proxy subscribes to PropertiesChanged (AddMatch) and
+        // fetches the whole Unit interface (GetAll, ~130 properties) on the first read, then
+        // unsubscribes on drop; these proxies live for one or three reads (measured in VM 70:
+        // that was most of a drift repair).
+        UnitProxy::builder(&self.conn)
+            .cache_properties(CacheProperties::No)
+            .path(path)?
+            .build()
+            .await
     }
 
     /// States of a loaded unit; `None` when it is not in memory.
@@ -142,12 +151,14 @@ impl Systemd {
         let get = async {
             if name.ends_with(".service") {
                 let p = super::proxy::ServiceProxy::builder(&self.conn)
+                    .cache_properties(CacheProperties::No)
                     .path(path)?
                     .build()
                     .await?;
                 p.slice().await.map(Some)
             } else if name.ends_with(".scope") {
                 let p = super::proxy::ScopeProxy::builder(&self.conn)
+                    .cache_properties(CacheProperties::No)
                     .path(path)?
                     .build()
                     .await?;

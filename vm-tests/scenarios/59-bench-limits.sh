@@ -102,6 +102,15 @@ threads="$(wc -l </tmp/sw0.txt) -> $(wc -l </tmp/sw1.txt)"
 woke=$(awk 'NR == FNR {c0[$1] = $2; next} {n += $2 - ($1 in c0 ? c0[$1] : 0)} END {print n + 0}' /tmp/sw0.txt /tmp/sw1.txt)
 wps=$(awk -v c="$woke" -v t="$((t1 - t0))" 'BEGIN {printf "%.2f", c / (t / 1e6)}')
 echo "BENCH gpuctld idle: VmRSS ${rss} kB, threads $threads, $woke wakeups in $(((t1 - t0) / 1000000)) s = ${wps}/s"
+# What holds the RSS (issue 14 item 3): anonymous vs file-backed, and the largest mappings.
+grep -E '^(RssAnon|RssFile|RssShmem|VmHWM):' /proc/"$pid"/status | tr -s ' \t' ' ' | paste -sd' ' | sed 's/^/gpuctld rss split: /'
+awk '/^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {r[name] += $2} END {for (n in r) if (r[n] >= 256) print r[n], n}' /proc/"$pid"/smaps | sort -rn | head -8 | sed 's/^/gpuctld rss kB by mapping: /'
+# Which threads woke in the window.
+for st in /proc/"$pid"/task/*/status; do
+    tid=${st%/status}; tid=${tid##*/}
+    printf '%s %s\n' "$tid" "$(cat /proc/"$pid"/task/"$tid"/comm 2>/dev/null)"
+done >/tmp/names.txt
+awk 'NR == FNR {c0[$1] = $2; next} FILENAME ~ /sw1/ {d = $2 - ($1 in c0 ? c0[$1] : 0); if (d > 0) w[$1] = d; next} ($1 in w) {print "gpuctld woke: thread " $2 " (" $1 "): " w[$1]}' /tmp/sw0.txt /tmp/sw1.txt /tmp/names.txt
 printf 'gpuctld_ms %s\nset_property_ms %s\nratio %s\nrss_kb %s\nwakeups_per_s %s\n' \
     "$((g / 1000))" "$((s / 1000))" "$ratio" "$rss" "$wps" >"$VMTEST_RESULTS/bench.txt"
 check "idle figures measured (pid $pid still gpuctld's)" \

@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=last run (quiet host, merged main): drift repaired by events but medians 1.56/1.24/1.02 s against the 1 s goal, and the persistent override files were not removed
 # 70: gpuctl owns its slices. A hand `systemctl set-property` on a team slice -- runtime or
 # persistent, a memory limit or an added DeviceAllow= -- is reverted within 1 s, logged with what
 # changed; a persistent override file under /etc/systemd/system.control is removed and named in

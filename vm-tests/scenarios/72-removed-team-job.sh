@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=last run (merged main): the GPU was held for the job, but the check that train lacks /dev/nvidia0 and the final converged check failed; not yet diagnosed
 # 72: the policy removes team infer while alice's `gpuctl run` job runs on GPU 0 and gives GPU 0 to
 # train: the GPU is not handed over while her job can still open it (blocked, holder named, status
 # not "converged"); when the job ends, train gets it.
@@ -28,7 +27,7 @@ P
 reload_wait
 echo "gpuctld: $(status_text)"
 da=$(systemctl show -P DeviceAllow gpu-train.slice); echo "gpu-train.slice DeviceAllow: $da"
-check "train does not get GPU 0 while infer's job runs" sh -c "! grep -q '/dev/nvidia0 ' <<<'$da'"
+check_not "train does not get GPU 0 while infer's job runs" grep -q '/dev/nvidia0 ' <<<"$da"
 check "train keeps its own GPU 1" grep -q '/dev/nvidia1 ' <<<"$da"
 r=$(probe gpu-train.slice /dev/nvidia0); echo "train -> /dev/nvidia0: $r"
 check "GPU 0 denied to train (EPERM)" test "$r" = EPERM

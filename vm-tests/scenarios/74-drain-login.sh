@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=last run (merged main): the login session and its job were not stopped (the point), but the two checks reading the reason (StatusText, journal) failed
 # 74: under reconfigure = "drain", a job started from a login session (a session-*.scope) on a GPU
 # that must change is never stopped: the change waits and says why, naming the session.
 # vmtest: group=own

@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=last run (merged main): apply --local waited and named the holder, but the final converged check failed (a leftover from earlier group members is suspected)
 # 75: one writer. gpuctld holds /run/gpuctl/apply.lock while it applies (the file names it);
 # `gpuctl apply --local` while another writer holds the lock waits, then fails naming the holder,
 # and gpuctld waits for `apply --local` the same way.
