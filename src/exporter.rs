@@ -1,5 +1,7 @@
 //! `gpuctl-exporter`: the unprivileged HTTP face of gpuctld's metrics. systemd listens on
-//! `127.0.0.1:9849` (`gpuctl-exporter.socket`) and starts it as a `DynamicUser=`; each
+//! `127.0.0.1:9849` (`gpuctl-exporter.socket`) and starts it as the unprivileged system user
+//! `gpuctl-exporter` (not `DynamicUser=`: dbus-daemon drops a dynamic user's connection, see the
+//! unit); each
 //! `GET /metrics` becomes one `Metrics("openmetrics")` call to gpuctld on the system bus. No
 //! HTTP is ever parsed as root, and gpuctld's collector bounds NVML reads however often it is
 //! scraped.

@@ -12,6 +12,12 @@
 //! - heavy calls (`Plan`): a burst of 3, then one per 20 s per uid. A plan observes the whole
 //!   host (NVML, systemd, files) and waits in the reconcile queue; `gpuctl plan` run by hand is
 //!   far below that.
+//! - reads served from caches (`Usage`, `Idle`, `Metrics`): a burst of 50, then 25 per second per
+//!   uid. One usage collection serves every reader for the collection interval, and a `Metrics`
+//!   document is kept for that interval too, so a call costs a copy of a string; the limit only
+//!   caps a single uid's flood. It must not be the light calls' 5/s: the exporter is one uid for
+//!   every Prometheus server scraping the host, and vm-tests 87 (1,000 scrapes back to back,
+//!   ~20/s under TCG) got `503` from the 21st scrape on with it.
 //! - root (uid 0) is never limited: it owns the daemon and can stop it anyway.
 //! - at most [`MAX_TRACKED`] uids are tracked; when full, buckets that are full again (idle
 //!   callers) are dropped first, then the least recently seen.
@@ -37,6 +43,14 @@ impl Limits {
         Limits {
             burst: 20.0,
             per_sec: 5.0,
+        }
+    }
+
+    /// `Usage`, `Idle`, `Metrics`: 50 at once, 25/s (answered from caches).
+    pub const fn reads() -> Self {
+        Limits {
+            burst: 50.0,
+            per_sec: 25.0,
         }
     }
 
@@ -219,6 +233,26 @@ mod tests {
             assert!(r.check(1000, t2).is_ok());
         }
         assert!(r.check(1000, t2).is_err());
+    }
+
+    /// A scraper at 20 calls a second (the exporter under vm-tests 87's benchmark) is served
+    /// from the reads budget for as long as it keeps that pace, and the light budget would
+    /// refuse it within two seconds; a flood well above 25/s is still cut.
+    #[test]
+    fn reads_serve_a_steady_scraper_and_cut_a_flood() {
+        let pace = |limits: Limits, per_sec: u32, secs: u32| {
+            let mut r = RateLimiter::new(limits);
+            let t0 = Instant::now();
+            (0..per_sec * secs)
+                .filter(|i| {
+                    let t = t0 + Duration::from_secs_f64(f64::from(*i) / f64::from(per_sec));
+                    r.check(1000, t).is_err()
+                })
+                .count()
+        };
+        assert_eq!(pace(Limits::reads(), 20, 60), 0);
+        assert!(pace(Limits::light(), 20, 2) > 0);
+        assert!(pace(Limits::reads(), 200, 2) > 300);
     }
 
     #[test]

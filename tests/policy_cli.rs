@@ -45,7 +45,8 @@ const BROKEN: &[(&str, &str, &str, &str)] = &[
     (
         "syntax",
         "version = 1\n[teams.infer]\nmembers = [\"a\"\n",
-        ":4:1: error: ",
+        // toml_edit 0.25 places an unclosed array at the end of its line, not at end of file.
+        ":3:15: error: ",
         "TOML syntax error",
     ),
     (

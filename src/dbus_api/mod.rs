@@ -143,7 +143,21 @@ pub struct Agent {
     jobs: Arc<JobWaiter>,
     light: Mutex<RateLimiter>,
     heavy: Mutex<RateLimiter>,
+    reads: Mutex<RateLimiter>,
     queued_plans: Arc<AtomicUsize>,
+    /// The last `Metrics` document per format and when it was made: every caller within the
+    /// usage interval gets it as it is (one scrape's systemd and cgroup reads serve them all).
+    metrics_cache: Mutex<Vec<(String, Instant, String)>>,
+    /// How long a usage collection (and so a metrics document) serves every reader.
+    cache_for: std::time::Duration,
+}
+
+/// Which per-uid budget a bus call draws from ([`crate::ratelimit`] says why each).
+#[derive(Debug, Clone, Copy)]
+enum Class {
+    Light,
+    Heavy,
+    Reads,
 }
 
 /// Decrements the queued-plan count however the call ends (answered, dropped, cancelled).
@@ -161,11 +175,15 @@ impl Agent {
         &self,
         conn: &Connection,
         hdr: &Header<'_>,
-        heavy: bool,
+        class: Class,
         what: &str,
     ) -> fdo::Result<()> {
         let uid = caller_uid(conn, hdr).await?;
-        let limiter = if heavy { &self.heavy } else { &self.light };
+        let limiter = match class {
+            Class::Light => &self.light,
+            Class::Heavy => &self.heavy,
+            Class::Reads => &self.reads,
+        };
         let r = limiter
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -232,7 +250,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, false, "Status").await?;
+        self.admit(conn, &hdr, Class::Light, "Status").await?;
         let reply = status(self.backend.state(), &self.sd).await;
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
@@ -243,7 +261,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, true, "Plan").await?;
+        self.admit(conn, &hdr, Class::Heavy, "Plan").await?;
         if self.queued_plans.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PLANS {
             self.queued_plans.fetch_sub(1, Ordering::SeqCst);
             return Err(fdo::Error::LimitsExceeded(format!(
@@ -290,7 +308,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
-        self.admit(conn, &hdr, false, "Join").await?;
+        self.admit(conn, &hdr, Class::Light, "Join").await?;
         let r = join::join(
             &*self.backend,
             &self.sd,
@@ -311,7 +329,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, false, "Usage").await?;
+        self.admit(conn, &hdr, Class::Reads, "Usage").await?;
         let u = usage::usage_marked(&*self.backend, &self.root).await?;
         serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
@@ -323,7 +341,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, false, "Idle").await?;
+        self.admit(conn, &hdr, Class::Reads, "Idle").await?;
         serde_json::to_string(&self.backend.idle()).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
@@ -334,8 +352,23 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, false, "Metrics").await?;
-        usage::metrics(&*self.backend, &self.sd, &self.root, &format).await
+        self.admit(conn, &hdr, Class::Reads, "Metrics").await?;
+        let now = Instant::now();
+        let fresh = |c: &(String, Instant, String)| c.0 == format && now - c.1 < self.cache_for;
+        if let Some(c) = self
+            .metrics_cache
+            .lock()
+            .ok()
+            .and_then(|m| m.iter().find(|c| fresh(c)).cloned())
+        {
+            return Ok(c.2);
+        }
+        let text = usage::metrics(&*self.backend, &self.sd, &self.root, &format).await?;
+        if let Ok(mut m) = self.metrics_cache.lock() {
+            m.retain(|c| c.0 != format);
+            m.push((format, now, text.clone()));
+        }
+        Ok(text)
     }
 
     /// The environment of a team the caller may use (what `/run/gpuctl/teams/<team>.env`
@@ -346,7 +379,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<HashMap<String, String>, join::JoinError> {
-        self.admit(conn, &hdr, false, "Env").await?;
+        self.admit(conn, &hdr, Class::Light, "Env").await?;
         join::env(&*self.backend, &self.root, conn, &hdr, &team).await
     }
 
@@ -356,7 +389,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, join::JoinError> {
-        self.admit(conn, &hdr, false, "Teams").await?;
+        self.admit(conn, &hdr, Class::Light, "Teams").await?;
         join::teams(&*self.backend, &self.root, conn, &hdr).await
     }
 
@@ -398,7 +431,10 @@ pub async fn serve(
                 jobs,
                 light: Mutex::new(RateLimiter::new(Limits::light())),
                 heavy: Mutex::new(RateLimiter::new(Limits::heavy())),
+                reads: Mutex::new(RateLimiter::new(Limits::reads())),
                 queued_plans: Arc::new(AtomicUsize::new(0)),
+                metrics_cache: Mutex::new(Vec::new()),
+                cache_for: crate::usage::collect::Collector::interval_from_env(),
             },
         )
         .await?;

@@ -21,7 +21,7 @@ use std::collections::HashSet;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-use toml_edit::{ImDocument, Item, Key, TableLike, Value};
+use toml_edit::{Document, Item, Key, TableLike, Value};
 
 /// One parsed file. `None` fields were not set in this file (so a lower file's value stays).
 #[derive(Debug, Clone, Default)]
@@ -167,7 +167,7 @@ pub fn parse_fragment(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> O
 
 fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<Fragment> {
     let mut cx = Cx::new(file, text, diags);
-    let doc = match ImDocument::parse(text) {
+    let doc = match Document::parse(text) {
         Ok(doc) => doc,
         Err(e) => {
             let msg = e.message().trim().replace('\n', "; ");

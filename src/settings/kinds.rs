@@ -288,7 +288,7 @@ mod tests {
     use std::path::PathBuf;
 
     fn parse(toml: &str) -> (LimitsPart, Vec<String>) {
-        let doc: toml_edit::ImDocument<&str> = toml_edit::ImDocument::parse(toml).unwrap();
+        let doc: toml_edit::Document<&str> = toml_edit::Document::parse(toml).unwrap();
         let loc = |_: &toml_edit::Key, _: &Item| crate::settings::value::Loc {
             file: PathBuf::from("/etc/gpuctl/policy.toml"),
             line: 1,

@@ -64,6 +64,7 @@ check_output "systemd loads the unit from the package" systemctl show -P Fragmen
 check "the unit is loaded (daemon-reload ran)" test "$(systemctl show -P LoadState gpuctld.service)" = loaded
 check_output "gpuctld.service enabled by the preset" systemctl is-enabled gpuctld.service
 check_output "sysusers made the gpuctl-mps system user (the MPS daemons run as it)" getent passwd gpuctl-mps
+check_output "and the gpuctl-exporter system user (the Prometheus exporter runs as it)" getent passwd gpuctl-exporter
 check "tmpfiles made /run/gpuctl" test -d /run/gpuctl
 check "tmpfiles made /var/lib/gpuctl" test -d /var/lib/gpuctl
 

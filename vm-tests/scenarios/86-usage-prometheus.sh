@@ -1,7 +1,7 @@
 #!/bin/bash
 # vmtest: quarantine=not yet seen passing: written at the end of the session under a load of ~30 on 2 cores (85 passed 7 of 8 checks, the 8th was a jq mistake since fixed; 86/87 did not finish)
 # 86: a real Prometheus (Debian's) scrapes gpuctl-exporter, socket-activated on 127.0.0.1:9849
-# and running as a DynamicUser; PromQL over Prometheus's HTTP API returns team-labelled series,
+# and running as the unprivileged gpuctl-exporter user; PromQL over Prometheus's HTTP API returns team-labelled series,
 # and the memory-near-full alert (infer holds 95% of GPU 0; `for:` shortened in a test copy of
 # the shipped rules) reaches `firing` in /api/v1/alerts.
 # vmtest: timeout=600
@@ -33,12 +33,12 @@ check "Prometheus scrapes the exporter (up == 1)" wait_for 240 scraped
 pid=$(systemctl show -P MainPID gpuctl-exporter.service)
 uid=$(awk '/^Uid:/ {print $2}' "/proc/$pid/status" 2>/dev/null)
 echo "    exporter: pid $pid, uid ${uid:-?}, NRestarts $(systemctl show -P NRestarts gpuctl-exporter.service)"
-check_output "the exporter unit is a DynamicUser" test "$(systemctl show -P DynamicUser gpuctl-exporter.service)" = yes
-check_output "and runs unprivileged (uid ${uid:-?}, in systemd's dynamic range)" test "${uid:-0}" -ge 61184
+check_output "the exporter runs as the gpuctl-exporter system user" test "${uid:-x}" = "$(id -u gpuctl-exporter)"
+check_output "which is unprivileged (uid ${uid:-?}: a system uid, not root)" test "${uid:-0}" -gt 0 -a "${uid:-0}" -lt 1000
 
 r=$(http query "$P" 'sum by (team) (gpuctl_team_gpu_processes{team!=""})')
 echo "    processes per team: $r"
-check_output "PromQL: processes per team, team-labelled" test "$(jq -c '[.[] | {(.metric.team): .value[1]}] | add' <<<"$r")" = '{"infer":"1","train":"1"}'
+check_output "PromQL: processes per team, team-labelled" test "$(jq -cS '[.[] | {(.metric.team): .value[1]}] | add' <<<"$r")" = '{"infer":"1","train":"1"}'
 r=$(http query "$P" 'gpuctl_device_memory_used_bytes{team="infer"} / gpuctl_device_memory_total_bytes{team="infer"}')
 check_output "PromQL: infer's GPU 0 is over 90% full" awk -v v="$(jq -r '.[0].value[1]' <<<"$r")" 'BEGIN {exit !(v > 0.9)}'
 r=$(http query "$P" 'gpuctl_device_team_info{team="train"}')
