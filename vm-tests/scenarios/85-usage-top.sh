@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=not yet seen passing: written at the end of the session under a load of ~30 on 2 cores (85 passed 7 of 8 checks, the 8th was a jq mistake since fixed; 86/87 did not finish)
 # 85: who uses what. Real guest processes in two teams' slices and one stray (root, in
 # system.slice, on train's MIG device), the fake NVML's process list pointing at their pids;
 # `gpuctl top --once --json` run by alice (an unprivileged member, through the bus) shows each

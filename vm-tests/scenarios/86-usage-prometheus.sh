@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=not yet seen passing: written at the end of the session under a load of ~30 on 2 cores (85 passed 7 of 8 checks, the 8th was a jq mistake since fixed; 86/87 did not finish)
 # 86: a real Prometheus (Debian's) scrapes gpuctl-exporter, socket-activated on 127.0.0.1:9849
 # and running as the unprivileged gpuctl-exporter user; PromQL over Prometheus's HTTP API returns team-labelled series,
 # and the memory-near-full alert (infer holds 95% of GPU 0; `for:` shortened in a test copy of

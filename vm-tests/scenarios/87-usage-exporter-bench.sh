@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=not yet seen passing: written at the end of the session under a load of ~30 on 2 cores (85 passed 7 of 8 checks, the 8th was a jq mistake since fixed; 86/87 did not finish)
 # 87: the exporter under bad clients and load. Five clients that never finish their request do
 # not stall a scrape; a malformed request gets 400; then BENCH: scrape latency p50/p99 over 1,000
 # scrapes of gpuctl-exporter against 1,000 of Prometheus's own /metrics (the same-run baseline),
