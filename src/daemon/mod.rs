@@ -246,6 +246,36 @@ fn notify(states: &[sd_notify::NotifyState<'_>]) {
     }
 }
 
+/// How often, and by how much, the start is extended while the first reconcile progresses
+/// ([`extend_start_while_progressing`]).
+pub const START_EXTEND_EVERY: Duration = Duration::from_secs(30);
+/// See [`START_EXTEND_EVERY`].
+pub const START_EXTEND_BY: Duration = Duration::from_secs(90);
+
+/// Keep systemd's start timeout (`TimeoutStartSec=`) from ending a first reconcile that is still
+/// making progress: READY=1 comes after it, and on a full host MIG creation and dozens of MPS
+/// daemons can take longer than the unit's 5 minutes. Every `every`, while `progress` is
+/// within its step's deadline (the watchdog's own test), `EXTEND_TIMEOUT_USEC=` asks for `by`
+/// more; a wedged start still fails within `by`. Found in vm-tests 65 (8 GPUs x 7 MIG
+/// instances, 56 MPS units, TCG): systemd killed gpuctld at 5 minutes, before READY=1.
+/// Abort the task once READY=1 is sent.
+pub fn extend_start_while_progressing(
+    progress: Progress,
+    every: Duration,
+    by: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let usec = u32::try_from(by.as_micros()).unwrap_or(u32::MAX);
+    tokio::spawn(async move {
+        let mut t = tokio::time::interval(every);
+        loop {
+            t.tick().await;
+            if progress.healthy(std::time::Instant::now()) {
+                notify(&[sd_notify::NotifyState::ExtendTimeoutUsec(usec)]);
+            }
+        }
+    })
+}
+
 /// Longest a policy load may take: reading at most a few MiB and validating them linearly takes
 /// milliseconds; a load still running after this is wedged.
 pub const LOAD_LIMIT: Duration = Duration::from_secs(60);
@@ -655,7 +685,13 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         last_good: None,
         conn,
     };
+    let extend = extend_start_while_progressing(
+        looper.progress.clone(),
+        START_EXTEND_EVERY,
+        START_EXTEND_BY,
+    );
     looper.cycle("start", Observe::All).await;
+    extend.abort();
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut drift = tokio::time::interval_at(tokio::time::Instant::now() + opts.drift, opts.drift);
