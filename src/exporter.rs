@@ -140,10 +140,11 @@ async fn read_head(s: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
     }
 }
 
-async fn handle<F, Fut>(mut s: TcpStream, opts: Arc<Options>, fetch: F)
+async fn handle<F, Fut, E>(mut s: TcpStream, opts: Arc<Options>, fetch: F)
 where
     F: Fn() -> Fut,
-    Fut: Future<Output = Result<String, String>>,
+    Fut: Future<Output = Result<String, E>>,
+    E: std::fmt::Display,
 {
     let reply = match tokio::time::timeout(opts.read_timeout, read_head(&mut s)).await {
         Err(_) => text("408 Request Timeout", "request head not received in time\n"),
@@ -170,11 +171,13 @@ where
     let _ = s.shutdown().await;
 }
 
-/// Serve until the listener fails. `fetch` produces the metrics text for one scrape.
-pub async fn serve<F, Fut>(listener: TcpListener, opts: Options, fetch: F) -> std::io::Result<()>
+/// Serve until the listener fails. `fetch` produces the metrics text for one scrape; its error
+/// (gpuctld's, e.g. a `zbus::Error`) is shown in the `503` body.
+pub async fn serve<F, Fut, E>(listener: TcpListener, opts: Options, fetch: F) -> std::io::Result<()>
 where
     F: Fn() -> Fut + Clone + 'static,
-    Fut: Future<Output = Result<String, String>> + 'static,
+    Fut: Future<Output = Result<String, E>> + 'static,
+    E: std::fmt::Display + 'static,
 {
     let opts = Arc::new(opts);
     let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));

@@ -44,7 +44,7 @@ fn main() -> anyhow::Result<()> {
         };
         gpuctl::exporter::serve(listener, opts, move || {
             let p = proxy.clone();
-            async move { p.metrics("openmetrics").await.map_err(|e| e.to_string()) }
+            async move { p.metrics("openmetrics").await }
         })
         .await
         .context("accept")?;

@@ -48,7 +48,7 @@ pub fn unix_now() -> u64 {
 /// Load the policy from the standard places under `root` with [`crate::policy::load`]. Warnings
 /// go to the journal; the error is one line, `file:line:col: key: message` of the first error
 /// (and how many more there are), for `STATUS=`, the journal and `Status`.
-pub fn load_policy(root: &Root) -> Result<Policy, String> {
+pub fn load_policy(root: &Root) -> Result<Policy, PolicyLoadError> {
     let out = crate::policy::load(root);
     for d in out
         .diagnostics
@@ -58,7 +58,10 @@ pub fn load_policy(root: &Root) -> Result<Policy, String> {
         warn!(gpuctl_action = "load-policy", "{d}");
     }
     if let Some((path, why)) = out.unreadable.first() {
-        return Err(format!("{}: cannot read: {why}", path.display()));
+        return Err(PolicyLoadError::Unreadable {
+            path: path.clone(),
+            why: why.clone(),
+        });
     }
     let errors: Vec<&crate::policy::Diagnostic> = out
         .diagnostics
@@ -71,14 +74,37 @@ pub fn load_policy(root: &Root) -> Result<Policy, String> {
             for d in &errors[1..] {
                 error!(gpuctl_action = "load-policy", "{d}");
             }
-            let more = match errors.len() {
-                1 => String::new(),
-                n => format!(" (and {} more error(s))", n - 1),
-            };
-            Err(format!("{}{more}", error_line(first)))
+            Err(PolicyLoadError::Invalid {
+                first: error_line(first),
+                more: errors.len() - 1,
+            })
         }
-        (None, None) => Err("policy rejected without a diagnostic".into()),
+        (None, None) => Err(PolicyLoadError::NoDiagnostic),
     }
+}
+
+/// Why the policy on disk is not in force: one line for `STATUS=`, the journal and `Status`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyLoadError {
+    /// A policy file exists but cannot be read.
+    #[error("{}: cannot read: {why}", path.display())]
+    Unreadable {
+        /// Host path of the file.
+        path: std::path::PathBuf,
+        /// The reader's words.
+        why: String,
+    },
+    /// Validation failed: the first error (`file:line:col: key: message`) and how many more.
+    #[error("{first}{}", if *more == 0 { String::new() } else { format!(" (and {more} more error(s))") })]
+    Invalid {
+        /// The first error, without its severity word.
+        first: String,
+        /// Errors after the first.
+        more: usize,
+    },
+    /// The loader gave no policy and no error (a bug, said rather than hidden).
+    #[error("policy rejected without a diagnostic")]
+    NoDiagnostic,
 }
 
 /// `file:line:col: key: message (help)`: the diagnostic without its severity word, which the
@@ -130,7 +156,7 @@ pub fn load_keeping_last_good(
                 *last_good = state::load_last_good(&lg_path);
             }
             let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
-            sh.policy_error = Some(e);
+            sh.policy_error = Some(e.to_string());
             sh.policy = last_good.clone();
             sh.policy_origin = last_good.as_ref().map(|_| "last-good");
             last_good.clone()

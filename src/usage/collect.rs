@@ -135,17 +135,35 @@ fn attributed(
         .collect()
 }
 
+/// A GPU left out of a collection: the two reads nothing else works without failed.
+#[derive(Debug, thiserror::Error)]
+#[error("GPU {index}: cannot read its {what}: {source}")]
+pub struct GpuReadError {
+    /// NVML index.
+    pub index: u32,
+    /// What was read (`handle`, `UUID`).
+    pub what: &'static str,
+    /// NVML's error.
+    #[source]
+    pub source: NvmlError,
+}
+
 fn collect_gpu(
     nvml: &Nvml,
     index: u32,
     gpm: &mut GpmPrev,
     root: &Root,
     users: &mut UserNames<'_>,
-) -> Result<GpuUsage, String> {
-    let dev = nvml
-        .device_by_index(index)
-        .map_err(|e| format!("GPU {index}: {e}"))?;
-    let uuid = dev.uuid().map_err(|e| format!("GPU {index} uuid: {e}"))?;
+) -> Result<GpuUsage, GpuReadError> {
+    let err = |what: &'static str| {
+        move |source| GpuReadError {
+            index,
+            what,
+            source,
+        }
+    };
+    let dev = nvml.device_by_index(index).map_err(err("handle"))?;
+    let uuid = dev.uuid().map_err(err("UUID"))?;
     let w = |s: &str| format!("GPU {index} {s}");
     let mem = opt(&w("memory"), dev.memory_info());
     let util = opt(&w("utilization"), dev.utilization_rates());
