@@ -29,8 +29,14 @@ rootfs=$(cdi_rootfs alice)
 # in a user namespace: rootless crun fails with "mount `proc` to `proc`: Operation not permitted"
 # (the first run of this scenario). A real host has no such overlays (an lxcfs host has, with the
 # same effect); alice's podman runs in a private mount namespace without them.
+# Its own XDG_RUNTIME_DIR: logind mounts /run/user/UID when a session opens, and a mount made
+# after the unshare does not reach the private namespace, so whether alice's podman saw her
+# runtime dir or the bare root-owned mount point depended on whether her previous session's
+# mount had been torn down yet ("XDG_RUNTIME_DIR ... is not owned by the current user": the
+# forced run of a CI check failed so).
+install -d -o alice -g alice -m 0700 /run/vmtest-alice
 as_alice_np() {
-    unshare -m --propagation private sh -c 'umount -l /proc/devices; umount -l /proc/driver; exec su -s /bin/sh alice -c "$1"' sh "$*"
+    unshare -m --propagation private sh -c 'umount -l /proc/devices; umount -l /proc/driver; exec su -s /bin/sh alice -c "export XDG_RUNTIME_DIR=/run/vmtest-alice; $1"' sh "$*"
 }
 
 export NODES="/dev/nvidia0 /dev/nvidiactl /dev/nvidia1"
@@ -49,12 +55,21 @@ check "rootless: the container stays under gpu-infer.slice ($cg)" grep -q '^/gpu
 check "rootless: memory.max of gpu-infer.slice seen inside is 256M" \
     test "$(field "$out" memmax | awk '$1 == "/gpu.slice/gpu-infer.slice" {print $2}')" = 268435456
 out=$(run_as_alice --device gpuctl.io/team=infer --device /dev/nvidia1 2>&1)
-echo "$out" | grep -E '^(node|Error|cgroup)' | sed 's/^/    forced| /'
+echo "$out" | grep -E '^(node|Error|cgroup)|level=error' | sed 's/^/    forced| /'
 check "rootless: another team's node forced in is denied (EPERM)" test "$(field "$out" "node /dev/nvidia1")" = EPERM
 
-# Outside gpuctl run, rootless podman's container is in alice's own cgroup, not the team's:
-# --cgroup-parent=gpu-infer.slice cannot reach a system slice from a user's podman.
-out=$(as_alice_np "cd ~ && podman run --rm --network=none --device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice --cgroupns=host --rootfs $rootfs cat /proc/self/cgroup" 2>&1)
-echo "$out" | tail -n 4 | sed 's/^/    outside| /'
+# Outside gpuctl run, rootless podman's container is in alice's own cgroup, not the team's.
+out=$(as_alice_np "cd ~ && podman run --rm --network=none --device gpuctl.io/team=infer --cgroupns=host --rootfs $rootfs cat /proc/self/cgroup" 2>&1)
+echo "$out" | tail -n 2 | sed 's/^/    outside| /'
+# The container must have run (its cgroup line is there) and be elsewhere: a podman that failed
+# to start would otherwise pass (the earlier form of this check did: podman had refused to
+# start, see below).
+check "rootless without gpuctl run: the container ran" grep -q '^0::/' <<<"$out"
 check "rootless without gpuctl run: not under gpu-infer.slice" bash -c "! grep -q '^0::/gpu.slice/gpu-infer.slice/' <<<'$out'"
+# --cgroup-parent=gpu-infer.slice does not reach the system slice from a user's podman: without
+# a user session podman falls back to cgroupfs and refuses a slice name as the parent.
+out=$(as_alice_np "cd ~ && podman run --rm --network=none --device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice --cgroupns=host --rootfs $rootfs cat /proc/self/cgroup" 2>&1)
+echo "$out" | tail -n 2 | sed 's/^/    parent| /'
+check "rootless --cgroup-parent=gpu-infer.slice: no container under the team slice" \
+    bash -c "! grep -q '^0::/gpu.slice/gpu-infer.slice/' <<<'$out'"
 finish
