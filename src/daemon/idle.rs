@@ -56,13 +56,16 @@ fn secs(s: u64) -> String {
     }
 }
 
-/// Run until the runtime ends.
+/// Run until the runtime ends. `policy_seen` is signalled after every reconcile: while no team
+/// has an idle rule the loop waits on it instead of ticking, so an idle host without idle
+/// reclaim costs no wakeups (issue 14: 0 wakeups/s while nothing changes).
 pub async fn run(
     root: Root,
     backend: Arc<dyn Backend>,
     sd: Systemd,
     shared: Arc<Mutex<Shared>>,
     interval: Duration,
+    policy_seen: Arc<tokio::sync::Notify>,
 ) {
     let spacing = interval + crate::dbus_api::usage::collector_interval();
     let mut tracker = Tracker::new(spacing.as_millis() as u64);
@@ -73,8 +76,14 @@ pub async fn run(
         let rules = rules_of(&shared);
         tracker.set_rules(rules.clone());
         if !tracker.active() {
-            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
-            sh.idle = IdleReply::default();
+            {
+                let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+                sh.idle = IdleReply::default();
+            }
+            // notify_one keeps a permit, so a reconcile that ended before this wait still
+            // wakes it; the first sample after rules appear is taken at once.
+            policy_seen.notified().await;
+            tick.reset_immediately();
             continue;
         }
         let usage = match crate::dbus_api::usage::usage(&*backend, &root).await {
