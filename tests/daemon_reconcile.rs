@@ -66,6 +66,18 @@ impl SliceEffector for RecSystemd {
             .insert(team.into(), spec.clone());
         Ok(())
     }
+    /// Recorded with the live spec it was given, so tests see that the executor passes what
+    /// the plan was made on (the bus client then sends only what differs).
+    fn update_slice(
+        &mut self,
+        team: &str,
+        spec: &SliceSpec,
+        live: Option<&SliceSpec>,
+    ) -> Result<(), EffectError> {
+        let live_mem = live.map(|l| format!("{:?}", l.memory_max));
+        self.log(format!("update {team} from {live_mem:?}"));
+        self.set_slice(team, spec)
+    }
     fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
         self.log(format!("remove {team}"));
         let mut r = self.rec.lock().unwrap();
@@ -82,6 +94,11 @@ impl SliceEffector for RecSystemd {
 }
 
 impl MpsEffector for RecSystemd {
+    fn prepare_mps(&mut self, starts: &[(&str, &MpsSpec)]) -> Result<(), EffectError> {
+        let names: Vec<&str> = starts.iter().map(|(i, _)| *i).collect();
+        self.log(format!("prepare-mps {}", names.join(" ")));
+        Ok(())
+    }
     fn start_mps(&mut self, i: &str, spec: &MpsSpec) -> Result<(), EffectError> {
         self.log(format!("start-mps {i}"));
         self.rec.lock().unwrap().mps.insert(i.into(), spec.clone());
@@ -281,6 +298,14 @@ fn a_limit_only_change_makes_no_nvml_call_and_the_same_policy_again_observes_all
     assert_eq!(d.fake.query_calls(), q0, "a limit-only change queried NVML");
     assert_eq!(d.slice("infer").memory_max, Some(2113929216 * 1024 / 4));
     assert_eq!(r.changes.len(), 1, "{:#?}", r.changes);
+    // The slice is updated from what was observed (the old limit), not set blind.
+    let half = format!("{:?}", Some(2113929216u64 * 1024 / 2));
+    assert!(
+        d.sd.calls()
+            .contains(&format!("update infer from {:?}", Some(half))),
+        "{:?}",
+        d.sd.calls()
+    );
     let env = d.env("infer");
     assert!(env.contains("CUDA_VISIBLE_DEVICES=GPU-"), "env kept: {env}");
 
@@ -457,6 +482,21 @@ mig = [{{ profile = "{profile}", owner = "infer" }}]
         .iter()
         .find(|c| c.0.starts_with("start-mps"))
         .expect("MPS started again");
+    // One prepare names every daemon about to start, before the first start.
+    let starts: Vec<&str> = calls
+        .iter()
+        .filter_map(|c| c.0.strip_prefix("start-mps "))
+        .collect();
+    let prepares: Vec<usize> = (0..calls.len())
+        .filter(|&i| calls[i].0.starts_with("prepare-mps"))
+        .collect();
+    let first_start = calls.iter().position(|c| c.0.starts_with("start-mps"));
+    assert_eq!(prepares.len(), 1, "{calls:?}");
+    assert!(Some(prepares[0]) < first_start, "{calls:?}");
+    assert_eq!(
+        calls[prepares[0]].0,
+        format!("prepare-mps {}", starts.join(" "))
+    );
     assert_eq!(
         stop.1, before,
         "stopped before the first MIG mutation: {calls:?}"

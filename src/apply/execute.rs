@@ -27,7 +27,7 @@
 use super::journal::{records_of, CiRecord, GiRecord, GpuTxn, Journal, JournalStore, Step};
 use super::journal::{MemoryJournal, JOURNAL_VERSION};
 use super::{EffectError, Host};
-use crate::observe::{GpuState, Observed};
+use crate::observe::{GpuState, MpsSpec, Observed};
 use crate::plan::{self, Action, ActionKind, CiRef, GiRef, Phase, Plan};
 use crate::policy::Policy;
 use crate::profiles::{GpuModel, Placement};
@@ -296,7 +296,10 @@ fn run_one<H: Host + ?Sized>(
         ActionKind::RemoveEnv { team } => host.remove_env(team),
         ActionKind::WriteCdi { team, content } => host.write_cdi(team, content),
         ActionKind::RemoveCdi { team } => host.remove_cdi(team),
-        ActionKind::SetSlice { team, spec } => host.set_slice(team, spec),
+        // From the observation the plan was made on: only what differs is sent.
+        ActionKind::SetSlice { team, spec } => {
+            host.update_slice(team, spec, ctx.live.slices.get(team))
+        }
         ActionKind::RemoveSlice { team } => host.remove_slice(team),
     }
 }
@@ -912,6 +915,21 @@ pub fn execute_observed<H: Host + ?Sized>(
                 || matches!(a.kind, ActionKind::StopMps { .. })
         })
         .collect();
+    // The slice and MPS steps compare against what is there now (update_slice sends only what
+    // differs from it).
+    ctx.live = now.clone();
+    let starts: Vec<(&str, &MpsSpec)> = later
+        .iter()
+        .filter(|a| ctx.runs(a.phase))
+        .filter_map(|a| match &a.kind {
+            ActionKind::StartMps { instance, spec } => Some((instance.as_str(), spec)),
+            _ => None,
+        })
+        .collect();
+    if !starts.is_empty() {
+        // Not final (MpsEffector::prepare_mps): each start does its own work then.
+        let _ = host.prepare_mps(&starts);
+    }
     run_all(&mut ctx, host, later, &mut failed_gpus, &mut report);
 
     let resume = plan.actions.iter().filter(|a| a.phase == Phase::Resume);

@@ -133,12 +133,31 @@ pub trait UnitEffector {
 pub trait SliceEffector {
     /// Create or update a slice.
     fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError>;
+    /// Update a slice last observed as `live` (`None`: not observed, set it whole). An effector
+    /// may send only what differs; by default the whole slice is set.
+    fn update_slice(
+        &mut self,
+        team: &str,
+        spec: &SliceSpec,
+        live: Option<&SliceSpec>,
+    ) -> Result<(), EffectError> {
+        let _ = live;
+        self.set_slice(team, spec)
+    }
     /// Remove a slice.
     fn remove_slice(&mut self, team: &str) -> Result<(), EffectError>;
 }
 
 /// MPS control daemons.
 pub trait MpsEffector {
+    /// Called once before the `start_mps` calls of a run, with all of them: an effector may do
+    /// once here what each start would do (systemd: write every drop-in, then one
+    /// daemon-reload). An error here is not final: each start then does its own work and
+    /// reports its own error. By default nothing.
+    fn prepare_mps(&mut self, starts: &[(&str, &MpsSpec)]) -> Result<(), EffectError> {
+        let _ = starts;
+        Ok(())
+    }
     /// Start, or restart with new settings, a daemon instance.
     fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError>;
     /// Stop a daemon instance.

@@ -155,11 +155,7 @@ impl RealHost {
         if let Some(sd) = self.systemd.as_mut() {
             // Only slices gpuctl controls (DevicePolicy=closed) count as existing: any other
             // gpu-<team>.slice is planned to be set, which is what it needs.
-            for team in sd.list_slices()? {
-                if let Some(spec) = sd.read_slice(&team)? {
-                    obs.slices.insert(team, spec);
-                }
-            }
+            obs.slices = sd.read_running_slices()?;
             obs.mps = sd.list_mps()?.into_iter().collect();
         }
         obs.cap_nodes = devnodes::existing(&self.root);
@@ -274,6 +270,15 @@ impl SliceEffector for RealHost {
         self.systemd(&format!("gpu-{team}.slice"))?
             .set_slice(team, spec)
     }
+    fn update_slice(
+        &mut self,
+        team: &str,
+        spec: &SliceSpec,
+        live: Option<&SliceSpec>,
+    ) -> Result<(), EffectError> {
+        self.systemd(&format!("gpu-{team}.slice"))?
+            .update_slice(team, spec, live)
+    }
     fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
         self.systemd(&format!("gpu-{team}.slice"))?
             .remove_slice(team)
@@ -281,6 +286,9 @@ impl SliceEffector for RealHost {
 }
 
 impl MpsEffector for RealHost {
+    fn prepare_mps(&mut self, starts: &[(&str, &MpsSpec)]) -> Result<(), EffectError> {
+        self.systemd("MPS daemons")?.prepare_mps(starts)
+    }
     fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError> {
         self.systemd(&crate::systemd::mps::unit(instance))?
             .start_mps(instance, spec)

@@ -159,6 +159,18 @@ macro_rules! team_settings {
                 out
             }
 
+            /// The assignments of [`Self::bus_properties`] for the settings that differ from
+            /// `live` only: what a slice holding `live` needs to hold `self`.
+            pub fn bus_changes(&self, live: &SliceSpec) -> Vec<(&'static str, Value<'static>)> {
+                let mut out = Vec::new();
+                $( if self.$field != live.$field {
+                    for v in <$kind as Kind>::to_bus(self.$field.as_ref()) {
+                        out.push(($prop, v));
+                    }
+                } )*
+                out
+            }
+
             /// The settings systemd reports through `get` (a property of the `Slice`
             /// interface by name); no devices.
             pub fn from_bus<'a>(get: impl Fn(&str) -> Option<&'a Value<'a>>) -> SliceSpec {

@@ -290,12 +290,27 @@ impl Systemd {
     /// list, which [`props::slice_properties`] resets before setting it) and make sure it is
     /// active, so its cgroup exists.
     pub async fn set_slice(&self, team: &str, spec: &SliceSpec) -> Result<(), SystemdError> {
+        self.update_slice(team, spec, None).await
+    }
+
+    /// [`Self::set_slice`] for a slice last read as `live`: only what differs is sent
+    /// ([`props::slice_property_changes`]).
+    pub async fn update_slice(
+        &self,
+        team: &str,
+        spec: &SliceSpec,
+        live: Option<&SliceSpec>,
+    ) -> Result<(), SystemdError> {
         let unit = props::slice_unit(team);
-        let p = props::slice_properties(team, spec).map_err(|message| SystemdError::Invalid {
-            unit: unit.clone(),
-            message,
+        let p = props::slice_property_changes(team, spec, live).map_err(|message| {
+            SystemdError::Invalid {
+                unit: unit.clone(),
+                message,
+            }
         })?;
-        self.set_unit_properties(&unit, true, &p).await?;
+        if !p.is_empty() {
+            self.set_unit_properties(&unit, true, &p).await?;
+        }
         // An implicit or freshly loaded slice is inactive and has no cgroup yet; starting it
         // makes the limits live in cgroupfs now rather than when the first job arrives.
         let running = self
@@ -343,6 +358,52 @@ impl Systemd {
             .and_then(|r| props::spec_from_raw(&r)))
     }
 
+    /// Every running team slice that gpuctl controls, with its live settings: one
+    /// `ListUnitsByPatterns`, then one `GetAll` per slice, all in flight at once. A listed unit
+    /// is loaded, so its object path is computed ([`super::scope::unit_object_path`]) rather
+    /// than asked for, and its load state is not read again: three calls per team fewer than
+    /// [`Self::list_slices`] + [`Self::read_slice`], and on a policy change this read is most
+    /// of what gpuctld waits for before it applies (VM 59, issue 14).
+    pub async fn read_running_slices(
+        &self,
+    ) -> Result<std::collections::BTreeMap<String, SliceSpec>, SystemdError> {
+        let mut reads = tokio::task::JoinSet::new();
+        for team in self.list_slices().await? {
+            let sd = self.clone();
+            reads.spawn(async move {
+                let unit = props::slice_unit(&team);
+                let path = super::scope::unit_object_path(&unit);
+                let raw = async {
+                    let props = zbus::fdo::PropertiesProxy::builder(&sd.conn)
+                        .destination("org.freedesktop.systemd1")?
+                        .path(path)?
+                        .cache_properties(CacheProperties::No)
+                        .build()
+                        .await?;
+                    let iface = zbus::names::InterfaceName::from_static_str(
+                        "org.freedesktop.systemd1.Slice",
+                    )?;
+                    Ok::<props::RawSlice, zbus::Error>(
+                        props.get_all(iface).await?.into_iter().collect(),
+                    )
+                }
+                .await
+                .map_err(bus(&unit, "GetAll(Slice properties)"));
+                (team, raw)
+            });
+        }
+        let mut out = std::collections::BTreeMap::new();
+        while let Some(done) = reads.join_next().await {
+            // Never cancelled; a panic in a read is re-raised here, as it would be unspawned.
+            let (team, raw) = done.unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+            // Only slices gpuctl controls (DevicePolicy=closed) count as existing.
+            if let Some(spec) = props::spec_from_raw(&raw?) {
+                out.insert(team, spec);
+            }
+        }
+        Ok(out)
+    }
+
     /// Teams with a running `gpu-<team>.slice`.
     ///
     /// Inactive slices are left out: a slice that was stopped (team removed) but is still in
@@ -386,6 +447,52 @@ impl Systemd {
     /// `User=` drop-in when the policy names one) and start `gpuctl-mps@<instance>.service`, or
     /// restart it when its settings changed.
     pub async fn start_mps(&self, instance: &str, spec: &MpsSpec) -> Result<(), SystemdError> {
+        let changed = self.stage_mps_dropins(&[(instance, spec)]).await?;
+        self.start_mps_staged(instance, spec, !changed.is_empty())
+            .await
+    }
+
+    /// Write the `User=`/`Group=` drop-ins of the MPS instances about to start, then one
+    /// daemon-reload if any changed; returns the instances whose drop-in changed. User= and
+    /// Group= cannot come from the environment file, and a drop-in is read only at a reload.
+    ///
+    /// One reload for all: a reload re-runs every generator and re-reads every unit (5 to 6 s
+    /// each under TCG in VM 65), and it resets an extended start timeout to `TimeoutStartSec=`,
+    /// so 56 MPS units with a reload each had systemd kill gpuctld's first reconcile.
+    pub async fn stage_mps_dropins(
+        &self,
+        starts: &[(&str, &MpsSpec)],
+    ) -> Result<std::collections::BTreeSet<String>, SystemdError> {
+        let mut changed = std::collections::BTreeSet::new();
+        for (instance, spec) in starts {
+            let unit = mps::unit(instance);
+            if !mps::valid_instance(instance) {
+                return Err(SystemdError::Invalid {
+                    unit,
+                    message: "instance must be <team>-<n>".into(),
+                });
+            }
+            let dropin = self
+                .root
+                .join(format!("/run/systemd/system/{unit}.d/50-gpuctl-user.conf"));
+            if write_if_changed(&dropin, &mps::dropin(spec))? {
+                changed.insert(instance.to_string());
+            }
+        }
+        if !changed.is_empty() {
+            self.reload().await?;
+        }
+        Ok(changed)
+    }
+
+    /// Start (or restart, when its files or, per `dropin_changed`, its drop-in changed) an MPS
+    /// daemon whose drop-in [`Self::stage_mps_dropins`] has written.
+    pub async fn start_mps_staged(
+        &self,
+        instance: &str,
+        spec: &MpsSpec,
+        dropin_changed: bool,
+    ) -> Result<(), SystemdError> {
         let unit = mps::unit(instance);
         if !mps::valid_instance(instance) {
             return Err(SystemdError::Invalid {
@@ -401,16 +508,7 @@ impl Systemd {
             &self.root.join(mps::ctl_path(instance)),
             &mps::control_commands(spec),
         )?;
-        // User= and Group= cannot come from the environment file; they need a drop-in and a
-        // daemon-reload (once per instance: the file changes only when they do).
-        let dropin = self
-            .root
-            .join(format!("/run/systemd/system/{unit}.d/50-gpuctl-user.conf"));
-        let dropin_changed = write_if_changed(&dropin, &mps::dropin(spec))?;
-        if dropin_changed {
-            self.reload().await?;
-            changed = true;
-        }
+        changed |= dropin_changed;
         let running = self
             .unit_state(&unit)
             .await?
@@ -491,6 +589,10 @@ pub struct BlockingSystemd {
     handle: tokio::runtime::Handle,
     inner: Arc<Systemd>,
     _runtime: Option<Arc<RuntimeThread>>,
+    /// MPS instances whose drop-in [`MpsEffector::prepare_mps`] wrote (and reloaded for): the
+    /// drop-in's text and whether it changed. A `start_mps` for the same text neither writes it
+    /// nor reloads again; any other start does both itself.
+    staged_mps: std::collections::BTreeMap<String, (String, bool)>,
 }
 
 /// A current-thread runtime driven by a thread of its own, for callers that have no runtime
@@ -516,6 +618,7 @@ impl BlockingSystemd {
             handle,
             inner,
             _runtime: None,
+            staged_mps: Default::default(),
         }
     }
 
@@ -547,6 +650,7 @@ impl BlockingSystemd {
             handle,
             inner: Arc::new(sd),
             _runtime: Some(guard),
+            staged_mps: Default::default(),
         })
     }
 
@@ -560,14 +664,41 @@ impl SliceEffector for BlockingSystemd {
     fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
         Ok(self.handle.block_on(self.inner.set_slice(team, spec))?)
     }
+    fn update_slice(
+        &mut self,
+        team: &str,
+        spec: &SliceSpec,
+        live: Option<&SliceSpec>,
+    ) -> Result<(), EffectError> {
+        Ok(self
+            .handle
+            .block_on(self.inner.update_slice(team, spec, live))?)
+    }
     fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
         Ok(self.handle.block_on(self.inner.remove_slice(team))?)
     }
 }
 
 impl MpsEffector for BlockingSystemd {
+    fn prepare_mps(&mut self, starts: &[(&str, &MpsSpec)]) -> Result<(), EffectError> {
+        self.staged_mps.clear();
+        let changed = self.handle.block_on(self.inner.stage_mps_dropins(starts))?;
+        for (instance, spec) in starts {
+            self.staged_mps.insert(
+                instance.to_string(),
+                (mps::dropin(spec), changed.contains(*instance)),
+            );
+        }
+        Ok(())
+    }
     fn start_mps(&mut self, instance: &str, spec: &MpsSpec) -> Result<(), EffectError> {
-        Ok(self.handle.block_on(self.inner.start_mps(instance, spec))?)
+        let start = match self.staged_mps.remove(instance) {
+            Some((text, dropin_changed)) if text == mps::dropin(spec) => self
+                .handle
+                .block_on(self.inner.start_mps_staged(instance, spec, dropin_changed)),
+            _ => self.handle.block_on(self.inner.start_mps(instance, spec)),
+        };
+        Ok(start?)
     }
     fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError> {
         Ok(self.handle.block_on(self.inner.stop_mps(instance))?)
@@ -599,6 +730,11 @@ impl LiveUnits for BlockingSystemd {
     }
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
         self.handle.block_on(self.inner.list_mps())
+    }
+    fn read_running_slices(
+        &mut self,
+    ) -> Result<std::collections::BTreeMap<String, SliceSpec>, SystemdError> {
+        self.handle.block_on(self.inner.read_running_slices())
     }
 }
 

@@ -151,6 +151,19 @@ pub trait LiveUnits {
     fn list_slices(&mut self) -> Result<Vec<String>, SystemdError>;
     /// Running MPS daemons by instance, as last configured.
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError>;
+    /// Every running team slice under gpuctl's device control, with its settings: by default
+    /// [`Self::list_slices`] then [`Self::read_slice`] each; the bus client reads them at once.
+    fn read_running_slices(
+        &mut self,
+    ) -> Result<std::collections::BTreeMap<String, SliceSpec>, SystemdError> {
+        let mut out = std::collections::BTreeMap::new();
+        for team in self.list_slices()? {
+            if let Some(spec) = self.read_slice(&team)? {
+                out.insert(team, spec);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// Everything a host needs from systemd: the three effectors and the live reads.
