@@ -103,16 +103,31 @@ woke=$(awk 'NR == FNR {c0[$1] = $2; next} {n += $2 - ($1 in c0 ? c0[$1] : 0)} EN
 wps=$(awk -v c="$woke" -v t="$((t1 - t0))" 'BEGIN {printf "%.2f", c / (t / 1e6)}')
 echo "BENCH gpuctld idle: VmRSS ${rss} kB, threads $threads, $woke wakeups in $(((t1 - t0) / 1000000)) s = ${wps}/s"
 # What holds the RSS (issue 14 item 3): anonymous vs file-backed, and the largest mappings.
-grep -E '^(RssAnon|RssFile|RssShmem|VmHWM):' /proc/"$pid"/status | tr -s ' \t' ' ' | paste -sd' ' | sed 's/^/gpuctld rss split: /'
-awk '/^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {r[name] += $2} END {for (n in r) if (r[n] >= 256) print r[n], n}' /proc/"$pid"/smaps | sort -rn | head -8 | sed 's/^/gpuctld rss kB by mapping: /'
+grep -E '^(RssAnon|RssFile|RssShmem|VmHWM):' /proc/"$pid"/status | tr -s ' \t' ' ' | paste -sd' ' | sed 's/^/BENCH gpuctld rss split: /'
+awk '/^[0-9a-f]+-[0-9a-f]+ / {name = ($6 == "" ? "[anon]" : $6)} /^Rss:/ {r[name] += $2} END {for (n in r) if (r[n] >= 256) print r[n], n}' /proc/"$pid"/smaps | sort -rn | head -5 | sed 's/^/BENCH gpuctld rss kB by mapping: /'
 # Which threads woke in the window.
 for st in /proc/"$pid"/task/*/status; do
     tid=${st%/status}; tid=${tid##*/}
     printf '%s %s\n' "$tid" "$(cat /proc/"$pid"/task/"$tid"/comm 2>/dev/null)"
 done >/tmp/names.txt
-awk 'NR == FNR {c0[$1] = $2; next} FILENAME ~ /sw1/ {d = $2 - ($1 in c0 ? c0[$1] : 0); if (d > 0) w[$1] = d; next} ($1 in w) {print "gpuctld woke: thread " $2 " (" $1 "): " w[$1]}' /tmp/sw0.txt /tmp/sw1.txt /tmp/names.txt
+awk 'NR == FNR {c0[$1] = $2; next} FILENAME ~ /sw1/ {d = $2 - ($1 in c0 ? c0[$1] : 0); if (d > 0) w[$1] = d; next} ($1 in w) {print "BENCH gpuctld woke: thread " $2 " (" $1 "): " w[$1]}' /tmp/sw0.txt /tmp/sw1.txt /tmp/names.txt
 printf 'gpuctld_ms %s\nset_property_ms %s\nratio %s\nrss_kb %s\nwakeups_per_s %s\n' \
     "$((g / 1000))" "$((s / 1000))" "$ratio" "$rss" "$wps" >"$VMTEST_RESULTS/bench.txt"
 check "idle figures measured (pid $pid still gpuctld's)" \
     test -n "$rss" -a "$pid" = "$(systemctl show -P MainPID gpuctld.service)"
+
+# Where one policy change's time goes (issue 14 item 1): gpuctld's own phase timings, logged at
+# debug, for one more change after the measured ones (debug logging is off while measuring).
+mkdir -p /etc/systemd/system/gpuctld.service.d
+printf '[Service]\nEnvironment=GPUCTL_LOG=info,gpuctl=debug\n' >/etc/systemd/system/gpuctld.service.d/59-debug.conf
+systemctl daemon-reload
+gpuctld_start
+t=$(now_us)
+policy_mem 450
+wait_mem $((450 << 20)) "$t" >/tmp/dbg-us.txt
+wait_for 10 sh -c "busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Reconciling | grep -q false"
+gpuctld_journal --since "@$((t / 1000000))" | grep -E 'policy loaded in|reconcile took' | tail -n 2 |
+    sed "s/^/BENCH one change at debug ($(($(cat /tmp/dbg-us.txt) / 1000)) ms to live): /"
+rm /etc/systemd/system/gpuctld.service.d/59-debug.conf
+systemctl daemon-reload
 finish
