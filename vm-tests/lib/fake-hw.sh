@@ -60,7 +60,9 @@ fake_proc_devices() {
 # A tmpfs over /proc/driver carries it (procfs itself is read-only).
 fake_mig_minors() {
     local gpus=$1 g gi ci base
-    [ -r /proc/driver/nvidia-caps/mig-minors ] && return 0
+    # Kept when it already covers this many GPUs; an earlier scenario of the same VM may have
+    # written it for fewer (65 after 59 found gpu4's GIs missing).
+    grep -q "^gpu$((gpus - 1))/gi14/ci7/access " /proc/driver/nvidia-caps/mig-minors 2>/dev/null && return 0
     mkdir -p /proc/driver 2>/dev/null
     mountpoint -q /proc/driver || mount -t tmpfs -o mode=755,size=1M fake-nvidia-driver /proc/driver
     mkdir -p /proc/driver/nvidia-caps

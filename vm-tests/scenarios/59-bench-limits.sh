@@ -126,7 +126,7 @@ t=$(now_us)
 policy_mem 450
 wait_mem $((450 << 20)) "$t" >/tmp/dbg-us.txt
 wait_for 10 sh -c "busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Reconciling | grep -q false"
-gpuctld_journal --since "@$((t / 1000000))" | grep -E 'policy loaded in|reconcile took' | tail -n 2 |
+gpuctld_journal --since "@$((t / 1000000))" | grep -E 'policy loaded in|reconcile took|reconcile \(' | head -n 6 | cut -c1-200 |
     sed "s/^/BENCH one change at debug ($(($(cat /tmp/dbg-us.txt) / 1000)) ms to live): /"
 rm /etc/systemd/system/gpuctld.service.d/59-debug.conf
 systemctl daemon-reload

@@ -5,7 +5,8 @@
 # policy of 32 teams sharing 56 1g.10gb MIG devices (7 per GPU), each team with MPS: 56 MPS units.
 # gpuctld starts as at boot; measured: from its start to READY=1, and to every team slice and
 # MPS unit active. The floor, in the same run: the same 56 MPS units and their slices (the
-# control drop-ins and env files gpuctld left, i.e. plain files) started by systemd alone.
+# control drop-ins and env files gpuctld left, i.e. plain files) started by systemd alone, one
+# `systemctl start` after another (gpuctld starts them one by one too).
 # BENCH: both times and their ratio (goal <= 1.5x).
 # vmtest: timeout=600
 # vmtest: group=daemon
@@ -68,8 +69,10 @@ systemctl stop gpuctld.service
 systemctl stop gpu.slice
 wait_for 120 sh -c '[ "$(systemctl list-units --plain --no-legend --state=active "gpuctl-mps@*.service" "gpu-t??.slice" | wc -l)" = 0 ]'
 check "everything stopped before the floor run" test "$(active_mps)" = 0
+# One at a time, as gpuctld starts them: all 56 in one transaction overloaded the 2-vCPU TCG
+# guest, and their ExecStartPost (the control pipe's limits) hit the 90 s start timeout.
 t3=$(now_us)
-systemctl start "${units[@]}"
+for u in "${units[@]}"; do systemctl start "$u"; done
 wait_for 400 all_up
 t4=$(now_us)
 check "the floor run brought up the same units" all_up
