@@ -1,5 +1,4 @@
 #!/bin/bash
-# vmtest: quarantine=passed whole in the lead's group run (release deb); in the pre-stop CI check every robustness check passed but the 1,000-scrape benchmark loop got 503 from the reads budget (a faster run than the lead's); cached Metrics answers are no longer charged, not yet re-run
 # 87: the exporter under bad clients and load. Five clients that never finish their request do
 # not stall a scrape; a malformed request gets 400; then BENCH: scrape latency p50/p99 over 1,000
 # scrapes of gpuctl-exporter against 1,000 of Prometheus's own /metrics (the same-run baseline),
