@@ -8,7 +8,7 @@ use fakehost::{lib_path, FakeHost};
 use gpuctl::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use gpuctl::daemon::reconcile::{CoreReconciler, ReconcileReport, Reconciler};
 use gpuctl::daemon::state::{AppliedState, STATE_FILE};
-use gpuctl::daemon::{load_keeping_last_good, Shared};
+use gpuctl::daemon::{load_keeping_last_good, persist_last_good, Shared};
 use gpuctl::observe::{MpsSpec, Observed, SliceSpec};
 use gpuctl::paths::Root;
 use gpuctl::policy::Policy;
@@ -29,6 +29,8 @@ struct Rec {
     /// Mutating calls, each with the fake NVML's mutating-call count at that moment, so tests
     /// can place them relative to the MIG changes.
     calls: Vec<(String, u64)>,
+    /// Reads of the live units (one per observation of systemd's side).
+    reads: usize,
 }
 
 /// A systemd in memory; clones share the state, so the test keeps a handle.
@@ -134,7 +136,9 @@ impl LiveUnits for RecSystemd {
         Ok(self.rec.lock().unwrap().slices.keys().cloned().collect())
     }
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
-        Ok(self.rec.lock().unwrap().mps.clone().into_iter().collect())
+        let mut r = self.rec.lock().unwrap();
+        r.reads += 1;
+        Ok(r.mps.clone().into_iter().collect())
     }
 }
 
@@ -330,6 +334,64 @@ fn a_limit_only_change_makes_no_nvml_call_and_the_same_policy_again_observes_all
     converged(&d.rec.reconcile(&moved));
     assert!(d.fake.query_calls() > q2, "a GPU change used the cache");
     assert_eq!(d.rec.plan(&moved).changes, Vec::<String>::new());
+}
+
+/// Issue 14 item 2: when a policy file was the only trigger, a limit change reads nothing
+/// before it acts, neither NVML nor the units: the host is as the last converged run left it.
+/// The executor's read after the change still checks the result. The same trigger with the
+/// same policy, or a GPU change, reads again.
+#[test]
+fn a_limit_change_from_a_policy_file_reads_nothing_before_it_acts() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    converged(&d.rec.reconcile(&d.load()));
+    let reads = || d_reads(&d.sd);
+
+    d.put(
+        "10-teams.toml",
+        &TWO_TEAMS.replace("memory-max = \"50%\"", "memory-max = \"25%\""),
+    );
+    let limits = d.load();
+    let (q0, u0) = (d.fake.query_calls(), reads());
+    let r = d.rec.reconcile_policy(&limits);
+    converged(&r);
+    assert_eq!(d.fake.query_calls(), q0, "NVML was asked");
+    assert_eq!(reads(), u0 + 1, "units read other than after the change");
+    assert_eq!(d.slice("infer").memory_max, Some(2113929216 * 1024 / 4));
+    assert_eq!(r.changes.len(), 1, "{:#?}", r.changes);
+
+    // The same change through a full trigger reads the units before acting as well.
+    d.put("10-teams.toml", TWO_TEAMS);
+    let back = d.load();
+    let u1 = reads();
+    converged(&d.rec.reconcile(&back));
+    assert_eq!(reads(), u1 + 2, "a full trigger must read the units first");
+
+    // The same policy from a policy trigger (a file touched) reads everything again.
+    let (q2, u2) = (d.fake.query_calls(), reads());
+    converged(&d.rec.reconcile_policy(&back));
+    assert!(
+        d.fake.query_calls() > q2 && reads() > u2,
+        "an unchanged policy used the cache"
+    );
+
+    // A GPU change is never planned from the cache.
+    d.put(
+        "10-teams.toml",
+        &TWO_TEAMS.replace(
+            "index = [1]\nowner = \"train\"",
+            "index = [1]\nowner = \"infer\"",
+        ),
+    );
+    let moved = d.load();
+    let q3 = d.fake.query_calls();
+    converged(&d.rec.reconcile_policy(&moved));
+    assert!(d.fake.query_calls() > q3, "a GPU change used the cache");
+    assert_eq!(d.rec.plan(&moved).changes, Vec::<String>::new());
+}
+
+fn d_reads(sd: &RecSystemd) -> usize {
+    sd.rec.lock().unwrap().reads
 }
 
 /// Issue 17: a hand `set-property` on a team slice is repaired by a units-only run (what a
@@ -532,6 +594,9 @@ fn bad_policy_keeps_the_last_good_one_and_names_file_and_line() {
     let mut last_good = None;
     let good = load_keeping_last_good(&d.root(), &mut last_good, &shared).unwrap();
     converged(&d.rec.reconcile(&good));
+    let mut saved = None;
+    persist_last_good(&d.root(), &last_good, &mut saved);
+    assert_eq!(saved.as_ref(), Some(&good), "the disk copy was written");
     let calls = d.sd.calls().len();
 
     d.put(
@@ -548,6 +613,7 @@ fn bad_policy_keeps_the_last_good_one_and_names_file_and_line() {
     assert!(err.contains("memory-max"), "{err}");
     assert_eq!(shared.lock().unwrap().policy_origin, Some("last-good"));
     converged(&d.rec.reconcile(&p));
+    persist_last_good(&d.root(), &last_good, &mut saved);
     assert_eq!(d.sd.calls().len(), calls, "nothing changed on the host");
 
     // After a restart the disk copy is the memory.

@@ -54,6 +54,9 @@ pub struct Report {
     pub pending: Vec<PendingMode>,
     /// What the journal of an earlier, unfinished apply said, when there was one.
     pub recovered: Vec<String>,
+    /// The host as the run left it: read after its last step ([`Self::remaining`] was planned
+    /// from it), with the GPUs it did not change taken from the observation it started from.
+    pub end: Observed,
 }
 
 /// A GPU whose MIG mode change waits.
@@ -938,8 +941,8 @@ pub fn execute_observed<H: Host + ?Sized>(
     // The device, slice, MPS and resume phases change no GPU: the files and systemd are read
     // again, the GPUs are taken from `now`.
     now = host.refresh(&now, &BTreeSet::new())?;
-    let end = now;
-    report.remaining = plan::plan(policy, &end);
+    report.end = now;
+    report.remaining = plan::plan(policy, &report.end);
 
     // A GPU's transaction ends when nothing MIG-related remains for it.
     let open = mig_gpus(&report.remaining);
@@ -956,7 +959,7 @@ pub fn execute_observed<H: Host + ?Sized>(
         ctx.store.save(&ctx.journal)?;
     }
 
-    for g in &end.gpus {
+    for g in &report.end.gpus {
         let Some(m) = g.mig.as_ref().filter(|m| m.is_pending()) else {
             continue;
         };

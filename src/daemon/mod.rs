@@ -128,20 +128,15 @@ fn error_line(d: &crate::policy::Diagnostic) -> String {
 /// Load the policy under `root`; on failure keep `last_good` (in memory, else the copy on disk
 /// from before a restart) in force. Updates `shared` (the policy in force, its origin, the
 /// error naming file, line and key) and returns the policy to act on, `None` when there has
-/// never been a good one.
+/// never been a good one. The disk copy is written by [`persist_last_good`], after the
+/// reconcile: its fsyncs are not on the path from a policy file to the host (issue 14).
 pub fn load_keeping_last_good(
     root: &Root,
     last_good: &mut Option<Policy>,
     shared: &Mutex<Shared>,
 ) -> Option<Policy> {
-    let lg_path = root.join(state::LAST_GOOD);
     match load_policy(root) {
         Ok(p) => {
-            if last_good.as_ref() != Some(&p) {
-                if let Err(e) = state::save_last_good(&lg_path, &p) {
-                    warn!("cannot save last good policy: {e}");
-                }
-            }
             *last_good = Some(p.clone());
             let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
             sh.policy_error = None;
@@ -153,7 +148,7 @@ pub fn load_keeping_last_good(
             error!(gpuctl_action = "load-policy", "policy error: {e}");
             if last_good.is_none() {
                 // After a restart the in-memory copy is gone; the disk copy is the memory.
-                *last_good = state::load_last_good(&lg_path);
+                *last_good = state::load_last_good(&root.join(state::LAST_GOOD));
             }
             let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
             sh.policy_error = Some(e.to_string());
@@ -161,6 +156,19 @@ pub fn load_keeping_last_good(
             sh.policy_origin = last_good.as_ref().map(|_| "last-good");
             last_good.clone()
         }
+    }
+}
+
+/// Write `last_good` to its disk copy under `root` unless `saved` (what was last written) is
+/// the same policy; `saved` follows. A failure is logged: the copy only matters after a
+/// restart into a bad policy.
+pub fn persist_last_good(root: &Root, last_good: &Option<Policy>, saved: &mut Option<Policy>) {
+    let Some(p) = last_good.as_ref().filter(|p| saved.as_ref() != Some(*p)) else {
+        return;
+    };
+    match state::save_last_good(&root.join(state::LAST_GOOD), p) {
+        Ok(()) => *saved = Some(p.clone()),
+        Err(e) => warn!("cannot save last good policy: {e}"),
     }
 }
 
@@ -345,6 +353,8 @@ struct Looper {
     expected: ExpectedUnits,
     reconciler: SharedReconciler,
     last_good: Option<Policy>,
+    /// What [`persist_last_good`] last wrote.
+    last_saved: Option<Policy>,
     conn: zbus::Connection,
     /// Signalled after each reconcile, for loops that sleep until the policy asks them to run.
     policy_seen: Arc<tokio::sync::Notify>,
@@ -420,6 +430,7 @@ impl Looper {
                     match observe {
                         Observe::All => rec.reconcile(&p),
                         Observe::Units => rec.reconcile_units(&p),
+                        Observe::Policy => rec.reconcile_policy(&p),
                     }
                 })
                 .await;
@@ -454,6 +465,19 @@ impl Looper {
             sh.status_text.clone()
         };
         crate::metrics::counters().reconciled(started.elapsed().as_secs_f64(), report.converged());
+        if self.last_good != self.last_saved {
+            let (root, lg, mut saved) = (
+                self.root.clone(),
+                self.last_good.clone(),
+                self.last_saved.take(),
+            );
+            self.last_saved = tokio::task::spawn_blocking(move || {
+                persist_last_good(&root, &lg, &mut saved);
+                saved
+            })
+            .await
+            .unwrap_or_default();
+        }
         crate::dbus_api::usage::sync_hpc_job_map(&self.shared, &self.root);
         self.policy_seen.notify_one();
         notify(&[sd_notify::NotifyState::Status(&text)]);
@@ -635,7 +659,7 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
         let _ = tx.send(Request::Reconcile {
             reason: "policy files changed".into(),
             reply: None,
-            observe: Observe::All,
+            observe: Observe::Policy,
         });
     }
 }
@@ -735,6 +759,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         expected,
         reconciler,
         last_good: None,
+        last_saved: None,
         conn,
         policy_seen,
     };

@@ -8,6 +8,7 @@
 //! journald fields per action, and the boot state for the generator.
 
 use super::state::{AppliedState, STATE_FILE};
+use super::Observe;
 use crate::apply::journal::FileJournal;
 use crate::apply::{self, EffectError, Observer, Report};
 pub use crate::dbus_api::reply::{HostView, ReconcileReport};
@@ -31,6 +32,11 @@ pub trait Reconciler: Send {
     /// Apply `policy` after a hand change of a unit gpuctl owns: GPUs may be taken from the
     /// last converged run, since no unit change alters MIG (issue 17: repair within a second).
     fn reconcile_units(&mut self, policy: &Policy) -> ReconcileReport {
+        self.reconcile(policy)
+    }
+    /// Apply `policy` when the only trigger was a policy file ([`Observe::Policy`]): the host
+    /// may be taken whole from the last converged run.
+    fn reconcile_policy(&mut self, policy: &Policy) -> ReconcileReport {
         self.reconcile(policy)
     }
     /// Report what [`Reconciler::reconcile`] would change, changing nothing.
@@ -77,12 +83,25 @@ impl CoreReconciler {
     /// (start, drift, reload, the drift timer) observes everything: that is how hand changes
     /// are found.
     ///
-    /// With `units_only` (the trigger was a hand change of a unit, see
+    /// With [`Observe::Units`] (the trigger was a hand change of a unit, see
     /// [`Reconciler::reconcile_units`]) the same policy also takes them: units are read again in
     /// any case, and a unit change cannot alter MIG; the drift timer still reads NVML.
-    fn cached_gpus(&self, policy: &Policy, units_only: bool) -> Option<&Observed> {
+    fn cached_gpus(&self, policy: &Policy, observe: Observe) -> Option<&Observed> {
         let (prev, obs) = self.last.as_ref()?;
-        ((units_only || prev != policy) && gpu_side(prev) == gpu_side(policy)).then_some(obs)
+        ((observe == Observe::Units || prev != policy) && gpu_side(prev) == gpu_side(policy))
+            .then_some(obs)
+    }
+
+    /// The whole host as the last converged run left it, read again in no part, when only a
+    /// policy file triggered this run ([`Observe::Policy`]) and [`Self::cached_gpus`] holds:
+    /// what systemd and the files hold changed since only through gpuctld, or a drift watch
+    /// has queued a run of its own that reads them. What the watches cannot see (a hand edit
+    /// of an env file) is found by the after-apply read and the drift timer, as without the
+    /// cache.
+    fn cached_host(&self, policy: &Policy, observe: Observe) -> Option<&Observed> {
+        (observe == Observe::Policy)
+            .then(|| self.cached_gpus(policy, observe))
+            .flatten()
     }
 
     /// Observe, after pointing NVML at the library the policy names. NVML missing is logged
@@ -126,9 +145,9 @@ impl CoreReconciler {
         Some(obs)
     }
 
-    fn run(&mut self, policy: &Policy, units_only: bool) -> ReconcileReport {
+    fn run(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport {
         let mut laps = Laps::start();
-        let r = self.run_timed(policy, units_only, &mut laps);
+        let r = self.run_timed(policy, observe, &mut laps);
         debug!(
             gpuctl_action = "reconcile-timing",
             "reconcile took {}",
@@ -137,7 +156,7 @@ impl CoreReconciler {
         r
     }
 
-    fn run_timed(&mut self, policy: &Policy, units_only: bool, laps: &mut Laps) -> ReconcileReport {
+    fn run_timed(&mut self, policy: &Policy, observe: Observe, laps: &mut Laps) -> ReconcileReport {
         let mut r = ReconcileReport {
             teams: policy.teams.len(),
             ..Default::default()
@@ -184,26 +203,35 @@ impl CoreReconciler {
         }
         r.errors.extend(errors);
         // Taken, not kept: only a run that converges leaves a cache behind.
-        let prev = self.cached_gpus(policy, units_only).cloned();
+        let whole = self.cached_host(policy, observe).cloned();
+        let prev = self.cached_gpus(policy, observe).cloned();
         self.last = None;
         let cached = prev.is_some();
         laps.lap("overrides");
-        let Some(obs) = self.observe(policy, prev.as_ref(), &mut r) else {
-            r.at = super::unix_now();
-            return r;
+        let obs = match whole {
+            Some(o) => {
+                if let Some(why) = &o.nvml_unavailable {
+                    r.warnings
+                        .push(format!("{why}: GPUs not observed, no devices assigned"));
+                }
+                laps.lap("observe (none)");
+                o
+            }
+            None => {
+                let Some(o) = self.observe(policy, prev.as_ref(), &mut r) else {
+                    r.at = super::unix_now();
+                    return r;
+                };
+                laps.lap(if cached {
+                    "observe (units)"
+                } else {
+                    "observe (all)"
+                });
+                o
+            }
         };
-        laps.lap(if cached {
-            "observe (units)"
-        } else {
-            "observe (all)"
-        });
         let pl = plan::plan(policy, &obs);
         laps.lap("plan");
-        let pl_obs = if cached {
-            obs.clone()
-        } else {
-            Observed::default()
-        };
         let mut journal = FileJournal::new(self.host.root());
         // An unfinished MIG transaction of an earlier run (a crash) is rolled forward or back by
         // the executor even when the plan looks empty.
@@ -212,24 +240,31 @@ impl CoreReconciler {
             obs
         } else {
             let phases = self.host.phases();
-            match apply::execute_observed(
+            let fallback = cached.then(|| obs.clone());
+            let ran = apply::execute_observed(
                 policy,
                 &pl,
                 obs,
                 &mut self.host,
                 &mut journal,
                 phases.as_ref(),
-            ) {
-                Ok(rep) => absorb(&rep, &mut r),
-                Err(e) => r.errors.push(format!("apply: {e}")),
-            }
+            );
             laps.lap("apply");
-            // A plan from cached GPUs touches no GPU (same GPU side, converged before): the
-            // GPUs are as they were.
-            let after = if cached {
-                self.host.refresh(&pl_obs, &Default::default())
-            } else {
-                self.host.observe()
+            // The executor's own last read is the host as the run left it. After a failed
+            // observation the host is read again here (GPUs too, unless they came from the
+            // cache: a plan from cached GPUs touches no GPU).
+            let after = match ran {
+                Ok(mut rep) => {
+                    absorb(&rep, &mut r);
+                    Ok(std::mem::take(&mut rep.end))
+                }
+                Err(e) => {
+                    r.errors.push(format!("apply: {e}"));
+                    match &fallback {
+                        Some(prev) => self.host.refresh(prev, &Default::default()),
+                        None => self.host.observe(),
+                    }
+                }
             };
             match after {
                 Ok(o) => o,
@@ -424,11 +459,15 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
 
 impl Reconciler for CoreReconciler {
     fn reconcile(&mut self, policy: &Policy) -> ReconcileReport {
-        self.run(policy, false)
+        self.run(policy, Observe::All)
     }
 
     fn reconcile_units(&mut self, policy: &Policy) -> ReconcileReport {
-        self.run(policy, true)
+        self.run(policy, Observe::Units)
+    }
+
+    fn reconcile_policy(&mut self, policy: &Policy) -> ReconcileReport {
+        self.run(policy, Observe::Policy)
     }
 
     fn plan(&mut self, policy: &Policy) -> ReconcileReport {

@@ -91,24 +91,26 @@ pub enum Request {
     },
 }
 
-/// How much of the host a reconcile reads again.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// How much of the host a reconcile reads again. Ordered: a run serving several triggers reads
+/// what the most demanding one needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Observe {
-    /// Everything, NVML included: start, reload, the drift timer, an explicit `Apply`.
-    All,
+    /// Nothing, when the only trigger was a policy file: the host is taken as the last
+    /// converged run left it, if the change reaches systemd alone (limits, members). A hand
+    /// change on the host arrives as a trigger of its own (a drift watch), which reads again
+    /// (issue 14: a limit change costs no read before its `SetUnitProperties`).
+    Policy,
     /// Only what systemd and files hold, when the trigger was a unit (a control drop-in, an MPS
     /// daemon's state, a removed unit): GPUs are taken from the last converged run, if any.
     Units,
+    /// Everything, NVML included: start, reload, the drift timer, an explicit `Apply`.
+    All,
 }
 
 impl Observe {
     /// What a run serving both `self` and `other` must read.
     pub fn and(self, other: Observe) -> Observe {
-        if self == Observe::Units && other == Observe::Units {
-            Observe::Units
-        } else {
-            Observe::All
-        }
+        self.max(other)
     }
 }
 

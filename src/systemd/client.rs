@@ -48,6 +48,19 @@ pub struct Systemd {
     job_timeout: Duration,
 }
 
+/// The unit of an MPS instance that is `<team>-<n>`: its name becomes file paths under `/run`.
+fn checked_mps_unit(instance: &str) -> Result<String, SystemdError> {
+    let unit = mps::unit(instance);
+    if mps::valid_instance(instance) {
+        Ok(unit)
+    } else {
+        Err(SystemdError::Invalid {
+            unit,
+            message: "instance must be <team>-<n>".into(),
+        })
+    }
+}
+
 fn bus<'a>(unit: &'a str, op: &'static str) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
     move |source| SystemdError::Bus {
         unit: unit.to_string(),
@@ -309,7 +322,15 @@ impl Systemd {
             }
         })?;
         if !p.is_empty() {
+            let t = std::time::Instant::now();
             self.set_unit_properties(&unit, true, &p).await?;
+            // For the timeline of one change (VM 59): when the new limits went live.
+            tracing::debug!(
+                gpuctl_action = "reconcile-timing",
+                "SetUnitProperties {unit} ({} setting(s)) took {:.1} ms",
+                p.len(),
+                t.elapsed().as_secs_f64() * 1000.0
+            );
         }
         // An implicit or freshly loaded slice is inactive and has no cgroup yet; starting it
         // makes the limits live in cgroupfs now rather than when the first job arrives.
@@ -337,17 +358,26 @@ impl Systemd {
             if u.load_state().await? != "loaded" {
                 return Ok(None);
             }
-            // One `GetAll` reads every setting the table in `crate::settings` knows.
-            let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
-                .destination("org.freedesktop.systemd1")?
-                .path(path)?
-                .build()
-                .await?;
-            let iface =
-                zbus::names::InterfaceName::from_static_str("org.freedesktop.systemd1.Slice")?;
-            Ok::<_, zbus::Error>(Some(props.get_all(iface).await?.into_iter().collect()))
+            Ok(Some(self.slice_get_all(path).await?))
         };
         read.await.map_err(bus(&unit, "Get(Slice properties)"))
+    }
+
+    /// One `GetAll` of the `Slice` interface at `path`: every setting the table in
+    /// `crate::settings` knows.
+    async fn slice_get_all<P>(&self, path: P) -> zbus::Result<props::RawSlice>
+    where
+        P: TryInto<zbus::zvariant::ObjectPath<'static>>,
+        P::Error: Into<zbus::Error>,
+    {
+        let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
+            .destination("org.freedesktop.systemd1")?
+            .path(path)?
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await?;
+        let iface = zbus::names::InterfaceName::from_static_str("org.freedesktop.systemd1.Slice")?;
+        Ok(props.get_all(iface).await?.into_iter().collect())
     }
 
     /// See [`LiveUnits::read_slice`].
@@ -373,22 +403,10 @@ impl Systemd {
             reads.spawn(async move {
                 let unit = props::slice_unit(&team);
                 let path = super::scope::unit_object_path(&unit);
-                let raw = async {
-                    let props = zbus::fdo::PropertiesProxy::builder(&sd.conn)
-                        .destination("org.freedesktop.systemd1")?
-                        .path(path)?
-                        .cache_properties(CacheProperties::No)
-                        .build()
-                        .await?;
-                    let iface = zbus::names::InterfaceName::from_static_str(
-                        "org.freedesktop.systemd1.Slice",
-                    )?;
-                    Ok::<props::RawSlice, zbus::Error>(
-                        props.get_all(iface).await?.into_iter().collect(),
-                    )
-                }
-                .await
-                .map_err(bus(&unit, "GetAll(Slice properties)"));
+                let raw = sd
+                    .slice_get_all(path)
+                    .await
+                    .map_err(bus(&unit, "GetAll(Slice properties)"));
                 (team, raw)
             });
         }
@@ -465,13 +483,7 @@ impl Systemd {
     ) -> Result<std::collections::BTreeSet<String>, SystemdError> {
         let mut changed = std::collections::BTreeSet::new();
         for (instance, spec) in starts {
-            let unit = mps::unit(instance);
-            if !mps::valid_instance(instance) {
-                return Err(SystemdError::Invalid {
-                    unit,
-                    message: "instance must be <team>-<n>".into(),
-                });
-            }
+            let unit = checked_mps_unit(instance)?;
             let dropin = self
                 .root
                 .join(format!("/run/systemd/system/{unit}.d/50-gpuctl-user.conf"));
@@ -493,13 +505,7 @@ impl Systemd {
         spec: &MpsSpec,
         dropin_changed: bool,
     ) -> Result<(), SystemdError> {
-        let unit = mps::unit(instance);
-        if !mps::valid_instance(instance) {
-            return Err(SystemdError::Invalid {
-                unit,
-                message: "instance must be <team>-<n>".into(),
-            });
-        }
+        let unit = checked_mps_unit(instance)?;
         let env = self.root.join(mps::env_path(instance));
         let mut changed = write_if_changed(&env, &mps::env_file(instance, spec))?;
         // Only systemd (EnvironmentFile=, as root) and gpuctld read it.
