@@ -123,8 +123,14 @@ fn whole_policy() -> Policy {
     policy(
         vec![team("a"), mps_team("b"), team("idle")],
         vec![
-            assign(Selector::Index(vec![0, 1]), GpuUse::Owned("a".into())),
-            assign(Selector::Index(vec![2]), GpuUse::Owned("b".into())),
+            assign(
+                Selector::Index(vec![0, 1]),
+                GpuUse::Owned("a".parse().unwrap()),
+            ),
+            assign(
+                Selector::Index(vec![2]),
+                GpuUse::Owned("b".parse().unwrap()),
+            ),
         ],
         Reconfigure::WhenIdle,
     )
@@ -263,7 +269,7 @@ fn a_team_that_loses_its_gpus_keeps_an_entry_that_grants_nothing() {
         vec![team("a"), mps_team("b"), team("idle")],
         vec![assign(
             Selector::Index(vec![0, 1, 2]),
-            GpuUse::Owned("a".into()),
+            GpuUse::Owned("a".parse().unwrap()),
         )],
         Reconfigure::WhenIdle,
     );

@@ -90,8 +90,8 @@ proptest! {
             }
             let usage = match usage {
                 Use::Skip => continue,
-                Use::Owned(t) => GpuUse::Owned(TEAMS[*t].into()),
-                Use::Shared => GpuUse::Shared(vec![TEAMS[0].into(), TEAMS[2].into()]),
+                Use::Owned(t) => GpuUse::Owned(TEAMS[*t].parse().unwrap()),
+                Use::Shared => GpuUse::Shared(vec![TEAMS[0].parse().unwrap(), TEAMS[2].parse().unwrap()]),
                 Use::Mig(specs) => {
                     if !model.mig_capable() { continue; }
                     let mut out: Vec<MigSpec> = Vec::new();
@@ -103,7 +103,7 @@ proptest! {
                             2 if cis.len() > 2 => vec![cis[0].short_name().to_string(), cis[1].short_name().to_string()],
                             _ => vec![],
                         };
-                        out.push(MigSpec { profile: gp.name.clone(), owner: TEAMS[*owner].into(), count: 1, compute });
+                        out.push(MigSpec { profile: gp.name.clone(), owner: TEAMS[*owner].parse().unwrap(), count: 1, compute });
                         // Keep geometries that fit an empty GPU (the validator rejects the rest).
                         let wanted: Vec<_> = out.iter().map(|s| model.gi_profile(&s.profile).unwrap()).collect();
                         if gpuctl::geometry::fit(model, &wanted, &[]).is_err() { out.pop(); }

@@ -236,7 +236,10 @@ fn compute_split_change_rebuilds_only_compute_instances() {
 }
 
 fn whole(team_of_gpu: &str) -> gpuctl::policy::GpuAssignment {
-    assign(Selector::Index(vec![0]), GpuUse::Owned(team_of_gpu.into()))
+    assign(
+        Selector::Index(vec![0]),
+        GpuUse::Owned(team_of_gpu.parse().unwrap()),
+    )
 }
 
 #[test]
@@ -413,7 +416,7 @@ proptest! {
                 1 if cis.len() > 1 => vec![cis[0].short_name().to_string(); (gp.slice_count / cis[0].slice_count).min(cis[0].instance_count) as usize],
                 _ => vec![],
             };
-            out.push(MigSpec { profile: gp.name.clone(), owner: TEAMS[*owner].into(), count: 1, compute });
+            out.push(MigSpec { profile: gp.name.clone(), owner: TEAMS[*owner].parse().unwrap(), count: 1, compute });
             let wanted: Vec<_> = out.iter().map(|s| model.gi_profile(&s.profile).unwrap()).collect();
             if gpuctl::geometry::fit(model, &wanted, &[]).is_err() { out.pop(); }
         }
@@ -469,7 +472,7 @@ proptest! {
                 let compute = if split && cis.len() > 1 {
                     vec![cis[0].short_name().to_string(); (gp.slice_count / cis[0].slice_count).min(cis[0].instance_count) as usize]
                 } else { vec![] };
-                out.push(MigSpec { profile: gp.name.clone(), owner: "alpha".into(), count: 1, compute });
+                out.push(MigSpec { profile: gp.name.clone(), owner: "alpha".parse().unwrap(), count: 1, compute });
                 let wanted: Vec<_> = out.iter().map(|s| model.gi_profile(&s.profile).unwrap()).collect();
                 if gpuctl::geometry::fit(model, &wanted, &[]).is_err() { out.pop(); }
             }

@@ -26,9 +26,12 @@ fn fresh_host_converges_and_replans_empty() {
             ),
             assign(
                 Selector::Index(vec![2, 3]),
-                GpuUse::Shared(vec!["b".into(), "c".into()]),
+                GpuUse::Shared(vec!["b".parse().unwrap(), "c".parse().unwrap()]),
             ),
-            assign(Selector::Model("l40s".into()), GpuUse::Owned("c".into())),
+            assign(
+                Selector::Model("l40s".into()),
+                GpuUse::Owned("c".parse().unwrap()),
+            ),
         ],
         Reconfigure::WhenIdle,
     );
@@ -265,7 +268,10 @@ fn a100_enable_resets_only_that_gpu_and_waits_for_processes() {
         vec![team("a")],
         vec![
             mig(0, &[("3g.20gb", "a", 2, &[])]),
-            assign(Selector::Index(vec![1]), GpuUse::Owned("a".into())),
+            assign(
+                Selector::Index(vec![1]),
+                GpuUse::Owned("a".parse().unwrap()),
+            ),
         ],
         Reconfigure::WhenIdle,
     );
@@ -329,7 +335,7 @@ fn whole_gpu_turns_mig_off_and_removed_team_is_cleaned_up() {
     assert_eq!(h.state.mps.len(), 6);
     let whole = policy(
         vec![mps_team("a")],
-        vec![assign(Selector::All, GpuUse::Owned("a".into()))],
+        vec![assign(Selector::All, GpuUse::Owned("a".parse().unwrap()))],
         Reconfigure::WhenIdle,
     );
     let p = plan(&whole, &h.state);
@@ -374,7 +380,7 @@ fn golden_case_rendered_from_hand_built_policy() {
             ),
             assign(
                 Selector::Model("l40s".into()),
-                GpuUse::Owned("interns".into()),
+                GpuUse::Owned("interns".parse().unwrap()),
             ),
         ],
         Reconfigure::WhenIdle,
@@ -535,7 +541,10 @@ fn never_creates_nothing_when_the_layout_cannot_be_completed_around_existing_ins
     // Whole-GPU use would destroy the instance to turn MIG off: blocked too, the mode stays.
     let whole = policy(
         vec![team("a")],
-        vec![assign(Selector::Index(vec![0]), GpuUse::Owned("a".into()))],
+        vec![assign(
+            Selector::Index(vec![0]),
+            GpuUse::Owned("a".parse().unwrap()),
+        )],
         Reconfigure::Never,
     );
     let p = plan(&whole, &h.state);
@@ -579,12 +588,15 @@ fn model_globs_select_as_validation_documents_them() {
         vec![
             assign(
                 Selector::Model("H100-SXM5-*".into()),
-                GpuUse::Owned("a".into()),
+                GpuUse::Owned("a".parse().unwrap()),
             ),
-            assign(Selector::Model("*l40S*".into()), GpuUse::Owned("b".into())),
+            assign(
+                Selector::Model("*l40S*".into()),
+                GpuUse::Owned("b".parse().unwrap()),
+            ),
             assign(
                 Selector::Model("A100-SXM4-40GB".into()),
-                GpuUse::Owned("c".into()),
+                GpuUse::Owned("c".parse().unwrap()),
             ),
         ],
         Reconfigure::WhenIdle,
@@ -603,8 +615,11 @@ fn shared_entries_naming_one_gpu_add_up_their_teams() {
     let p = policy(
         vec![team("a"), mps_team("b")],
         vec![
-            assign(Selector::All, GpuUse::Shared(vec!["a".into()])),
-            assign(Selector::Index(vec![0]), GpuUse::Shared(vec!["b".into()])),
+            assign(Selector::All, GpuUse::Shared(vec!["a".parse().unwrap()])),
+            assign(
+                Selector::Index(vec![0]),
+                GpuUse::Shared(vec!["b".parse().unwrap()]),
+            ),
         ],
         Reconfigure::WhenIdle,
     );

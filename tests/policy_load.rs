@@ -47,7 +47,7 @@ fn etc_beats_run_beats_vendor_by_same_name() {
     let o = load(&Root::new(r));
     assert!(o.diagnostics.is_empty(), "{:?}", o.diagnostics);
     let p = o.policy.unwrap();
-    let names: Vec<&str> = p.teams.keys().map(String::as_str).collect();
+    let names: Vec<&str> = p.teams.keys().map(AsRef::as_ref).collect();
     assert_eq!(names, ["admin", "runtime"]);
     assert_eq!(
         p.sources,
@@ -70,7 +70,10 @@ fn dev_null_symlink_masks_lower_files() {
     mask(r, "etc/gpuctl/policy.toml");
     let o = load(&Root::new(r));
     let p = o.policy.expect("valid");
-    assert_eq!(p.teams.keys().collect::<Vec<_>>(), ["keep"]);
+    assert_eq!(
+        p.teams.keys().map(AsRef::as_ref).collect::<Vec<&str>>(),
+        ["keep"]
+    );
 
     // A symlink to some other file is followed, not treated as a mask.
     std::os::unix::fs::symlink(
@@ -79,7 +82,10 @@ fn dev_null_symlink_masks_lower_files() {
     )
     .unwrap();
     let p = load(&Root::new(r)).policy.expect("valid");
-    assert_eq!(p.teams.keys().collect::<Vec<_>>(), ["keep", "main"]);
+    assert_eq!(
+        p.teams.keys().map(AsRef::as_ref).collect::<Vec<&str>>(),
+        ["keep", "main"]
+    );
 }
 
 #[test]
@@ -126,7 +132,10 @@ fn main_file_first_then_fragments_in_lexical_order_with_per_key_override() {
     assert_eq!(t.mps.as_ref().unwrap().user.as_deref(), Some("mps-infer"));
     assert_eq!(p.gpus.len(), 2, "[[gpu]] entries concatenate");
     assert_eq!(p.gpus[0].selector, Selector::Index(vec![0]));
-    assert_eq!(p.gpus[1].usage, GpuUse::Shared(vec!["infer".into()]));
+    assert_eq!(
+        p.gpus[1].usage,
+        GpuUse::Shared(vec!["infer".parse().unwrap()])
+    );
 }
 
 #[test]

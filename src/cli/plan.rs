@@ -202,7 +202,7 @@ fn unsupported(t: &Target, pl: &Plan) -> Vec<Action> {
 struct JsonPlan<'a> {
     #[serde(flatten)]
     plan: &'a Plan,
-    teams: &'a BTreeMap<String, plan::TeamView>,
+    teams: &'a BTreeMap<crate::policy::TeamName, plan::TeamView>,
     /// Pending idle actions (gpuctld's idle rules), when the policy has any.
     #[serde(skip_serializing_if = "Option::is_none")]
     idle_pending: Option<Vec<String>>,
@@ -583,7 +583,7 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
                 }
                 _ => None,
             });
-            if !shown[i] && team.as_deref() == Some(t.name.as_str()) {
+            if !shown[i] && team.as_deref() == Some(&*t.name) {
                 action_line(&mut out, a);
                 shown[i] = true;
             }

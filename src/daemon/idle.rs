@@ -42,7 +42,7 @@ fn rules_of(shared: &Mutex<Shared>) -> BTreeMap<String, IdleRule> {
         .map(|p| {
             p.teams
                 .iter()
-                .filter_map(|(t, team)| Some((t.clone(), team.idle.clone()?)))
+                .filter_map(|(t, team)| Some((t.to_string(), team.idle.clone()?)))
                 .collect()
         })
         .unwrap_or_default()

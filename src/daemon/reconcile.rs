@@ -14,7 +14,7 @@ use crate::apply::{self, EffectError, Observer, Report};
 pub use crate::dbus_api::reply::{HostView, ReconcileReport};
 use crate::observe::Observed;
 use crate::plan::{self, Action, ActionKind, Plan, TeamView};
-use crate::policy::Policy;
+use crate::policy::{Policy, TeamName};
 use crate::real::RealHost;
 use crate::systemd::{mps, props};
 use std::collections::BTreeMap;
@@ -289,7 +289,7 @@ impl CoreReconciler {
                 slices: d
                     .teams
                     .iter()
-                    .map(|(t, v)| (t.clone(), v.slice.clone()))
+                    .map(|(t, v)| (t.to_string(), v.slice.clone()))
                     .collect(),
             };
             if let Err(e) = state.save(&self.host.root().join(STATE_FILE)) {
@@ -340,7 +340,7 @@ impl Laps {
 }
 
 /// Units the policy wants, for the `UnitRemoved` filter.
-fn units_of(teams: &BTreeMap<String, TeamView>) -> Vec<String> {
+fn units_of(teams: &BTreeMap<TeamName, TeamView>) -> Vec<String> {
     teams
         .values()
         .flat_map(|t| {

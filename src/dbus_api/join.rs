@@ -200,7 +200,7 @@ pub async fn teams(
     let out: Vec<TeamInfo> = mine
         .into_iter()
         .map(|(name, via)| {
-            let t = &policy.teams[&name];
+            let t = &policy.teams[name.as_str()];
             // Names in a validated policy are team names; parsing cannot fail here.
             let env = name
                 .parse()

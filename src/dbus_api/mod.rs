@@ -515,7 +515,7 @@ pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
                 slice,
                 mps: mps_units,
             };
-            teams.insert(name.clone(), team);
+            teams.insert(name.to_string(), team);
         }
     }
     let gpus = view
@@ -533,7 +533,7 @@ pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
                     t.whole_gpus.contains(&g.index)
                         || t.mig_devices.iter().any(|m| m.gpu_index == g.index)
                 })
-                .map(|(n, _)| n.clone())
+                .map(|(n, _)| n.to_string())
                 .collect(),
             mig: g.mig.as_ref().map(|m| {
                 let mode = |on: bool| if on { "on" } else { "off" };

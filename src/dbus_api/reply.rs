@@ -10,7 +10,7 @@ use crate::join::Via;
 use crate::observe::{GpuInstance, GpuState, MpsSpec, SliceSpec};
 use crate::plan::desired::MigDevice;
 use crate::plan::TeamView;
-use crate::policy::{Limits, MpsSettings};
+use crate::policy::{Limits, MpsSettings, TeamName};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -50,7 +50,7 @@ pub struct ReconcileReport {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct HostView {
     /// Team views (devices, MIG devices with UUIDs, slice, MPS instances) by team.
-    pub teams: BTreeMap<String, TeamView>,
+    pub teams: BTreeMap<TeamName, TeamView>,
     /// GPUs as observed, MIG state included.
     pub gpus: Vec<GpuState>,
 }

@@ -80,7 +80,7 @@ pub async fn metrics(
         let teams: Vec<String> = sh
             .policy
             .as_ref()
-            .map(|p| p.teams.keys().cloned().collect())
+            .map(|p| p.teams.keys().map(|t| t.to_string()).collect())
             .unwrap_or_default();
         let mps_list: Vec<(String, String)> = sh
             .last_report
@@ -89,7 +89,7 @@ pub async fn metrics(
             .map(|v| {
                 v.teams
                     .iter()
-                    .flat_map(|(t, tv)| tv.mps.keys().map(move |i| (i.clone(), t.clone())))
+                    .flat_map(|(t, tv)| tv.mps.keys().map(move |i| (i.clone(), t.to_string())))
                     .collect()
             })
             .unwrap_or_default();

@@ -198,7 +198,7 @@ pub fn authorize(
     let Some(t) = policy.teams.get(&**team) else {
         return Err(Refusal::UnknownTeam {
             team: team.to_string(),
-            known: policy.teams.keys().cloned().collect(),
+            known: policy.teams.keys().map(|t| t.to_string()).collect(),
         });
     };
     let account = dir.user_by_uid(caller.uid);
@@ -369,12 +369,12 @@ pub fn policy_devices_of(policy: &Policy, team: &str) -> Vec<String> {
         .iter()
         .filter_map(|a| {
             let how = match &a.usage {
-                GpuUse::Owned(t) if t == team => "owned".to_string(),
-                GpuUse::Shared(ts) if ts.iter().any(|t| t == team) => "shared".to_string(),
+                GpuUse::Owned(t) if **t == *team => "owned".to_string(),
+                GpuUse::Shared(ts) if ts.iter().any(|t| **t == *team) => "shared".to_string(),
                 GpuUse::Mig(specs) => {
                     let mine: Vec<String> = specs
                         .iter()
-                        .filter(|m| m.owner == team)
+                        .filter(|m| *m.owner == *team)
                         .map(|m| format!("{} x{}", m.profile, m.count))
                         .collect();
                     if mine.is_empty() {

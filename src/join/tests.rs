@@ -38,11 +38,11 @@ impl Directory for FakeDir {
     }
 }
 
-fn team(name: &str, members: Vec<Member>) -> (String, Team) {
+fn team(name: &str, members: Vec<Member>) -> (crate::policy::TeamName, Team) {
     (
-        name.to_string(),
+        name.parse().unwrap(),
         Team {
-            name: name.into(),
+            name: name.parse().unwrap(),
             members,
             limits: Limits::default(),
             mps: None,

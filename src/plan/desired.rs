@@ -8,7 +8,7 @@
 use super::mig::{self, LayoutGi, MigOutcome};
 use super::Blocked;
 use crate::observe::{GpuProcess, MpsSpec, Observed, SliceSpec};
-use crate::policy::{GpuUse, Policy, Team};
+use crate::policy::{GpuUse, Policy, Team, TeamName};
 use crate::profiles::Placement;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,7 +22,7 @@ pub struct Desired {
     /// GPUs named by the policy, in index order.
     pub gpus: Vec<GpuDesired>,
     /// What every team of the policy gets.
-    pub teams: BTreeMap<String, TeamView>,
+    pub teams: BTreeMap<TeamName, TeamView>,
     /// Changes held back.
     pub blocked: Vec<Blocked>,
 }
@@ -67,7 +67,7 @@ pub struct MigDevice {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TeamView {
     /// Team name.
-    pub name: String,
+    pub name: TeamName,
     /// Indices of whole GPUs the team owns or shares.
     pub whole_gpus: Vec<u32>,
     /// MIG devices the team owns.
@@ -186,8 +186,8 @@ fn hold_whole_gpu(
     out: &mut MigOutcome,
 ) -> Option<BTreeSet<String>> {
     let mut gets: BTreeSet<&str> = match u {
-        GpuUse::Owned(t) => [t.as_str()].into(),
-        GpuUse::Shared(ts) => ts.iter().map(String::as_str).collect(),
+        GpuUse::Owned(t) => [t.as_ref()].into(),
+        GpuUse::Shared(ts) => ts.iter().map(AsRef::as_ref).collect(),
         GpuUse::Mig(_) => BTreeSet::new(),
     };
     gets.extend(out.layout.iter().filter_map(|l| l.owner.as_deref()));
@@ -266,7 +266,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
             continue;
         };
         let mine = match (&gd.held, &gd.usage) {
-            (Some(keep), _) => keep.contains(name),
+            (Some(keep), _) => keep.contains(name.as_ref()),
             (None, GpuUse::Owned(t)) => t == name,
             (None, GpuUse::Shared(ts)) => ts.contains(name),
             (None, GpuUse::Mig(_)) => false,
@@ -342,7 +342,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
     let mut mps = BTreeMap::new();
     if let Some(s) = &team.mps {
         let spec = |devices: Vec<String>| MpsSpec {
-            team: name.clone(),
+            team: name.to_string(),
             devices,
             active_thread_percentage: s.active_thread_percentage,
             pinned_memory_limit: s.pinned_memory_limit,

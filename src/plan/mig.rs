@@ -111,7 +111,7 @@ pub fn slots<'m>(
         for _ in 0..spec.count {
             out.push(Slot {
                 gi,
-                owner: spec.owner.clone(),
+                owner: spec.owner.to_string(),
                 cis: cis.clone(),
             });
         }
@@ -973,7 +973,7 @@ mod tests {
     fn spec(profile: &str, count: u32, compute: &[&str]) -> MigSpec {
         MigSpec {
             profile: profile.into(),
-            owner: "a".into(),
+            owner: "a".parse().unwrap(),
             count,
             compute: compute.iter().map(|c| c.to_string()).collect(),
         }

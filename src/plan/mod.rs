@@ -350,15 +350,15 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         );
     }
     for t in d.teams.values() {
-        if observed.env_files.get(&t.name) != Some(&t.env) {
+        if observed.env_files.get(&*t.name) != Some(&t.env) {
             push(
                 &mut actions,
                 Phase::Devices,
                 ActionKind::WriteEnv {
-                    team: t.name.clone(),
+                    team: t.name.to_string(),
                     content: t.env.clone(),
                 },
-                if observed.env_files.contains_key(&t.name) {
+                if observed.env_files.contains_key(&*t.name) {
                     format!("team {}'s device view changed", t.name)
                 } else {
                     format!("team {} has no env file yet", t.name)
@@ -367,7 +367,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         }
     }
     for team in observed.env_files.keys() {
-        if !d.teams.contains_key(team) {
+        if !d.teams.contains_key(team.as_str()) {
             push(
                 &mut actions,
                 Phase::Devices,
@@ -381,13 +381,13 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
 
     // Slices.
     for t in d.teams.values() {
-        match observed.slices.get(&t.name) {
+        match observed.slices.get(&*t.name) {
             Some(s) if *s == t.slice => {}
             have => push(
                 &mut actions,
                 Phase::Slices,
                 ActionKind::SetSlice {
-                    team: t.name.clone(),
+                    team: t.name.to_string(),
                     spec: t.slice.clone(),
                 },
                 if let Some(h) = have {
@@ -404,7 +404,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         }
     }
     for team in observed.slices.keys() {
-        if !d.teams.contains_key(team) {
+        if !d.teams.contains_key(team.as_str()) {
             push(
                 &mut actions,
                 Phase::Slices,
@@ -438,7 +438,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
     for (team, units) in drain {
         // A removed team's units are not started again: its slice is going away, and a unit
         // started in it would bring the slice back without gpuctl's device filter.
-        if !d.teams.contains_key(&team) {
+        if !d.teams.contains_key(team.as_str()) {
             continue;
         }
         push(
@@ -499,8 +499,8 @@ pub fn slice_drift(have: &SliceSpec, want: &SliceSpec) -> String {
 /// gone from the policy (see [`crate::cdi`]).
 fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
     for t in d.teams.values() {
-        if observed.cdi_specs.get(&t.name) != Some(&t.cdi) {
-            let reason = if observed.cdi_specs.contains_key(&t.name) {
+        if observed.cdi_specs.get(&*t.name) != Some(&t.cdi) {
+            let reason = if observed.cdi_specs.contains_key(&*t.name) {
                 format!("team {}'s CDI device changed", t.name)
             } else {
                 format!("team {} has no CDI spec yet", t.name)
@@ -509,7 +509,7 @@ fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
                 actions,
                 Phase::Devices,
                 ActionKind::WriteCdi {
-                    team: t.name.clone(),
+                    team: t.name.to_string(),
                     content: t.cdi.clone(),
                 },
                 reason,
@@ -517,7 +517,7 @@ fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
         }
     }
     for team in observed.cdi_specs.keys() {
-        if !d.teams.contains_key(team) {
+        if !d.teams.contains_key(team.as_str()) {
             push(
                 actions,
                 Phase::Devices,

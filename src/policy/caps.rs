@@ -10,6 +10,7 @@
 //! `drain-timeout`, GPU UUIDs, CPU-list length) are not here: they live with the value's parser
 //! in [`crate::settings`] (`kinds.rs`, `value.rs`), and [`check_policy`] calls them from there.
 
+use super::TeamName;
 use crate::settings::value::{check_len, valid_gpu_uuid, MAX_DRAIN_TIMEOUT};
 
 /// Most `[teams.*]` tables in one file.
@@ -42,7 +43,7 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
     }
     check_len("teams", p.teams.len(), MAX_TEAMS, "MAX_TEAMS")?;
     for (name, t) in &p.teams {
-        if !super::valid_team_name(name) || *name != t.name {
+        if *name != t.name {
             return Err(format!("invalid team name {name:?}"));
         }
         check_len("members", t.members.len(), MAX_MEMBERS, "MAX_MEMBERS")?;
@@ -73,7 +74,7 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
             }
             Selector::Model(_) | Selector::All => {}
         }
-        let teams: Vec<&String> = match &g.usage {
+        let teams: Vec<&TeamName> = match &g.usage {
             GpuUse::Owned(t) => vec![t],
             GpuUse::Shared(ts) => {
                 check_len("teams", ts.len(), MAX_SHARED_TEAMS, "MAX_SHARED_TEAMS")?;
@@ -90,7 +91,7 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
                 ms.iter().map(|m| &m.owner).collect()
             }
         };
-        if let Some(t) = teams.iter().find(|t| !p.teams.contains_key(**t)) {
+        if let Some(t) = teams.iter().find(|t| !p.teams.contains_key(t.as_ref())) {
             return Err(format!("unknown team {t:?}"));
         }
     }
@@ -114,9 +115,9 @@ mod tests {
         assert!(check_policy(&p).is_err());
         p.host.drain_timeout = std::time::Duration::from_secs(1);
         p.teams.insert(
-            "a".into(),
+            "a".parse().unwrap(),
             crate::policy::Team {
-                name: "a".into(),
+                name: "a".parse().unwrap(),
                 members: vec![],
                 limits: crate::policy::Limits {
                     memory_max: Some(crate::policy::Size::Bytes(0)),
@@ -128,5 +129,14 @@ mod tests {
             },
         );
         assert!(check_policy(&p).unwrap_err().contains("below the floor"));
+
+        // A name is a `TeamName` inside a policy: a copy edited to hold a slice-nesting name
+        // does not even deserialise, so nothing downstream sees it.
+        let mut v = serde_json::to_value(&p).unwrap();
+        let team = v["teams"]["a"].take();
+        v["teams"] = serde_json::json!({ "a-b": team });
+        v["teams"]["a-b"]["name"] = "a-b".into();
+        let e = serde_json::from_value::<crate::policy::Policy>(v).unwrap_err();
+        assert!(e.to_string().contains("invalid team name \"a-b\""), "{e}");
     }
 }

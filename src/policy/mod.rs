@@ -77,7 +77,7 @@ pub struct Policy {
     /// Host-wide settings.
     pub host: HostSettings,
     /// Teams by name.
-    pub teams: BTreeMap<String, Team>,
+    pub teams: BTreeMap<TeamName, Team>,
     /// GPU assignments in merge order.
     pub gpus: Vec<GpuAssignment>,
     /// The files merged, in merge order (host paths).
@@ -122,8 +122,8 @@ impl Default for HostSettings {
 /// A team: who is in it, what limits its slice carries, and its MPS settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Team {
-    /// `[a-z][a-z0-9_]{0,30}`; the slice is `gpu-<name>.slice`.
-    pub name: String,
+    /// The slice is `gpu-<name>.slice`.
+    pub name: TeamName,
     /// Users and groups allowed to join.
     pub members: Vec<Member>,
     /// cgroup limits of the team slice.
@@ -230,9 +230,9 @@ pub enum Selector {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum GpuUse {
     /// Whole GPUs owned by one team (MIG off).
-    Owned(String),
+    Owned(TeamName),
     /// Whole GPUs shared by several teams (MIG off).
-    Shared(Vec<String>),
+    Shared(Vec<TeamName>),
     /// MIG on, with this geometry on every selected GPU.
     Mig(Vec<MigSpec>),
 }
@@ -243,7 +243,7 @@ pub struct MigSpec {
     /// GI profile name (`3g.40gb`).
     pub profile: String,
     /// Owning team.
-    pub owner: String,
+    pub owner: TeamName,
     /// How many instances.
     pub count: u32,
     /// Compute-instance split by short name (`1c`, `2c`, …); empty means one full-size CI.
@@ -297,6 +297,20 @@ impl From<TeamName> for String {
 impl std::ops::Deref for TeamName {
     type Target = str;
     fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// Maps keyed by name are looked up with a `&str` (a name read back from systemd or a file is
+/// compared, not trusted).
+impl std::borrow::Borrow<str> for TeamName {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
+impl AsRef<str> for TeamName {
+    fn as_ref(&self) -> &str {
         &self.0
     }
 }

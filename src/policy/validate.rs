@@ -14,7 +14,7 @@
 use super::parse::{suggest, At, Fragment, GpuPart, IdlePart, MpsPart, TeamPart, UsagePart};
 use super::{
     Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
-    Policy, Selector, Severity, Size, Team,
+    Policy, Selector, Severity, Size, Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -86,9 +86,9 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         host,
         teams: teams
             .values()
-            .map(|t| (t.name.clone(), to_team(t)))
+            .filter_map(|t| Some((named(&t.name)?, to_team(t)?)))
             .collect(),
-        gpus: gpus.iter().map(|g| to_assignment(g)).collect(),
+        gpus: gpus.iter().filter_map(|g| to_assignment(g)).collect(),
         sources: fragments.iter().map(|f| f.file.clone()).collect(),
     }
 }
@@ -151,9 +151,15 @@ fn to_idle(i: &IdlePart) -> Option<IdleRule> {
     })
 }
 
-fn to_team(t: &TeamPart) -> Team {
-    Team {
-        name: t.name.clone(),
+/// A name as the type. The parser reported every name that is not one, so a policy that lost
+/// a team or an entry here is never used (see [`build`]).
+fn named(name: &str) -> Option<TeamName> {
+    name.parse().ok()
+}
+
+fn to_team(t: &TeamPart) -> Option<Team> {
+    Some(Team {
+        name: named(&t.name)?,
         members: t
             .members
             .as_ref()
@@ -167,33 +173,22 @@ fn to_team(t: &TeamPart) -> Team {
         }),
         idle: t.idle.as_ref().and_then(to_idle),
         loc: Some(t.loc.clone()),
-    }
+    })
 }
 
-fn to_assignment(g: &GpuPart) -> GpuAssignment {
-    GpuAssignment {
+fn to_assignment(g: &GpuPart) -> Option<GpuAssignment> {
+    Some(GpuAssignment {
         selector: g.selector.value.clone(),
         usage: match &g.usage {
-            UsagePart::Owned(t) => GpuUse::Owned(t.value.clone()),
-            UsagePart::Shared(ts) => GpuUse::Shared(ts.iter().map(|t| t.value.clone()).collect()),
-            UsagePart::Mig(ms) => GpuUse::Mig(
-                ms.iter()
-                    .map(|m| MigSpec {
-                        profile: m.profile.value.clone(),
-                        owner: m.owner.value.clone(),
-                        count: m.count,
-                        compute: m
-                            .compute
-                            .as_ref()
-                            .map(|c| c.value.clone())
-                            .unwrap_or_default(),
-                    })
-                    .collect(),
-            ),
+            UsagePart::Owned(t) => GpuUse::Owned(named(&t.value)?),
+            UsagePart::Shared(ts) => {
+                GpuUse::Shared(ts.iter().map(|t| named(&t.value)).collect::<Option<_>>()?)
+            }
+            UsagePart::Mig(ms) => GpuUse::Mig(mig_specs(ms)?),
         },
         loc: Some(g.loc.clone()),
         key: g.key.clone(),
-    }
+    })
 }
 
 fn team_refs(g: &GpuPart) -> Vec<&At<String>> {
@@ -566,17 +561,21 @@ fn misfit_help(model: &GpuModel) -> String {
     )
 }
 
-fn mig_specs(ms: &[super::parse::MigPart]) -> Vec<MigSpec> {
+/// The entries as specs, `None` when one names no valid team (its error is reported; the
+/// geometry is checked once the name is fixed).
+fn mig_specs(ms: &[super::parse::MigPart]) -> Option<Vec<MigSpec>> {
     ms.iter()
-        .map(|m| MigSpec {
-            profile: m.profile.value.clone(),
-            owner: m.owner.value.clone(),
-            count: m.count,
-            compute: m
-                .compute
-                .as_ref()
-                .map(|c| c.value.clone())
-                .unwrap_or_default(),
+        .map(|m| {
+            Some(MigSpec {
+                profile: m.profile.value.clone(),
+                owner: named(&m.owner.value)?,
+                count: m.count,
+                compute: m
+                    .compute
+                    .as_ref()
+                    .map(|c| c.value.clone())
+                    .unwrap_or_default(),
+            })
         })
         .collect()
 }
@@ -586,7 +585,9 @@ fn mig_specs(ms: &[super::parse::MigPart]) -> Vec<MigSpec> {
 /// least one catalog model, and [`check_against_host`] checks the real one.
 fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<Diagnostic>) {
     let catalog = Catalog::get();
-    let specs = mig_specs(ms);
+    let Some(specs) = mig_specs(ms) else {
+        return;
+    };
     let push = |diags: &mut Vec<Diagnostic>, field: Field, msg: String, help| {
         let (loc, key) = match field {
             Field::Profile(i) => (&ms[i].profile.loc, format!("{}.profile", ms[i].key)),
@@ -1171,7 +1172,10 @@ mod tests {
         let g = gpu(2, "H100-SXM5-80GB");
         assert_eq!(
             p.usage_for(&g),
-            Some(GpuUse::Shared(vec!["a".into(), "b".into()]))
+            Some(GpuUse::Shared(vec![
+                "a".parse().unwrap(),
+                "b".parse().unwrap()
+            ]))
         );
         assert!(check_against_host(&p, &host(vec![g])).is_empty());
     }
@@ -1318,7 +1322,7 @@ mod tests {
                 selector: Selector::Index(vec![0, 1]),
                 usage: GpuUse::Mig(vec![MigSpec {
                     profile: "3g.40gb".into(),
-                    owner: "a".into(),
+                    owner: "a".parse().unwrap(),
                     count: 3,
                     compute: vec![],
                 }]),

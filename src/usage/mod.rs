@@ -143,10 +143,13 @@ impl Owners {
         let mut o = Owners::default();
         for (team, tv) in &view.teams {
             for i in &tv.whole_gpus {
-                o.gpus.entry(*i).or_default().push(team.clone());
+                o.gpus.entry(*i).or_default().push(team.to_string());
             }
             for m in tv.mig_devices.iter().filter(|m| m.exists) {
-                o.mig.entry(m.uuid.clone()).or_default().push(team.clone());
+                o.mig
+                    .entry(m.uuid.clone())
+                    .or_default()
+                    .push(team.to_string());
             }
         }
         o

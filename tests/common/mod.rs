@@ -12,7 +12,7 @@ use gpuctl::sim::SimHost;
 
 pub fn team(name: &str) -> Team {
     Team {
-        name: name.into(),
+        name: name.parse().unwrap(),
         members: vec![],
         limits: Limits {
             memory_max: Some(Size::PercentOfRam(10.0)),
@@ -65,7 +65,7 @@ pub fn mig(index: u32, specs: &[(&str, &str, u32, &[&str])]) -> GpuAssignment {
                 .iter()
                 .map(|(p, o, c, s)| MigSpec {
                     profile: p.to_string(),
-                    owner: o.to_string(),
+                    owner: o.parse().unwrap(),
                     count: *c,
                     compute: s.iter().map(|x| x.to_string()).collect(),
                 })
