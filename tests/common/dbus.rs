@@ -84,7 +84,9 @@ pub fn start_bus() -> Option<Bus> {
         .spawn()
         .expect("start dbus-daemon");
     let t = Instant::now();
-    while !socket.exists() {
+    // The socket file appears at bind(), before listen(): a connect in between is refused
+    // (seen once in CI), so wait until one is accepted.
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
         assert!(
             t.elapsed() < Duration::from_secs(10),
             "dbus-daemon did not start"
