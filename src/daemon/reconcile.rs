@@ -92,18 +92,6 @@ impl CoreReconciler {
             .then_some(obs)
     }
 
-    /// The whole host as the last converged run left it, read again in no part, when only a
-    /// policy file triggered this run ([`Observe::Policy`]) and [`Self::cached_gpus`] holds:
-    /// what systemd and the files hold changed since only through gpuctld, or a drift watch
-    /// has queued a run of its own that reads them. What the watches cannot see (a hand edit
-    /// of an env file) is found by the after-apply read and the drift timer, as without the
-    /// cache.
-    fn cached_host(&self, policy: &Policy, observe: Observe) -> Option<&Observed> {
-        (observe == Observe::Policy)
-            .then(|| self.cached_gpus(policy, observe))
-            .flatten()
-    }
-
     /// Observe, after pointing NVML at the library the policy names. NVML missing is logged
     /// once and recorded as a warning: the GPU part of the plan is then empty, and slices, env
     /// files and MPS still converge for what the policy asks without GPUs.
@@ -137,8 +125,7 @@ impl CoreReconciler {
                     );
                     self.nvml_said = true;
                 }
-                r.warnings
-                    .push(format!("{why}: GPUs not observed, no devices assigned"));
+                r.warnings.push(nvml_warning(why));
             }
             None => self.nvml_said = false,
         }
@@ -203,19 +190,23 @@ impl CoreReconciler {
         }
         r.errors.extend(errors);
         // Taken, not kept: only a run that converges leaves a cache behind.
-        let whole = self.cached_host(policy, observe).cloned();
         let prev = self.cached_gpus(policy, observe).cloned();
         self.last = None;
         let cached = prev.is_some();
         laps.lap("overrides");
+        // When only a policy file triggered this run, the whole host is taken from the last
+        // converged run, read again in no part: what systemd and the files hold changed since
+        // only through gpuctld, or a drift watch has queued a run of its own that reads them.
+        // What the watches cannot see (a hand edit of an env file) is found by the after-apply
+        // read and the drift timer, as without the cache.
+        let whole = prev.as_ref().filter(|_| observe == Observe::Policy);
         let obs = match whole {
             Some(o) => {
                 if let Some(why) = &o.nvml_unavailable {
-                    r.warnings
-                        .push(format!("{why}: GPUs not observed, no devices assigned"));
+                    r.warnings.push(nvml_warning(why));
                 }
                 laps.lap("observe (none)");
-                o
+                o.clone()
             }
             None => {
                 let Some(o) = self.observe(policy, prev.as_ref(), &mut r) else {
@@ -240,7 +231,6 @@ impl CoreReconciler {
             obs
         } else {
             let phases = self.host.phases();
-            let fallback = cached.then(|| obs.clone());
             let ran = apply::execute_observed(
                 policy,
                 &pl,
@@ -260,7 +250,7 @@ impl CoreReconciler {
                 }
                 Err(e) => {
                     r.errors.push(format!("apply: {e}"));
-                    match &fallback {
+                    match &prev {
                         Some(prev) => self.host.refresh(prev, &Default::default()),
                         None => self.host.observe(),
                     }
@@ -337,6 +327,11 @@ impl Laps {
             .collect();
         format!("{:.1} ms: {}", total as f64 / 1000.0, parts.join(", "))
     }
+}
+
+/// The report's line for a host observed without NVML.
+fn nvml_warning(why: &str) -> String {
+    format!("{why}: GPUs not observed, no devices assigned")
 }
 
 /// Units the policy wants, for the `UnitRemoved` filter.
