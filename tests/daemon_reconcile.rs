@@ -322,18 +322,7 @@ fn a_limit_only_change_makes_no_nvml_call_and_the_same_policy_again_observes_all
     );
 
     // A change of who owns which GPU is not limit-only.
-    d.put(
-        "10-teams.toml",
-        &TWO_TEAMS.replace(
-            "index = [1]\nowner = \"train\"",
-            "index = [1]\nowner = \"infer\"",
-        ),
-    );
-    let moved = d.load();
-    let q2 = d.fake.query_calls();
-    converged(&d.rec.reconcile(&moved));
-    assert!(d.fake.query_calls() > q2, "a GPU change used the cache");
-    assert_eq!(d.rec.plan(&moved).changes, Vec::<String>::new());
+    a_gpu_change_asks_nvml(&mut d, CoreReconciler::reconcile);
 }
 
 /// Issue 14 item 2: when a policy file was the only trigger, a limit change reads nothing
@@ -376,6 +365,15 @@ fn a_limit_change_from_a_policy_file_reads_nothing_before_it_acts() {
     );
 
     // A GPU change is never planned from the cache.
+    a_gpu_change_asks_nvml(&mut d, CoreReconciler::reconcile_policy);
+}
+
+/// Moves GPU 1 from `train` to `infer` through `run`: NVML must be asked, and the run must
+/// converge.
+fn a_gpu_change_asks_nvml(
+    d: &mut Daemon,
+    run: fn(&mut CoreReconciler, &Policy) -> ReconcileReport,
+) {
     d.put(
         "10-teams.toml",
         &TWO_TEAMS.replace(
@@ -384,9 +382,9 @@ fn a_limit_change_from_a_policy_file_reads_nothing_before_it_acts() {
         ),
     );
     let moved = d.load();
-    let q3 = d.fake.query_calls();
-    converged(&d.rec.reconcile_policy(&moved));
-    assert!(d.fake.query_calls() > q3, "a GPU change used the cache");
+    let q = d.fake.query_calls();
+    converged(&run(&mut d.rec, &moved));
+    assert!(d.fake.query_calls() > q, "a GPU change used the cache");
     assert_eq!(d.rec.plan(&moved).changes, Vec::<String>::new());
 }
 
