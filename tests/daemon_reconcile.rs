@@ -368,6 +368,39 @@ fn a_limit_change_from_a_policy_file_reads_nothing_before_it_acts() {
     a_gpu_change_asks_nvml(&mut d, CoreReconciler::reconcile_policy);
 }
 
+/// Issue 14 item 3: between reconciles gpuctld holds NVML neither initialised nor loaded (an
+/// admin's `nvidia-smi -r` needs no monitoring client on the GPU; the library's mapping is
+/// idle memory). The next reconcile opens it again and still sees and changes the GPUs.
+#[test]
+fn nvml_is_shut_down_between_reconciles_and_opened_again_when_needed() {
+    let mut d = Daemon::new("h100*2");
+    assert_eq!(
+        fakehost::open_inits(),
+        1,
+        "opened at start, as gpuctld reports a missing driver at once"
+    );
+    d.put("10-teams.toml", TWO_TEAMS);
+    converged(&d.rec.reconcile(&d.load()));
+    assert_eq!(
+        fakehost::open_inits(),
+        0,
+        "NVML still open after a reconcile"
+    );
+
+    // A full reconcile opens it again, observes the GPUs, and closes it.
+    let q = d.fake.query_calls();
+    converged(&d.rec.reconcile(&d.load()));
+    assert!(
+        d.fake.query_calls() > q,
+        "the second reconcile did not ask NVML"
+    );
+    assert_eq!(fakehost::open_inits(), 0);
+
+    // A GPU change after the release: the reopened library moves the GPU.
+    a_gpu_change_asks_nvml(&mut d, CoreReconciler::reconcile);
+    assert_eq!(fakehost::open_inits(), 0, "NVML left open by a plan");
+}
+
 /// Moves GPU 1 from `train` to `infer` through `run`: NVML must be asked, and the run must
 /// converge.
 fn a_gpu_change_asks_nvml(

@@ -633,3 +633,38 @@ fn an_apply_queries_only_the_gpus_it_changed_and_sees_what_a_full_observation_se
         .iter()
         .any(|x| x.0 == "1g.10gb+me" && x.3.as_deref() == Some("g")));
 }
+
+/// nvidia-smi(1): a GPU reset needs the GPU free of other clients, monitoring ones included.
+/// gpuctl's own NVML is shut down before the reset command runs, and opened again at the next
+/// call.
+#[test]
+fn a_reset_command_runs_after_gpuctl_lets_go_of_nvml() {
+    use std::os::unix::fs::PermissionsExt;
+    let fake = FakeHost::new("a100*2");
+    let log = fake.dir.path().join("resets.log");
+    let cmd = fake.dir.path().join("reset.sh");
+    std::fs::write(
+        &cmd,
+        format!("#!/bin/sh\necho \"$@\" >> {}\n", log.display()),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cmd, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::env::set_var(
+        "GPUCTL_GPU_RESET_CMD",
+        format!("{} -i {{index}} {{uuid}}", cmd.display()),
+    );
+    let mut h = fake.host();
+    let uuid = h.observe().unwrap().gpus[1].uuid.clone();
+    assert_eq!(fakehost::open_inits(), 1);
+
+    gpuctl::apply::GpuEffector::reset_gpu(&mut h, &uuid).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&log).unwrap(),
+        format!("-i 1 {uuid}\n"),
+        "the command and its arguments"
+    );
+    assert_eq!(fakehost::open_inits(), 0, "NVML held open across the reset");
+    // The next call opens NVML again.
+    assert_eq!(h.observe().unwrap().gpus.len(), 2);
+    assert_eq!(fakehost::open_inits(), 1);
+}

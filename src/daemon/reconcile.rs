@@ -135,6 +135,8 @@ impl CoreReconciler {
     fn run(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport {
         let mut laps = Laps::start();
         let r = self.run_timed(policy, observe, &mut laps);
+        // Nothing is held open between reconciles (RealHost::release_nvml says why).
+        self.host.release_nvml();
         debug!(
             gpuctl_action = "reconcile-timing",
             "reconcile took {}",
@@ -482,6 +484,7 @@ impl Reconciler for CoreReconciler {
                 .collect();
             warn_blocked(&pl, &mut r);
         }
+        self.host.release_nvml();
         r.at = super::unix_now();
         r
     }

@@ -70,6 +70,44 @@ impl ResetCommand {
     }
 }
 
+/// Run the reset command `argv` for GPU `index` (`uuid`), `{index}` and `{uuid}` substituted.
+pub fn run_reset(argv: &[String], index: u32, uuid: &str) -> Result<(), EffectError> {
+    let what = format!("reset GPU {index} ({uuid})");
+    let args: Vec<String> = argv
+        .iter()
+        .map(|a| {
+            a.replace("{index}", &index.to_string())
+                .replace("{uuid}", uuid)
+        })
+        .collect();
+    let Some((prog, rest)) = args.split_first() else {
+        return Err(EffectError::Other {
+            what,
+            message: format!("{ENV_RESET_CMD} is empty"),
+        });
+    };
+    let out = std::process::Command::new(prog)
+        .args(rest)
+        .output()
+        .map_err(|e| EffectError::Other {
+            what: what.clone(),
+            message: format!("{}: {e}", args.join(" ")),
+        })?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(EffectError::Other {
+            what,
+            message: format!(
+                "{} exited with {}: {}",
+                args.join(" "),
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            ),
+        })
+    }
+}
+
 /// Driver facts about one GPU that do not change while the driver is loaded: read at most
 /// once per full observation (an apply), then reused by targeted observations and creates.
 #[derive(Debug, Clone, Default)]
@@ -275,6 +313,15 @@ impl NvmlBackend {
         Ok((profile, placement))
     }
 
+    /// The reset command, and GPU `uuid`'s index for it, when it is one to run
+    /// ([`ResetCommand::Exec`]); `None` for the fake's reset, which is a call into the library.
+    pub fn reset_to_run(&self, uuid: &str) -> Result<Option<(Vec<String>, u32)>, EffectError> {
+        match &self.reset {
+            ResetCommand::Fake => Ok(None),
+            ResetCommand::Exec(argv) => Ok(Some((argv.clone(), self.index_of(uuid)?))),
+        }
+    }
+
     fn index_of(&self, uuid: &str) -> Result<u32, EffectError> {
         self.device(uuid)?
             .index()
@@ -476,42 +523,7 @@ impl GpuEffector for NvmlBackend {
         let index = self.index_of(gpu)?;
         match &self.reset {
             ResetCommand::Fake => self.fake_reset(index, gpu),
-            ResetCommand::Exec(argv) => {
-                let what = format!("reset GPU {index} ({gpu})");
-                let args: Vec<String> = argv
-                    .iter()
-                    .map(|a| {
-                        a.replace("{index}", &index.to_string())
-                            .replace("{uuid}", gpu)
-                    })
-                    .collect();
-                let Some((prog, rest)) = args.split_first() else {
-                    return Err(EffectError::Other {
-                        what,
-                        message: format!("{ENV_RESET_CMD} is empty"),
-                    });
-                };
-                let out = std::process::Command::new(prog)
-                    .args(rest)
-                    .output()
-                    .map_err(|e| EffectError::Other {
-                        what: what.clone(),
-                        message: format!("{}: {e}", args.join(" ")),
-                    })?;
-                if out.status.success() {
-                    Ok(())
-                } else {
-                    Err(EffectError::Other {
-                        what,
-                        message: format!(
-                            "{} exited with {}: {}",
-                            args.join(" "),
-                            out.status,
-                            String::from_utf8_lossy(&out.stderr).trim()
-                        ),
-                    })
-                }
-            }
+            ResetCommand::Exec(argv) => run_reset(argv, index, gpu),
         }
     }
 

@@ -51,7 +51,8 @@ pub fn no_systemd(what: &str) -> EffectError {
 pub struct RealHost {
     root: Root,
     lib: Option<PathBuf>,
-    nvml: Result<NvmlBackend, NvmlUnavailable>,
+    /// `None`: closed, opened again at the next use ([`RealHost::release_nvml`]).
+    nvml: Option<Result<NvmlBackend, NvmlUnavailable>>,
     systemd: Option<Box<dyn SystemdSide>>,
 }
 
@@ -60,7 +61,7 @@ impl RealHost {
     /// A missing driver is not an error here: it is recorded and reported by
     /// [`Observer::observe`] in [`Observed::nvml_unavailable`].
     pub fn open(root: Root, lib: Option<PathBuf>) -> Self {
-        let nvml = NvmlBackend::open(lib.clone(), ResetCommand::from_env());
+        let nvml = Some(NvmlBackend::open(lib.clone(), ResetCommand::from_env()));
         RealHost {
             root,
             lib,
@@ -77,17 +78,29 @@ impl RealHost {
     }
 
     /// Use the NVML library `lib` from now on (the policy's `nvml-library` may change while the
-    /// daemon runs); reopens only when it differs, or when the last open failed.
+    /// daemon runs); reopens, at the next use, only when it differs or when the last open
+    /// failed.
     pub fn set_nvml_library(&mut self, lib: Option<PathBuf>) {
-        if lib != self.lib || self.nvml.is_err() {
-            self.nvml = NvmlBackend::open(lib.clone(), ResetCommand::from_env());
+        if lib != self.lib || matches!(self.nvml, Some(Err(_))) {
+            self.nvml = None;
             self.lib = lib;
         }
     }
 
-    /// Why NVML cannot be used, if it cannot.
-    pub fn nvml_unavailable(&self) -> Option<&NvmlUnavailable> {
-        self.nvml.as_ref().err()
+    /// Shut NVML down and unload it until the next use. gpuctld calls this when a reconcile
+    /// ends: an idle daemon then holds no driver handle, which a GPU reset by an admin
+    /// (`nvidia-smi -r` refuses while a monitoring client has the GPU open) would otherwise
+    /// meet, and none of the library's mapping (issue 14: 0.8 MB of idle RSS with the fake,
+    /// more with a driver's `libnvidia-ml.so`).
+    pub fn release_nvml(&mut self) {
+        self.nvml = None;
+    }
+
+    /// The open NVML library, or why it cannot be opened; opened now if it was released.
+    fn nvml(&mut self) -> &mut Result<NvmlBackend, NvmlUnavailable> {
+        let lib = &self.lib;
+        self.nvml
+            .get_or_insert_with(|| NvmlBackend::open(lib.clone(), ResetCommand::from_env()))
     }
 
     /// The root files are resolved under.
@@ -116,7 +129,7 @@ impl RealHost {
     }
 
     fn backend(&mut self, what: &str) -> Result<&mut NvmlBackend, EffectError> {
-        self.nvml.as_mut().map_err(|why| EffectError::Other {
+        self.nvml().as_mut().map_err(|why| EffectError::Other {
             what: what.to_string(),
             message: why.to_string(),
         })
@@ -169,7 +182,7 @@ impl Observer for RealHost {
             host: procfs::host_info(&self.root),
             ..Default::default()
         };
-        match &mut self.nvml {
+        match self.nvml() {
             Ok(b) => obs.gpus = b.observe_gpus()?,
             Err(why) => obs.nvml_unavailable = Some(why.to_string()),
         }
@@ -190,7 +203,9 @@ impl Observer for RealHost {
         gpus: &BTreeSet<String>,
     ) -> Result<Observed, EffectError> {
         let known = gpus.iter().all(|u| prev.gpus.iter().any(|g| &g.uuid == u));
-        if self.nvml.is_err() || prev.nvml_unavailable.is_some() || !known {
+        // No GPU to read: NVML stays closed (a unit drift, a limit change).
+        let unusable = !gpus.is_empty() && self.nvml().is_err();
+        if unusable || prev.nvml_unavailable.is_some() || !known {
             return self.observe();
         }
         let mut obs = prev.clone();
@@ -220,7 +235,14 @@ impl GpuEffector for RealHost {
         self.backend(gpu)?.set_mig_mode(gpu, enable)
     }
     fn reset_gpu(&mut self, gpu: &str) -> Result<(), EffectError> {
-        self.backend(gpu)?.reset_gpu(gpu)
+        let b = self.backend(gpu)?;
+        let Some((argv, index)) = b.reset_to_run(gpu)? else {
+            return b.reset_gpu(gpu);
+        };
+        // nvidia-smi(1): a reset needs the GPU free of other clients, monitoring ones (NVML)
+        // included. gpuctld lets go of NVML first; the next call opens it again.
+        self.release_nvml();
+        crate::nvml::run_reset(&argv, index, gpu)
     }
     fn create_gi(
         &mut self,

@@ -157,19 +157,38 @@ impl FakeHost {
 
 /// See [`FakeHost::query_calls`].
 pub fn query_calls() -> u64 {
+    let mut n = 0u64;
+    // SAFETY: fakeNvmlQueryCallCount has the C signature `nvmlReturn_t (unsigned long long *)`.
+    assert_eq!(
+        unsafe { counter::<u64>(b"fakeNvmlQueryCallCount\0", &mut n) },
+        0
+    );
+    n
+}
+
+/// `nvmlInit`s of this process not yet shut down, as the loaded fake counts them.
+pub fn open_inits() -> u32 {
+    let mut n = 0u32;
+    // SAFETY: fakeNvmlInitCount has the C signature `nvmlReturn_t (unsigned int *)`.
+    assert_eq!(unsafe { counter::<u32>(b"fakeNvmlInitCount\0", &mut n) }, 0);
+    n
+}
+
+/// Calls the fake's counter `symbol` (`nvmlReturn_t (T *)`) in the library nvml-wrapper loads.
+///
+/// # Safety
+/// `symbol` must have that signature.
+unsafe fn counter<T>(symbol: &[u8], out: &mut T) -> u32 {
     // Held open for the whole process: otherwise the last backend's dlclose could unload the
-    // library and restart its counter.
+    // library and restart its counters.
     static LIB: std::sync::OnceLock<libloading::Library> = std::sync::OnceLock::new();
-    // SAFETY: the library nvml-wrapper loads (dlopen returns the same handle);
-    // fakeNvmlQueryCallCount has the C signature `nvmlReturn_t (unsigned long long *)`.
+    // SAFETY: the library nvml-wrapper loads (dlopen returns the same handle); the signature
+    // is the caller's contract.
     unsafe {
         let lib = LIB.get_or_init(|| libloading::Library::new(lib_path()).expect("load fake NVML"));
-        let f: libloading::Symbol<unsafe extern "C" fn(*mut u64) -> u32> = lib
-            .get(b"fakeNvmlQueryCallCount\0")
-            .expect("fakeNvmlQueryCallCount");
-        let mut n = 0u64;
-        assert_eq!(f(&mut n), 0, "fakeNvmlQueryCallCount");
-        n
+        let f: libloading::Symbol<unsafe extern "C" fn(*mut T) -> u32> =
+            lib.get(symbol).expect("fake NVML counter symbol");
+        f(out)
     }
 }
 

@@ -294,3 +294,15 @@ pub unsafe extern "C" fn fakeNvmlQueryCallCount(count: *mut c_ulonglong) -> Nvml
     unsafe { count.write(query_calls()) };
     NVML_SUCCESS
 }
+
+/// The `nvmlInit` reference count: how many initialisations are not yet shut down.
+#[no_mangle]
+pub unsafe extern "C" fn fakeNvmlInitCount(count: *mut c_uint) -> NvmlReturn {
+    if count.is_null() {
+        return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    let n = *INIT_COUNT.lock().unwrap_or_else(|e| e.into_inner());
+    // SAFETY: non-null, points to an unsigned int (caller contract).
+    unsafe { count.write(n) };
+    NVML_SUCCESS
+}
