@@ -4,6 +4,7 @@
 //! The snapshot is plain data. It is filled by effectors (NVML, systemd, files) on a real host and
 //! by [`crate::sim`] on a simulated one; the planner only reads it.
 
+use crate::policy::TeamName;
 use crate::profiles::Placement;
 pub use crate::settings::SliceSpec;
 use serde::{Deserialize, Serialize};
@@ -22,18 +23,19 @@ pub struct Observed {
     /// Contents of `/proc/driver/nvidia-caps/mig-minors`: `gpu0/gi1/ci0/access` → minor.
     #[serde(default)]
     pub mig_minors: BTreeMap<String, u32>,
-    /// Live team slices by team name (only `gpu-<team>.slice` units gpuctl manages).
+    /// Live team slices by team name (only `gpu-<team>.slice` units gpuctl manages; a unit
+    /// whose name is no valid team name is not one of them).
     #[serde(default)]
-    pub slices: BTreeMap<String, SliceSpec>,
+    pub slices: BTreeMap<TeamName, SliceSpec>,
     /// Running MPS daemons by instance name.
     #[serde(default)]
     pub mps: BTreeMap<String, MpsSpec>,
     /// `/run/gpuctl/teams/<team>.env` contents by team.
     #[serde(default)]
-    pub env_files: BTreeMap<String, String>,
+    pub env_files: BTreeMap<TeamName, String>,
     /// Team CDI specs (`/var/run/cdi/gpuctl.io-team-<team>.json`) by team.
     #[serde(default)]
-    pub cdi_specs: BTreeMap<String, String>,
+    pub cdi_specs: BTreeMap<TeamName, String>,
     /// Minors `N` whose `/dev/nvidia-caps/nvidia-capN` node exists.
     #[serde(default)]
     pub cap_nodes: BTreeSet<u32>,

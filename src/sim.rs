@@ -27,6 +27,7 @@ use crate::apply::{
 use crate::observe::{
     ComputeInstance, GpuInstance, GpuState, HostInfo, MigState, MpsSpec, Observed, SliceSpec,
 };
+use crate::policy::TeamName;
 use crate::profiles::{Catalog, GpuModel, Placement, SIM_NAMES};
 use std::path::Path;
 use std::time::Duration;
@@ -513,11 +514,11 @@ impl UnitEffector for SimHost {
 }
 
 impl SliceEffector for SimHost {
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
-        self.state.slices.insert(team.to_string(), spec.clone());
+    fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError> {
+        self.state.slices.insert(team.clone(), spec.clone());
         Ok(())
     }
-    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError> {
         self.state.slices.remove(team);
         Ok(())
     }
@@ -535,23 +536,19 @@ impl MpsEffector for SimHost {
 }
 
 impl FileEffector for SimHost {
-    fn write_env(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
-        self.state
-            .env_files
-            .insert(team.to_string(), content.to_string());
+    fn write_env(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError> {
+        self.state.env_files.insert(team.clone(), content.into());
         Ok(())
     }
-    fn remove_env(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_env(&mut self, team: &TeamName) -> Result<(), EffectError> {
         self.state.env_files.remove(team);
         Ok(())
     }
-    fn write_cdi(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
-        self.state
-            .cdi_specs
-            .insert(team.to_string(), content.to_string());
+    fn write_cdi(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError> {
+        self.state.cdi_specs.insert(team.clone(), content.into());
         Ok(())
     }
-    fn remove_cdi(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_cdi(&mut self, team: &TeamName) -> Result<(), EffectError> {
         self.state.cdi_specs.remove(team);
         Ok(())
     }

@@ -298,7 +298,7 @@ fn a_hand_edited_spec_is_drift_the_plan_repairs() {
     apply(&p, &mut h);
     h.state
         .cdi_specs
-        .insert("a".into(), "{\"edited\": true}\n".into());
+        .insert("a".parse().unwrap(), "{\"edited\": true}\n".into());
     let again = plan(&p, &h.state);
     assert_eq!(again.actions.len(), 1, "{again:#?}");
     assert!(matches!(

@@ -11,7 +11,7 @@ use gpuctl::daemon::state::{AppliedState, STATE_FILE};
 use gpuctl::daemon::{load_keeping_last_good, persist_last_good, Shared};
 use gpuctl::observe::{MpsSpec, Observed, SliceSpec};
 use gpuctl::paths::Root;
-use gpuctl::policy::Policy;
+use gpuctl::policy::{Policy, TeamName};
 use gpuctl::real::RealHost;
 use gpuctl::systemd::{LiveUnits, SystemdError};
 use std::collections::{BTreeMap, BTreeSet};
@@ -22,7 +22,7 @@ use std::time::Duration;
 /// What the recording systemd holds and was told.
 #[derive(Debug, Default)]
 struct Rec {
-    slices: BTreeMap<String, SliceSpec>,
+    slices: BTreeMap<TeamName, SliceSpec>,
     mps: BTreeMap<String, MpsSpec>,
     /// Teams whose slice still has tasks.
     busy: BTreeSet<String>,
@@ -59,20 +59,20 @@ impl RecSystemd {
 }
 
 impl SliceEffector for RecSystemd {
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+    fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError> {
         self.log(format!("set {team}"));
         self.rec
             .lock()
             .unwrap()
             .slices
-            .insert(team.into(), spec.clone());
+            .insert(team.clone(), spec.clone());
         Ok(())
     }
     /// Recorded with the live spec it was given, so tests see that the executor passes what
     /// the plan was made on (the bus client then sends only what differs).
     fn update_slice(
         &mut self,
-        team: &str,
+        team: &TeamName,
         spec: &SliceSpec,
         live: Option<&SliceSpec>,
     ) -> Result<(), EffectError> {
@@ -80,10 +80,10 @@ impl SliceEffector for RecSystemd {
         self.log(format!("update {team} from {live_mem:?}"));
         self.set_slice(team, spec)
     }
-    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError> {
         self.log(format!("remove {team}"));
         let mut r = self.rec.lock().unwrap();
-        if r.busy.contains(team) {
+        if r.busy.contains(&**team) {
             return Err(SystemdError::Busy {
                 unit: format!("gpu-{team}.slice"),
                 tasks: 1,
@@ -132,7 +132,7 @@ impl LiveUnits for RecSystemd {
     fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
         Ok(self.rec.lock().unwrap().slices.get(team).cloned())
     }
-    fn list_slices(&mut self) -> Result<Vec<String>, SystemdError> {
+    fn list_slices(&mut self) -> Result<Vec<TeamName>, SystemdError> {
         Ok(self.rec.lock().unwrap().slices.keys().cloned().collect())
     }
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {

@@ -312,6 +312,7 @@ mod delegate {
     use super::Crashing;
     use gpuctl::apply::*;
     use gpuctl::observe::{MpsSpec, Observed, SliceSpec};
+    use gpuctl::policy::TeamName;
     use gpuctl::profiles::Placement;
     use std::time::Duration;
 
@@ -375,10 +376,10 @@ mod delegate {
         }
     }
     impl SliceEffector for Crashing {
-        fn set_slice(&mut self, t: &str, s: &SliceSpec) -> Result<(), EffectError> {
+        fn set_slice(&mut self, t: &TeamName, s: &SliceSpec) -> Result<(), EffectError> {
             self.inner.set_slice(t, s)
         }
-        fn remove_slice(&mut self, t: &str) -> Result<(), EffectError> {
+        fn remove_slice(&mut self, t: &TeamName) -> Result<(), EffectError> {
             self.inner.remove_slice(t)
         }
     }
@@ -391,16 +392,16 @@ mod delegate {
         }
     }
     impl FileEffector for Crashing {
-        fn write_env(&mut self, t: &str, c: &str) -> Result<(), EffectError> {
+        fn write_env(&mut self, t: &TeamName, c: &str) -> Result<(), EffectError> {
             self.inner.write_env(t, c)
         }
-        fn remove_env(&mut self, t: &str) -> Result<(), EffectError> {
+        fn remove_env(&mut self, t: &TeamName) -> Result<(), EffectError> {
             self.inner.remove_env(t)
         }
-        fn write_cdi(&mut self, t: &str, c: &str) -> Result<(), EffectError> {
+        fn write_cdi(&mut self, t: &TeamName, c: &str) -> Result<(), EffectError> {
             self.inner.write_cdi(t, c)
         }
-        fn remove_cdi(&mut self, t: &str) -> Result<(), EffectError> {
+        fn remove_cdi(&mut self, t: &TeamName) -> Result<(), EffectError> {
             self.inner.remove_cdi(t)
         }
         fn create_cap_nodes(&mut self, m: &[u32]) -> Result<(), EffectError> {

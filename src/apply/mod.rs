@@ -6,6 +6,7 @@
 //! its backend, the simulated host ([`crate::sim::SimHost`]) implements them all itself.
 
 use crate::observe::{MpsSpec, Observed, SliceSpec};
+use crate::policy::TeamName;
 use crate::profiles::Placement;
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -132,12 +133,12 @@ pub trait UnitEffector {
 /// Team slices (`gpu-<team>.slice`), set through systemd unit properties.
 pub trait SliceEffector {
     /// Create or update a slice.
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError>;
+    fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError>;
     /// Update a slice last observed as `live` (`None`: not observed, set it whole). An effector
     /// may send only what differs; by default the whole slice is set.
     fn update_slice(
         &mut self,
-        team: &str,
+        team: &TeamName,
         spec: &SliceSpec,
         live: Option<&SliceSpec>,
     ) -> Result<(), EffectError> {
@@ -145,7 +146,7 @@ pub trait SliceEffector {
         self.set_slice(team, spec)
     }
     /// Remove a slice.
-    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError>;
+    fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError>;
 }
 
 /// MPS control daemons.
@@ -167,13 +168,13 @@ pub trait MpsEffector {
 /// Files gpuctl owns: team env files, team CDI specs and MIG capability device nodes.
 pub trait FileEffector {
     /// Write `/run/gpuctl/teams/<team>.env` atomically.
-    fn write_env(&mut self, team: &str, content: &str) -> Result<(), EffectError>;
+    fn write_env(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError>;
     /// Remove a team's env file.
-    fn remove_env(&mut self, team: &str) -> Result<(), EffectError>;
+    fn remove_env(&mut self, team: &TeamName) -> Result<(), EffectError>;
     /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`) atomically.
-    fn write_cdi(&mut self, team: &str, content: &str) -> Result<(), EffectError>;
+    fn write_cdi(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError>;
     /// Remove a team's CDI spec.
-    fn remove_cdi(&mut self, team: &str) -> Result<(), EffectError>;
+    fn remove_cdi(&mut self, team: &TeamName) -> Result<(), EffectError>;
     /// Create `/dev/nvidia-caps/nvidia-capN` for each minor.
     fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError>;
 }

@@ -41,7 +41,7 @@ pub struct GpuDesired {
     /// `Some(teams)` while a handover of the whole GPU waits: processes of a team that would
     /// lose it still run on it, so exactly the teams whose slices allow it now keep it and no
     /// other team gets it yet (issue 17: busy means untouched).
-    pub held: Option<BTreeSet<String>>,
+    pub held: Option<BTreeSet<TeamName>>,
 }
 
 /// A MIG device (compute instance) a team gets.
@@ -184,7 +184,7 @@ fn hold_whole_gpu(
     policy: &Policy,
     observed: &Observed,
     out: &mut MigOutcome,
-) -> Option<BTreeSet<String>> {
+) -> Option<BTreeSet<TeamName>> {
     let mut gets: BTreeSet<&str> = match u {
         GpuUse::Owned(t) => [t.as_ref()].into(),
         GpuUse::Shared(ts) => ts.iter().map(AsRef::as_ref).collect(),
@@ -211,7 +211,7 @@ fn hold_whole_gpu(
         return None;
     }
     let node = format!("/dev/nvidia{}", g.minor);
-    let keep: BTreeSet<String> = observed
+    let keep: BTreeSet<TeamName> = observed
         .slices
         .iter()
         // Any grant of the node counts, also a narrower one read back as `<path> <access>`

@@ -7,7 +7,7 @@
 //! on a GPU and known before the instance exists, so a plan can name what it will create.
 
 use crate::observe::{MpsSpec, Observed, SliceSpec};
-use crate::policy::Policy;
+use crate::policy::{Policy, TeamName};
 use crate::profiles::Placement;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
@@ -142,38 +142,38 @@ pub enum ActionKind {
     /// Write `/run/gpuctl/teams/<team>.env`.
     WriteEnv {
         /// Team.
-        team: String,
+        team: TeamName,
         /// File content.
         content: String,
     },
     /// Remove a team's env file.
     RemoveEnv {
         /// Team.
-        team: String,
+        team: TeamName,
     },
     /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`).
     WriteCdi {
         /// Team.
-        team: String,
+        team: TeamName,
         /// File content.
         content: String,
     },
     /// Remove a team's CDI spec.
     RemoveCdi {
         /// Team.
-        team: String,
+        team: TeamName,
     },
     /// Create or update `gpu-<team>.slice`.
     SetSlice {
         /// Team.
-        team: String,
+        team: TeamName,
         /// Properties to hold.
         spec: SliceSpec,
     },
     /// Remove `gpu-<team>.slice` (team gone from the policy).
     RemoveSlice {
         /// Team.
-        team: String,
+        team: TeamName,
     },
     /// Start (or restart with new settings) an MPS daemon.
     StartMps {
@@ -355,7 +355,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
                 &mut actions,
                 Phase::Devices,
                 ActionKind::WriteEnv {
-                    team: t.name.to_string(),
+                    team: t.name.clone(),
                     content: t.env.clone(),
                 },
                 if observed.env_files.contains_key(&*t.name) {
@@ -367,7 +367,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         }
     }
     for team in observed.env_files.keys() {
-        if !d.teams.contains_key(team.as_str()) {
+        if !d.teams.contains_key(team) {
             push(
                 &mut actions,
                 Phase::Devices,
@@ -387,7 +387,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
                 &mut actions,
                 Phase::Slices,
                 ActionKind::SetSlice {
-                    team: t.name.to_string(),
+                    team: t.name.clone(),
                     spec: t.slice.clone(),
                 },
                 if let Some(h) = have {
@@ -404,7 +404,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         }
     }
     for team in observed.slices.keys() {
-        if !d.teams.contains_key(team.as_str()) {
+        if !d.teams.contains_key(team) {
             push(
                 &mut actions,
                 Phase::Slices,
@@ -509,7 +509,7 @@ fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
                 actions,
                 Phase::Devices,
                 ActionKind::WriteCdi {
-                    team: t.name.to_string(),
+                    team: t.name.clone(),
                     content: t.cdi.clone(),
                 },
                 reason,
@@ -517,7 +517,7 @@ fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
         }
     }
     for team in observed.cdi_specs.keys() {
-        if !d.teams.contains_key(team.as_str()) {
+        if !d.teams.contains_key(team) {
             push(
                 actions,
                 Phase::Devices,
@@ -562,9 +562,8 @@ impl ActionKind {
     /// The team the action concerns, if any.
     pub fn team(&self) -> Option<&str> {
         match self {
-            ActionKind::StopUnits { team, .. }
-            | ActionKind::StartUnits { team, .. }
-            | ActionKind::WriteEnv { team, .. }
+            ActionKind::StopUnits { team, .. } | ActionKind::StartUnits { team, .. } => Some(team),
+            ActionKind::WriteEnv { team, .. }
             | ActionKind::RemoveEnv { team }
             | ActionKind::WriteCdi { team, .. }
             | ActionKind::RemoveCdi { team }

@@ -321,6 +321,19 @@ impl fmt::Display for TeamName {
     }
 }
 
+/// A name compares with the text it was parsed from, as `String` does.
+impl PartialEq<str> for TeamName {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<String> for TeamName {
+    fn eq(&self, other: &String) -> bool {
+        self.0 == *other
+    }
+}
+
 /// A string that is not a team name (kept whole; callers decide how much of it to show).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid team name {0:?}")]

@@ -15,7 +15,7 @@ fn file(root: &Root, team: &str) -> PathBuf {
 
 /// The team specs on the host under `root`, by team: only files named as gpuctl names them
 /// (other vendors' specs in the same directory are not ours to read or remove).
-pub fn read_all(root: &Root) -> Result<BTreeMap<String, String>, FileError> {
+pub fn read_all(root: &Root) -> Result<BTreeMap<TeamName, String>, FileError> {
     let dir = root.join(CDI_DIR);
     let mut out = BTreeMap::new();
     let rd = match std::fs::read_dir(&dir) {
@@ -35,7 +35,7 @@ pub fn read_all(root: &Root) -> Result<BTreeMap<String, String>, FileError> {
         };
         let p = e.path();
         let text = std::fs::read_to_string(&p).map_err(|e| FileError::new(&p, e))?;
-        out.insert(team.to_string(), text);
+        out.insert(team, text);
     }
     Ok(out)
 }
@@ -64,7 +64,7 @@ mod tests {
         std::fs::write(root.join("/var/run/cdi/nvidia.com-gpu.yaml"), "x").unwrap();
         std::fs::write(root.join("/var/run/cdi/gpuctl.io-team-Bad.json"), "x").unwrap();
         let got = read_all(&root).unwrap();
-        assert_eq!(got.keys().collect::<Vec<_>>(), ["infer"]);
+        assert_eq!(got.keys().map(|t| &**t).collect::<Vec<_>>(), ["infer"]);
         assert_eq!(got["infer"], "{}\n");
         remove(&root, "infer").unwrap();
         remove(&root, "infer").unwrap();

@@ -3,6 +3,7 @@
 
 use crate::files::{remove_if_exists, write_atomic, FileError};
 use crate::paths::{Root, RUN_DIR};
+use crate::policy::TeamName;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -31,8 +32,9 @@ pub fn remove(root: &Root, team: &str) -> Result<(), FileError> {
     remove_if_exists(&path(root, team)).map(|_| ())
 }
 
-/// Every team env file's text, by team.
-pub fn read_all(root: &Root) -> Result<BTreeMap<String, String>, FileError> {
+/// Every team env file's text, by team. A file whose name is no team name was not written by
+/// gpuctl and is left alone (as [`super::cdifiles::read_all`] does).
+pub fn read_all(root: &Root) -> Result<BTreeMap<TeamName, String>, FileError> {
     let mut out = BTreeMap::new();
     let Ok(rd) = std::fs::read_dir(root.join(RUN_DIR).join(TEAMS_DIR)) else {
         return Ok(out);
@@ -40,12 +42,32 @@ pub fn read_all(root: &Root) -> Result<BTreeMap<String, String>, FileError> {
     for e in rd.flatten() {
         let p = e.path();
         if let (Some(team), Some("env")) = (
-            p.file_stem().and_then(|s| s.to_str()),
+            p.file_stem()
+                .and_then(|s| s.to_str())
+                .and_then(|t| t.parse::<TeamName>().ok()),
             p.extension().and_then(|s| s.to_str()),
         ) {
             let text = std::fs::read_to_string(&p).map_err(|e| FileError::new(&p, e))?;
-            out.insert(team.to_string(), text);
+            out.insert(team, text);
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_files_named_for_a_team_are_read() {
+        let d = tempfile::tempdir().unwrap();
+        let root = Root::new(d.path());
+        write(&root, "infer", "X=1\n").unwrap();
+        let dir = root.join(RUN_DIR).join(TEAMS_DIR);
+        std::fs::write(dir.join("Bad-name.env"), "Y=2\n").unwrap();
+        std::fs::write(dir.join("train.txt"), "Z=3\n").unwrap();
+        let got = read_all(&root).unwrap();
+        assert_eq!(got.keys().map(|t| &**t).collect::<Vec<_>>(), ["infer"]);
+        assert_eq!(got["infer"], "X=1\n");
+    }
 }

@@ -20,6 +20,7 @@ use crate::nvml::{NvmlBackend, NvmlUnavailable, ResetCommand};
 use crate::observe::{GpuState, MpsSpec, Observed, SliceSpec};
 use crate::paths::{Root, MIG_MINORS};
 use crate::plan::Phase;
+use crate::policy::TeamName;
 use crate::profiles::Placement;
 use crate::systemd::SystemdSide;
 use std::collections::BTreeSet;
@@ -288,20 +289,20 @@ impl UnitEffector for RealHost {
 }
 
 impl SliceEffector for RealHost {
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+    fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError> {
         self.systemd(&format!("gpu-{team}.slice"))?
             .set_slice(team, spec)
     }
     fn update_slice(
         &mut self,
-        team: &str,
+        team: &TeamName,
         spec: &SliceSpec,
         live: Option<&SliceSpec>,
     ) -> Result<(), EffectError> {
         self.systemd(&format!("gpu-{team}.slice"))?
             .update_slice(team, spec, live)
     }
-    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError> {
         self.systemd(&format!("gpu-{team}.slice"))?
             .remove_slice(team)
     }
@@ -322,19 +323,19 @@ impl MpsEffector for RealHost {
 }
 
 impl FileEffector for RealHost {
-    fn write_env(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
+    fn write_env(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError> {
         Ok(envfiles::write(&self.root, team, content)?)
     }
 
-    fn remove_env(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_env(&mut self, team: &TeamName) -> Result<(), EffectError> {
         Ok(envfiles::remove(&self.root, team)?)
     }
 
-    fn write_cdi(&mut self, team: &str, content: &str) -> Result<(), EffectError> {
+    fn write_cdi(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError> {
         Ok(cdifiles::write(&self.root, team, content)?)
     }
 
-    fn remove_cdi(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_cdi(&mut self, team: &TeamName) -> Result<(), EffectError> {
         Ok(cdifiles::remove(&self.root, team)?)
     }
 
@@ -360,7 +361,7 @@ mod tests {
         assert!(why.starts_with("NVML not available:"), "{why}");
         let e = h.create_gi("GPU-x", 19, Placement { start: 0, size: 1 });
         assert!(e.unwrap_err().to_string().contains("NVML not available"));
-        h.write_env("prod", "X=1\n").unwrap();
+        h.write_env(&"prod".parse().unwrap(), "X=1\n").unwrap();
         assert_eq!(h.observe().unwrap().env_files["prod"], "X=1\n");
     }
 }

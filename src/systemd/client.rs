@@ -7,6 +7,7 @@ use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use crate::files::{remove_if_exists, write_if_changed};
 use crate::observe::{MpsSpec, SliceSpec};
 use crate::paths::Root;
+use crate::policy::TeamName;
 use futures_lite::StreamExt;
 use std::future::Future;
 use std::sync::Arc;
@@ -396,7 +397,7 @@ impl Systemd {
     /// of what gpuctld waits for before it applies (VM 59, issue 14).
     pub async fn read_running_slices(
         &self,
-    ) -> Result<std::collections::BTreeMap<String, SliceSpec>, SystemdError> {
+    ) -> Result<std::collections::BTreeMap<TeamName, SliceSpec>, SystemdError> {
         let mut reads = tokio::task::JoinSet::new();
         for team in self.list_slices().await? {
             let sd = self.clone();
@@ -426,11 +427,11 @@ impl Systemd {
     ///
     /// Inactive slices are left out: a slice that was stopped (team removed) but is still in
     /// memory because of its unit file holds nothing and must not be planned away again.
-    pub async fn list_slices(&self) -> Result<Vec<String>, SystemdError> {
+    pub async fn list_slices(&self) -> Result<Vec<TeamName>, SystemdError> {
         let rows = self.list_units(&RUNNING, &["gpu-*.slice"]).await?;
         Ok(rows
             .iter()
-            .filter_map(|r| props::team_of_slice(&r.0).map(str::to_string))
+            .filter_map(|r| props::team_of_slice(&r.0))
             .collect())
     }
 
@@ -667,12 +668,12 @@ impl BlockingSystemd {
 }
 
 impl SliceEffector for BlockingSystemd {
-    fn set_slice(&mut self, team: &str, spec: &SliceSpec) -> Result<(), EffectError> {
+    fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError> {
         Ok(self.handle.block_on(self.inner.set_slice(team, spec))?)
     }
     fn update_slice(
         &mut self,
-        team: &str,
+        team: &TeamName,
         spec: &SliceSpec,
         live: Option<&SliceSpec>,
     ) -> Result<(), EffectError> {
@@ -680,7 +681,7 @@ impl SliceEffector for BlockingSystemd {
             .handle
             .block_on(self.inner.update_slice(team, spec, live))?)
     }
-    fn remove_slice(&mut self, team: &str) -> Result<(), EffectError> {
+    fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError> {
         Ok(self.handle.block_on(self.inner.remove_slice(team))?)
     }
 }
@@ -731,7 +732,7 @@ impl LiveUnits for BlockingSystemd {
     fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError> {
         self.handle.block_on(self.inner.read_slice(team))
     }
-    fn list_slices(&mut self) -> Result<Vec<String>, SystemdError> {
+    fn list_slices(&mut self) -> Result<Vec<TeamName>, SystemdError> {
         self.handle.block_on(self.inner.list_slices())
     }
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
@@ -739,7 +740,7 @@ impl LiveUnits for BlockingSystemd {
     }
     fn read_running_slices(
         &mut self,
-    ) -> Result<std::collections::BTreeMap<String, SliceSpec>, SystemdError> {
+    ) -> Result<std::collections::BTreeMap<TeamName, SliceSpec>, SystemdError> {
         self.handle.block_on(self.inner.read_running_slices())
     }
 }

@@ -18,6 +18,7 @@
 
 use crate::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use crate::observe::{MpsSpec, SliceSpec};
+use crate::policy::TeamName;
 use std::path::PathBuf;
 use thiserror::Error;
 
@@ -148,14 +149,14 @@ pub trait LiveUnits {
     /// not loaded or not under gpuctl's device control.
     fn read_slice(&mut self, team: &str) -> Result<Option<SliceSpec>, SystemdError>;
     /// Teams that have a running `gpu-<team>.slice`.
-    fn list_slices(&mut self) -> Result<Vec<String>, SystemdError>;
+    fn list_slices(&mut self) -> Result<Vec<TeamName>, SystemdError>;
     /// Running MPS daemons by instance, as last configured.
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError>;
     /// Every running team slice under gpuctl's device control, with its settings: by default
     /// [`Self::list_slices`] then [`Self::read_slice`] each; the bus client reads them at once.
     fn read_running_slices(
         &mut self,
-    ) -> Result<std::collections::BTreeMap<String, SliceSpec>, SystemdError> {
+    ) -> Result<std::collections::BTreeMap<TeamName, SliceSpec>, SystemdError> {
         let mut out = std::collections::BTreeMap::new();
         for team in self.list_slices()? {
             if let Some(spec) = self.read_slice(&team)? {

@@ -29,9 +29,11 @@ pub fn slice_unit(team: &str) -> String {
 
 /// The team of a `gpu-<team>.slice` unit name, `None` for any other name (including deeper
 /// slices such as `gpu-infer-0.slice`, which belong to MPS daemons).
-pub fn team_of_slice(unit: &str) -> Option<&str> {
-    let team = unit.strip_prefix("gpu-")?.strip_suffix(".slice")?;
-    (crate::policy::valid_team_name(team)).then_some(team)
+pub fn team_of_slice(unit: &str) -> Option<crate::policy::TeamName> {
+    unit.strip_prefix("gpu-")?
+        .strip_suffix(".slice")?
+        .parse()
+        .ok()
 }
 
 /// The cgroup directory of a team slice, relative to the cgroup2 mount.
@@ -323,7 +325,7 @@ mod tests {
     #[test]
     fn slice_names() {
         assert_eq!(slice_unit("infer"), "gpu-infer.slice");
-        assert_eq!(team_of_slice("gpu-infer.slice"), Some("infer"));
+        assert_eq!(team_of_slice("gpu-infer.slice").as_deref(), Some("infer"));
         assert_eq!(team_of_slice("gpu-infer-0.slice"), None);
         assert_eq!(team_of_slice("gpu.slice"), None);
         assert_eq!(team_of_slice("user-0.slice"), None);
