@@ -5,7 +5,8 @@
 # members of a group (# vmtest: group=NAME) sharing this boot, with gpuctl's run-time state reset
 # between them (vm_group_reset). Each scenario is framed on stdout by
 #   ==== vmtest-begin NAME            and            ==== vmtest-end NAME RC
-# which the host uses to split the output and to take each scenario's exit code. Exits with the
+# which the host uses to split the output and to take each scenario's exit code; a line
+# "==== vmtest-time NAME SECONDS" follows the end frame. Exits with the
 # first non-zero code.
 set -u
 cd /test || exit 125
@@ -44,11 +45,14 @@ for f in $(find scenarios -maxdepth 1 -name '*.sh' | sort); do
     mkdir -p "$VMTEST_RESULTS"
     VMTEST_SCENARIO_START=$(date +%s)
     export VMTEST_SCENARIO_START
+    ts=$(cut -d' ' -f1 /proc/uptime)
     echo "==== vmtest-begin $name"
     # A hanging scenario must not take the rest of its group with it.
     timeout -k 10 "${to:-300}" bash "$f"
     rc=$?
     echo "==== vmtest-end $name $rc"
+    # Its own time, for the report: a group's VM time alone does not say which member is slow.
+    echo "==== vmtest-time $name $(awk -v t="$ts" '{printf "%.1f", $1 - t}' /proc/uptime)"
     # Evidence for the host: the state of gpuctl's units at the end.
     systemctl status --no-pager --full 'gpuctl*' 'gpu*.slice' >"$VMTEST_RESULTS/units-status.txt" 2>&1
     [ $final = 0 ] && final=$rc
