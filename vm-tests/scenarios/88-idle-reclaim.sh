@@ -5,7 +5,7 @@
 # (GPM activity 80%) and an excluded idle service on GPU 0 survive. infer (report only) has an
 # idle service on GPU 2: reported, untouched. The journal names user and unit.
 # vmtest: timeout=420
-# vmtest: group=idle
+# vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
