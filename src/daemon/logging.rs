@@ -34,10 +34,8 @@ pub enum LoggingError {
 
 /// Parse a `--log-level`/`GPUCTL_LOG` value once, at the boundary.
 fn parse_filter(spec: String) -> Result<Targets, LoggingError> {
-    match spec.parse::<Targets>() {
-        Ok(f) => Ok(f),
-        Err(source) => Err(LoggingError::Filter { spec, source }),
-    }
+    spec.parse::<Targets>()
+        .map_err(|source| LoggingError::Filter { spec, source })
 }
 
 /// Install the global subscriber. `level` (from `--log-level`) wins over `GPUCTL_LOG`; both take

@@ -57,7 +57,7 @@ wait_mem() {
 # gpuctld is not reconciling, and still not 0.3 s later: its own SetUnitProperties rewrites the
 # control drop-in it watches, which brings one more (empty) reconcile just after the first.
 # shellcheck disable=SC2317 # called through wait_for
-not_reconciling() { busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Reconciling | grep -q false; }
+not_reconciling() { [ "$(_agent_prop Reconciling)" = false ]; }
 quiet() { wait_for 10 not_reconciling && sleep 0.3 && wait_for 10 not_reconciling; }
 rm -f /tmp/b-gpuctld.txt /tmp/b-setprop.txt /tmp/b-landed.txt
 fails=0
@@ -148,7 +148,7 @@ policy_mem 450
 tm=$landed
 wait_mem $((450 << 20)) "$t" >/tmp/dbg-us.txt
 echo "BENCH one change at debug ($(($(cat /tmp/dbg-us.txt) / 1000)) ms to live): +$(((tm - t) / 1000)) ms the drop-in renamed into place (mv returned)"
-wait_for 10 sh -c "busctl get-property org.gpuctl.Agent1 /org/gpuctl/Agent1 org.gpuctl.Agent1 Reconciling | grep -q false"
+wait_for 10 not_reconciling
 # Each line with its time after the change began (ms, journal timestamps): where the path to
 # live goes between the rename, gpuctld's wake-up, the load and SetUnitProperties.
 journalctl -u gpuctld.service -o short-unix --no-pager --since "@$((t / 1000000))" |
