@@ -10,9 +10,10 @@
 //!
 //! Loading runs on a blocking thread too, under a panic guard and a time limit ([`LOAD_LIMIT`]):
 //! a file that made the loader panic or hang would otherwise take the runtime thread, and with it
-//! every `gpuctl shell`, down. The watchdog ([`Progress`]) pings systemd only while the reconcile
-//! loop itself makes progress: idle and waiting for work, or inside a step that is within its
-//! time limit; a wedged load or reconcile stops the pings and systemd restarts gpuctld.
+//! every `gpuctl shell`, down. The watchdog ([`watchdog`]) pings systemd only while the reconcile
+//! loop itself makes progress, inside a step that is within its time limit; a wedged load or
+//! reconcile stops the pings and systemd restarts gpuctld. While the loop waits for work the
+//! watchdog is disarmed and its thread sleeps.
 //!
 //! A policy that fails to load never replaces the last good one: that stays in force (in memory
 //! and in `/var/lib/gpuctl/last-good/`), and the error goes to `STATUS=`, the journal and
@@ -29,6 +30,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, error, info, warn};
+pub use watchdog::Progress;
 
 pub mod drift;
 pub mod generator;
@@ -37,6 +39,7 @@ pub mod logging;
 pub mod reconcile;
 pub mod state;
 pub mod watch;
+pub mod watchdog;
 
 /// Seconds since the epoch.
 pub fn unix_now() -> u64 {
@@ -319,31 +322,6 @@ pub const LOAD_LIMIT: Duration = Duration::from_secs(60);
 /// resets on a full host.
 pub fn reconcile_limit(p: &Policy) -> Duration {
     p.host.drain_timeout + Duration::from_secs(15 * 60)
-}
-
-/// What the reconcile loop is doing, for the watchdog: idle (waiting for work: healthy), or in a
-/// step that must end by a deadline. Shared between the loop and the watchdog task.
-#[derive(Debug, Clone, Default)]
-pub struct Progress(Arc<Mutex<Option<std::time::Instant>>>);
-
-impl Progress {
-    /// The loop starts a step that may take up to `limit`.
-    pub fn enter(&self, limit: Duration) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(std::time::Instant::now() + limit);
-    }
-
-    /// The step ended; the loop is back to waiting for work.
-    pub fn leave(&self) {
-        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = None;
-    }
-
-    /// Whether the loop is progressing at `now`: idle, or within its step's deadline.
-    pub fn healthy(&self, now: std::time::Instant) -> bool {
-        self.0
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_none_or(|deadline| now < deadline)
-    }
 }
 
 struct Looper {
@@ -725,26 +703,32 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let progress = Progress::default();
     let mut wd_usec = 0u64;
     if sd_notify::watchdog_enabled(false, &mut wd_usec) && wd_usec > 0 {
-        let period = Duration::from_micros(wd_usec / 2);
         let progress = progress.clone();
-        // A thread of its own that sleeps: one wakeup per ping. A 30 s timer on tokio's
-        // hierarchical wheel wakes the runtime three times (it moves down a level twice before
-        // it fires): VM 59 counted 3 wakeups per 30 s idle with the ping as a task.
+        let arm = format!("WATCHDOG_USEC={wd_usec}");
+        // A thread of its own, asleep on a condition variable while the loop is idle: a timer on
+        // tokio's hierarchical wheel wakes the runtime several times before it fires.
         let spawned = std::thread::Builder::new()
             .name("watchdog".into())
             .stack_size(64 * 1024)
             .spawn(move || {
                 let mut said = false;
-                loop {
-                    std::thread::sleep(period);
-                    if progress.healthy(std::time::Instant::now()) {
-                        notify(&[sd_notify::NotifyState::Watchdog]);
-                        said = false;
-                    } else if !said {
-                        error!("the reconcile loop is past its step's deadline; withholding the watchdog ping");
-                        said = true;
+                watchdog::run(&progress, Duration::from_micros(wd_usec), |b| {
+                    match b {
+                        watchdog::Beat::Arm => notify(&[
+                            sd_notify::NotifyState::Custom(&arm),
+                            sd_notify::NotifyState::Watchdog,
+                        ]),
+                        watchdog::Beat::Ping => notify(&[sd_notify::NotifyState::Watchdog]),
+                        watchdog::Beat::Disarm => notify(&[sd_notify::NotifyState::Custom(
+                            "WATCHDOG_USEC=18446744073709551615",
+                        )]),
+                        watchdog::Beat::Withhold if !said => {
+                            error!("the reconcile loop is past its step's deadline; withholding the watchdog ping");
+                        }
+                        watchdog::Beat::Withhold | watchdog::Beat::Rest => {}
                     }
-                }
+                    said = b == watchdog::Beat::Withhold;
+                })
             });
         if let Err(e) = spawned {
             // Without pings systemd restarts gpuctld after WatchdogSec=: say why first.
@@ -838,22 +822,4 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     notify(&[sd_notify::NotifyState::Stopping]);
     info!("stopping");
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Instant;
-
-    #[test]
-    fn the_watchdog_attests_progress_not_a_ticking_task() {
-        let p = Progress::default();
-        let now = Instant::now();
-        assert!(p.healthy(now), "idle is healthy");
-        p.enter(Duration::from_secs(60));
-        assert!(p.healthy(now + Duration::from_secs(59)));
-        assert!(!p.healthy(now + Duration::from_secs(61)), "a wedged step");
-        p.leave();
-        assert!(p.healthy(now + Duration::from_secs(3600)));
-    }
 }
