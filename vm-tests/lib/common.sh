@@ -104,10 +104,12 @@ finish() {
 }
 
 # Between the scenarios of a group (one boot): put gpuctl's run-time state back to "package just
-# installed, agent started": stop the agent, its MPS daemons and everything in the team slices,
-# drop policy files, state, env files, runtime properties, scenario drop-ins and units, then
-# start the agent again (as the preset did at install). Users, fake devices and the fake MPS
-# control binary stay.
+# installed": stop the agent, its MPS daemons and everything in the team slices, drop policy
+# files, state, env files, runtime properties, scenario drop-ins and units. The agent stays
+# stopped unless asked (`vm_group_reset start`, for a scenario with "# vmtest: reset=start"):
+# every scenario so far writes its fake devices and policy and then starts gpuctld itself, and an
+# agent started here ran without the fake NVML and reacted to the next scenario's policy files
+# before that scenario's own start. Users, fake devices and the fake MPS control binary stay.
 vm_group_reset() {
     systemctl stop gpuctld.service 'gpuctl-mps@*.service' 'gpuctl-run-*.scope' gpu.slice
     rm -rf /etc/gpuctl/policy.d /run/gpuctl/policy.d /run/gpuctl/teams /run/gpuctl/mps
@@ -120,7 +122,7 @@ vm_group_reset() {
     find /etc/systemd/system -maxdepth 1 -type f -name '*.service' -newer /run/vmtest-start -delete
     systemctl daemon-reload
     systemctl reset-failed
-    systemctl start gpuctld.service
+    if [ "${1:-}" = start ]; then systemctl start gpuctld.service; fi
     # Journal queries use --since at second granularity: start the next scenario in a new second.
     sleep 1
 }

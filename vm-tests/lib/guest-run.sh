@@ -3,7 +3,8 @@
 # boot to finish, installs the package with dpkg -i (unless the scenario has a line
 # "# vmtest: no-install"), and runs the scenarios in /test/scenarios/ in name order: one, or the
 # members of a group (# vmtest: group=NAME) sharing this boot, with gpuctl's run-time state reset
-# between them (vm_group_reset). Each scenario is framed on stdout by
+# between them (vm_group_reset; gpuctld is left stopped unless the next member has a line
+# "# vmtest: reset=start"). Each scenario is framed on stdout by
 #   ==== vmtest-begin NAME            and            ==== vmtest-end NAME RC
 # which the host uses to split the output and to take each scenario's exit code; a line
 # "==== vmtest-time NAME SECONDS" follows the end frame. Exits with the
@@ -36,8 +37,11 @@ final=0 n=0
 for f in $(find scenarios -maxdepth 1 -name '*.sh' | sort); do
     name=$(basename "$f" .sh)
     if [ $n -gt 0 ]; then
-        echo "== resetting gpuctl's run-time state for the next scenario"
-        vm_group_reset >"$RESULTS_ROOT/reset-before-$name.log" 2>&1
+        a=
+        grep -q '^# vmtest: reset=start' "$f" && a=start
+        tr=$(cut -d' ' -f1 /proc/uptime)
+        vm_group_reset $a >"$RESULTS_ROOT/reset-before-$name.log" 2>&1
+        echo "== reset gpuctl's run-time state for the next scenario${a:+ (and started gpuctld)} in $(awk -v t="$tr" '{printf "%.1f", $1 - t}' /proc/uptime) s"
     fi
     n=$((n + 1))
     to=$(sed -n 's/^# vmtest: timeout=\([0-9][0-9]*\).*/\1/p' "$f" | head -n1)
