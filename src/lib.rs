@@ -31,6 +31,7 @@ pub mod idle;
 pub mod import;
 pub mod join;
 pub mod metrics;
+pub mod names;
 pub mod nvml;
 pub mod observe;
 pub mod paths;

@@ -4,7 +4,7 @@
 //! The snapshot is plain data. It is filled by effectors (NVML, systemd, files) on a real host and
 //! by [`crate::sim`] on a simulated one; the planner only reads it.
 
-use crate::policy::TeamName;
+use crate::names::TeamName;
 use crate::profiles::Placement;
 pub use crate::settings::SliceSpec;
 use serde::{Deserialize, Serialize};

@@ -55,6 +55,26 @@ pub struct HostView {
     pub gpus: Vec<GpuState>,
 }
 
+/// Who owns which device, from the daemon's last reconcile: every team's whole GPUs and
+/// existing MIG devices (here, not in `usage`, which sits below the bus API).
+impl From<&HostView> for crate::usage::Owners {
+    fn from(view: &HostView) -> crate::usage::Owners {
+        let mut o = crate::usage::Owners::default();
+        for (team, tv) in &view.teams {
+            for i in &tv.whole_gpus {
+                o.gpus.entry(*i).or_default().push(team.to_string());
+            }
+            for m in tv.mig_devices.iter().filter(|m| m.exists) {
+                o.mig
+                    .entry(m.uuid.clone())
+                    .or_default()
+                    .push(team.to_string());
+            }
+        }
+        o
+    }
+}
+
 impl ReconcileReport {
     /// The host matches the policy as far as this run could tell.
     pub fn converged(&self) -> bool {

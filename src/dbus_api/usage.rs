@@ -29,7 +29,7 @@ fn owners_and_lib(sh: &AgentState) -> (Owners, Option<std::path::PathBuf>) {
         .last_report
         .as_ref()
         .and_then(|r| r.view.as_ref())
-        .map(Owners::from_view)
+        .map(Owners::from)
         .unwrap_or_default();
     let lib = crate::nvml::library_path(
         sh.policy
@@ -154,7 +154,7 @@ pub fn sync_hpc_job_map(shared: &Mutex<AgentState>, root: &Root) {
             .flat_map(|t| &t.mig_devices)
             .map(|m| (m.uuid.clone(), m.gpu_index))
             .collect();
-        (Owners::from_view(v), gpu_of)
+        (Owners::from(v), gpu_of)
     };
     let dir = root.join(std::path::PathBuf::from(dir));
     if let Err(e) = metrics::hpc::sync(&dir, &metrics::hpc::files(&owners, &gpu_of)) {

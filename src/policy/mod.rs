@@ -21,6 +21,7 @@ pub mod load;
 pub mod parse;
 pub mod validate;
 
+pub use crate::names::{valid_team_name, BadTeamName, TeamName};
 pub use crate::settings::value::{escape_controls, Loc, Size};
 pub use crate::settings::Limits;
 pub use load::{load, load_files, LoadOutcome, Rejected};
@@ -263,120 +264,9 @@ pub struct GpuAssignment {
     pub key: String,
 }
 
-/// A team name that may become a unit name (`gpu-<team>.slice`) and a file name
-/// (`<team>.env`): `[a-z][a-z0-9_]{0,30}`. Parsed once where a name enters (argv, the bus);
-/// what takes a `TeamName` does not check again.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(try_from = "String", into = "String")]
-pub struct TeamName(String);
-
-impl std::str::FromStr for TeamName {
-    type Err = BadTeamName;
-    fn from_str(s: &str) -> Result<TeamName, BadTeamName> {
-        if valid_team_name(s) {
-            Ok(TeamName(s.to_string()))
-        } else {
-            Err(BadTeamName(s.to_string()))
-        }
-    }
-}
-
-impl TryFrom<String> for TeamName {
-    type Error = BadTeamName;
-    fn try_from(s: String) -> Result<TeamName, BadTeamName> {
-        s.parse()
-    }
-}
-
-impl From<TeamName> for String {
-    fn from(t: TeamName) -> String {
-        t.0
-    }
-}
-
-impl std::ops::Deref for TeamName {
-    type Target = str;
-    fn deref(&self) -> &str {
-        &self.0
-    }
-}
-
-/// Maps keyed by name are looked up with a `&str` (a name read back from systemd or a file is
-/// compared, not trusted).
-impl std::borrow::Borrow<str> for TeamName {
-    fn borrow(&self) -> &str {
-        &self.0
-    }
-}
-
-impl AsRef<str> for TeamName {
-    fn as_ref(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for TeamName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// A name compares with the text it was parsed from, as `String` does.
-impl PartialEq<str> for TeamName {
-    fn eq(&self, other: &str) -> bool {
-        self.0 == other
-    }
-}
-
-impl PartialEq<String> for TeamName {
-    fn eq(&self, other: &String) -> bool {
-        self.0 == *other
-    }
-}
-
-/// A string that is not a team name (kept whole; callers decide how much of it to show).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid team name {0:?}")]
-pub struct BadTeamName(pub String);
-
-/// Team names become unit names (`gpu-<team>.slice`); a `-` would nest the slice.
-pub fn valid_team_name(name: &str) -> bool {
-    let b = name.as_bytes();
-    !b.is_empty()
-        && b.len() <= 31
-        && b[0].is_ascii_lowercase()
-        && b[1..]
-            .iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn team_names() {
-        for ok in ["a", "infer", "ml_team2", &"a".repeat(31)] {
-            assert!(valid_team_name(ok), "{ok}");
-        }
-        for bad in [
-            "",
-            "Infer",
-            "ml-team",
-            "2team",
-            "_x",
-            &"a".repeat(32),
-            "a.b",
-            "a/b",
-        ] {
-            assert!(!valid_team_name(bad), "{bad}");
-            assert_eq!(bad.parse::<TeamName>(), Err(BadTeamName(bad.to_string())));
-        }
-        let t: TeamName = "ml_team2".parse().unwrap();
-        assert_eq!((&*t, t.to_string()), ("ml_team2", "ml_team2".to_string()));
-        assert_eq!(serde_json::to_string(&t).unwrap(), "\"ml_team2\"");
-        assert!(serde_json::from_str::<TeamName>("\"../x\"").is_err());
-    }
 
     #[test]
     fn percent_resolves() {

@@ -137,25 +137,6 @@ pub struct Owners {
     pub mig: BTreeMap<String, Vec<String>>,
 }
 
-impl Owners {
-    /// From the daemon's last reconcile: every team's whole GPUs and existing MIG devices.
-    pub fn from_view(view: &crate::dbus_api::reply::HostView) -> Owners {
-        let mut o = Owners::default();
-        for (team, tv) in &view.teams {
-            for i in &tv.whole_gpus {
-                o.gpus.entry(*i).or_default().push(team.to_string());
-            }
-            for m in tv.mig_devices.iter().filter(|m| m.exists) {
-                o.mig
-                    .entry(m.uuid.clone())
-                    .or_default()
-                    .push(team.to_string());
-            }
-        }
-        o
-    }
-}
-
 /// Fill device owners and flag strays: a process on a device some team owns that runs
 /// outside every owning team's slice (root jobs, another team through a leaked device,
 /// a container runtime). Processes on devices no team owns are never strays.

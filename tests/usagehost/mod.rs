@@ -36,7 +36,7 @@ pub fn apply_and_own(fake: &FakeHost, p: &Policy) -> Owners {
     assert!(r.failed.is_empty(), "{:?}", r.failed);
     let obs = fake.observe();
     let d = desired(p, &obs);
-    Owners::from_view(&HostView {
+    Owners::from(&HostView {
         teams: d.teams,
         gpus: obs.gpus,
     })
