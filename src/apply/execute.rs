@@ -811,40 +811,19 @@ pub fn execute_observed<H: Host + ?Sized>(
     }
 
     let mut failed_gpus = BTreeSet::new();
-    let drain: Vec<&Action> = plan
-        .actions
-        .iter()
-        .filter(|a| a.phase == Phase::Drain)
-        .collect();
-    run_all(
-        &mut ctx,
-        host,
-        drain.iter().copied(),
-        &mut failed_gpus,
-        &mut report,
-    );
     // No observation after a drain: every destroy reads the processes of its GPU first, so the
     // busy checks see the processes the drain ended as gone, and only those.
-    let mode: Vec<&Action> = plan
-        .actions
-        .iter()
-        .filter(|a| a.phase == Phase::MigMode)
-        .collect();
-    run_all(
-        &mut ctx,
-        host,
-        mode.iter().copied(),
-        &mut failed_gpus,
-        &mut report,
-    );
+    for phase in [Phase::Drain, Phase::MigMode] {
+        let actions = plan.actions.iter().filter(|a| a.phase == phase);
+        run_all(&mut ctx, host, actions, &mut failed_gpus, &mut report);
+    }
 
-    let inst: Vec<&Action> = plan
+    let mut by_gpu: BTreeMap<(u32, String), Vec<&Action>> = BTreeMap::new();
+    for a in plan
         .actions
         .iter()
         .filter(|a| a.phase == Phase::MigInstances)
-        .collect();
-    let mut by_gpu: BTreeMap<(u32, String), Vec<&Action>> = BTreeMap::new();
-    for a in &inst {
+    {
         if let (Some(g), Some(i)) = (gpu_of(&a.kind), a.kind.gpu_index()) {
             by_gpu.entry((i, g.to_string())).or_default().push(a);
         }

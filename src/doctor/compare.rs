@@ -6,7 +6,6 @@
 //! a FAIL (a plan could ask the driver for something it does not offer); SM, engine and memory
 //! figures are only shown to people, so a difference there is a WARN.
 
-use super::driver::{CiProfileRead, GiProfileRead};
 use crate::profiles::{CiProfile, GiProfile, GpuModel, Placement};
 
 /// Where the reference tables come from, as named in messages.
@@ -61,7 +60,7 @@ impl Fields {
     }
 }
 
-fn gi_fields(f: &mut Fields, d: &GiProfileRead, r: &GiProfile) {
+fn gi_fields(f: &mut Fields, d: &GiProfile, r: &GiProfile) {
     use Weight::*;
     f.cmp(Fail, "name", d.name.as_str(), r.name.as_str());
     f.cmp(Fail, "nvml_profile_index", d.index, r.index);
@@ -94,7 +93,7 @@ fn gi_fields(f: &mut Fields, d: &GiProfileRead, r: &GiProfile) {
 
 /// Differences between the driver's GI profile table and the reference model's, matched by
 /// published profile id.
-pub fn gi_differences(driver: &[GiProfileRead], model: &GpuModel) -> Vec<Difference> {
+pub fn gi_differences(driver: &[GiProfile], model: &GpuModel) -> Vec<Difference> {
     let mut f = Fields {
         out: vec![],
         id: String::new(),
@@ -131,7 +130,7 @@ pub fn gi_differences(driver: &[GiProfileRead], model: &GpuModel) -> Vec<Differe
     f.out
 }
 
-fn ci_fields(f: &mut Fields, d: &CiProfileRead, r: &CiProfile) {
+fn ci_fields(f: &mut Fields, d: &CiProfile, r: &CiProfile) {
     use Weight::*;
     f.cmp(Fail, "name", d.name.as_str(), r.name.as_str());
     f.cmp(Fail, "nvml_profile_index", d.index, r.index);
@@ -153,11 +152,7 @@ fn ci_fields(f: &mut Fields, d: &CiProfileRead, r: &CiProfile) {
 
 /// Differences between the CI profile table the driver reports inside a GI of profile
 /// `gi_name` and the reference model's, matched by CI profile id.
-pub fn ci_differences(
-    gi_name: &str,
-    driver: &[CiProfileRead],
-    model: &GpuModel,
-) -> Vec<Difference> {
+pub fn ci_differences(gi_name: &str, driver: &[CiProfile], model: &GpuModel) -> Vec<Difference> {
     let reference = model.ci_profiles(gi_name);
     let mut f = Fields {
         out: vec![],
@@ -203,33 +198,15 @@ mod tests {
         Catalog::get().by_key("H100-SXM5-80GB").unwrap()
     }
 
-    fn as_read(p: &GiProfile) -> GiProfileRead {
-        GiProfileRead {
-            index: p.index,
-            id: p.id,
-            name: p.name.clone(),
-            slice_count: p.slice_count,
-            instance_count: p.instance_count,
-            multiprocessor_count: p.multiprocessor_count,
-            copy_engine_count: p.copy_engine_count,
-            decoder_count: p.decoder_count,
-            encoder_count: p.encoder_count,
-            jpeg_count: p.jpeg_count,
-            ofa_count: p.ofa_count,
-            memory_size_mb: p.memory_size_mb,
-            placements: p.placements.clone(),
-        }
-    }
-
     #[test]
     fn identical_tables_have_no_difference() {
-        let t: Vec<_> = h100().gi_profiles.iter().map(as_read).collect();
+        let t: Vec<_> = h100().gi_profiles.clone();
         assert_eq!(gi_differences(&t, h100()), vec![]);
     }
 
     #[test]
     fn every_changed_field_missing_and_extra_profile_is_named() {
-        let mut t: Vec<_> = h100().gi_profiles.iter().map(as_read).collect();
+        let mut t: Vec<_> = h100().gi_profiles.clone();
         let one = t.iter_mut().find(|p| p.name == "1g.10gb").unwrap();
         one.memory_size_mb = 9000;
         one.placements.pop();

@@ -6,7 +6,7 @@
 //! have a live instance and reported as not read for the others.
 
 use crate::nvml::raw;
-use crate::profiles::Placement;
+use crate::profiles::{CiProfile, GiProfile, Placement};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
@@ -24,56 +24,6 @@ pub struct Versions {
     pub nvml: Option<String>,
     /// `nvmlSystemGetCudaDriverVersion_v2`, e.g. 12040.
     pub cuda: Option<i32>,
-}
-
-/// A GI profile as the driver reports it (`nvmlDeviceGetGpuInstanceProfileInfoV`, v2 struct).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct GiProfileRead {
-    /// The `NVML_GPU_INSTANCE_PROFILE_*` index it was read with.
-    pub index: u32,
-    /// Published profile id.
-    pub id: u32,
-    /// Name without the `MIG ` prefix.
-    pub name: String,
-    /// Compute slices.
-    pub slice_count: u32,
-    /// Instances of this profile the GPU can hold.
-    pub instance_count: u32,
-    /// SMs.
-    pub multiprocessor_count: u32,
-    /// Copy engines.
-    pub copy_engine_count: u32,
-    /// Decoders.
-    pub decoder_count: u32,
-    /// Encoders.
-    pub encoder_count: u32,
-    /// JPEG engines.
-    pub jpeg_count: u32,
-    /// OFA engines.
-    pub ofa_count: u32,
-    /// Memory in MiB.
-    pub memory_size_mb: u64,
-    /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2`.
-    pub placements: Vec<Placement>,
-}
-
-/// A CI profile inside a GI of some profile (`nvmlGpuInstanceGetComputeInstanceProfileInfoV`).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct CiProfileRead {
-    /// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index it was read with.
-    pub index: u32,
-    /// Published profile id.
-    pub id: u32,
-    /// Name without the `MIG ` prefix.
-    pub name: String,
-    /// Compute slices.
-    pub slice_count: u32,
-    /// Instances that fit in one GI.
-    pub instance_count: u32,
-    /// SMs.
-    pub multiprocessor_count: u32,
-    /// `nvmlGpuInstanceGetComputeInstancePossiblePlacements`.
-    pub placements: Vec<Placement>,
 }
 
 /// A live compute instance.
@@ -125,9 +75,9 @@ pub struct MigRead {
     /// `nvmlDeviceGetMaxMigDeviceCount`.
     pub max_mig_device_count: Option<u32>,
     /// The GI profile table, or why it could not be read.
-    pub gi_profiles: Result<Vec<GiProfileRead>, String>,
+    pub gi_profiles: Result<Vec<GiProfile>, String>,
     /// CI profile tables by GI profile id, read through a live GI of that profile.
-    pub ci_profiles: BTreeMap<u32, Vec<CiProfileRead>>,
+    pub ci_profiles: BTreeMap<u32, Vec<CiProfile>>,
     /// Live GPU instances, by id.
     pub instances: Vec<GiRead>,
 }
@@ -176,19 +126,11 @@ fn cstr(buf: &[std::ffi::c_char]) -> String {
         .to_string()
 }
 
-fn ok(code: raw::Code) -> Result<(), raw::Code> {
-    if code == raw::SUCCESS {
-        Ok(())
-    } else {
-        Err(code)
-    }
-}
-
 /// The GI profile table: every `NVML_GPU_INSTANCE_PROFILE_*` index the driver answers, with the
 /// profile's placements. Indices it does not offer answer NOT_SUPPORTED or INVALID_ARGUMENT;
 /// when no index answers and some said NOT_SUPPORTED, the table is not readable now (the fake,
 /// and possibly the driver, answer so while MIG is off) and that is the error.
-fn gi_table(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileRead>, raw::Code> {
+fn gi_table(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfile>, raw::Code> {
     let version = std::mem::size_of::<nvmlGpuInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
     let mut out = Vec::new();
     let mut not_supported = false;
@@ -206,7 +148,7 @@ fn gi_table(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileRead>, raw::C
             e => return Err(e),
         }
         let placements = raw::gi_possible_placements(lib, d, info.id)?;
-        out.push(GiProfileRead {
+        out.push(GiProfile {
             index,
             id: info.id,
             name: cstr(&info.name),
@@ -228,43 +170,8 @@ fn gi_table(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfileRead>, raw::C
     Ok(out)
 }
 
-fn ci_placements(
-    lib: &NvmlLib,
-    gi: nvmlGpuInstance_t,
-    profile_id: u32,
-) -> Result<Vec<Placement>, raw::Code> {
-    let mut count = 0u32;
-    // SAFETY: NULL array asks for the count.
-    ok(unsafe {
-        lib.nvmlGpuInstanceGetComputeInstancePossiblePlacements(
-            gi,
-            profile_id,
-            std::ptr::null_mut(),
-            &mut count,
-        )
-    })?;
-    let mut buf = vec![nvmlComputeInstancePlacement_t { start: 0, size: 0 }; count as usize];
-    // SAFETY: buf holds `count` placements; count carries the capacity (see raw.rs).
-    ok(unsafe {
-        lib.nvmlGpuInstanceGetComputeInstancePossiblePlacements(
-            gi,
-            profile_id,
-            buf.as_mut_ptr(),
-            &mut count,
-        )
-    })?;
-    buf.truncate(count as usize);
-    Ok(buf
-        .into_iter()
-        .map(|p| Placement {
-            start: p.start,
-            size: p.size,
-        })
-        .collect())
-}
-
 /// The CI profile table of a live GI (shared engines).
-fn ci_table(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<Vec<CiProfileRead>, raw::Code> {
+fn ci_table(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<Vec<CiProfile>, raw::Code> {
     let version = std::mem::size_of::<nvmlComputeInstanceProfileInfo_v2_t>() as u32 | (2 << 24);
     let mut out = Vec::new();
     for index in 0..NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
@@ -283,14 +190,14 @@ fn ci_table(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<Vec<CiProfileRead>, 
             raw::NOT_SUPPORTED | raw::INVALID_ARGUMENT => continue,
             e => return Err(e),
         }
-        out.push(CiProfileRead {
+        out.push(CiProfile {
             index,
             id: info.id,
             name: cstr(&info.name),
             slice_count: info.sliceCount,
             instance_count: info.instanceCount,
             multiprocessor_count: info.multiprocessorCount,
-            placements: ci_placements(lib, gi, info.id)?,
+            placements: raw::ci_possible_placements(lib, gi, info.id)?,
         });
     }
     Ok(out)
@@ -397,7 +304,7 @@ fn read_mig(lib: &NvmlLib, d: nvmlDevice_t, current: bool, pending: bool) -> Mig
     let name = |call: &str, c: raw::Code| format!("{call}: {}", raw::error_string(lib, c));
     let mut max = 0u32;
     // SAFETY: out-pointer to a local.
-    let max_mig_device_count = ok(unsafe { lib.nvmlDeviceGetMaxMigDeviceCount(d, &mut max) })
+    let max_mig_device_count = raw::rc(unsafe { lib.nvmlDeviceGetMaxMigDeviceCount(d, &mut max) })
         .ok()
         .map(|_| max);
     let mut m = MigRead {

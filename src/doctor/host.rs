@@ -377,17 +377,10 @@ pub fn nodes(root: &Root, m: Majors, gpu_minors: &[u32], out: &mut Vec<Check>) {
     ));
 }
 
-/// Parsed `mig-minors`: `gpu0/gi1/ci0/access` → minor.
+/// Parsed `mig-minors`: `gpu0/gi1/ci0/access` → minor (the parser the cap-node effector uses).
 pub fn mig_minors(root: &Root) -> Option<BTreeMap<String, u32>> {
     let text = std::fs::read_to_string(root.join(MIG_MINORS)).ok()?;
-    Some(
-        text.lines()
-            .filter_map(|l| {
-                let (k, v) = l.trim().rsplit_once(' ')?;
-                Some((k.trim().to_string(), v.parse().ok()?))
-            })
-            .collect(),
-    )
+    Some(crate::real::devnodes::parse_mig_minors(&text))
 }
 
 /// `mig-minors` and `cap-nodes`: the driver's capability table covers every live instance, and

@@ -14,9 +14,9 @@
 //! gpuctl ships without it. `tests/doctor.rs` loads recordings into the fake to keep the two
 //! in step.
 
-use super::driver::{DriverRead, GiProfileRead, GpuRead};
+use super::driver::{DriverRead, GpuRead};
 use crate::observe::{ComputeInstance, GpuInstance, GpuProcess, GpuState, MigState};
-use crate::profiles::{Catalog, Placement};
+use crate::profiles::{Catalog, CiProfile, GiProfile, Placement};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -58,42 +58,10 @@ pub struct RecModel {
     pub enable_requires_gpu_reset: bool,
     /// GI profiles.
     #[serde(default)]
-    pub gi_profiles: Vec<RecGiProfile>,
+    pub gi_profiles: Vec<GiProfile>,
     /// CI profiles by GI profile name.
     #[serde(default)]
-    pub ci_profiles_by_gi: BTreeMap<String, Vec<RecCiProfile>>,
-}
-
-/// A GI profile in the reference schema.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub struct RecGiProfile {
-    pub name: String,
-    pub nvml_profile_index: u32,
-    pub profile_id: u32,
-    pub slice_count: u32,
-    pub instance_count: u32,
-    pub multiprocessor_count: u32,
-    pub copy_engine_count: u32,
-    pub decoder_count: u32,
-    pub encoder_count: u32,
-    pub jpeg_count: u32,
-    pub ofa_count: u32,
-    pub memory_size_mb: u64,
-    pub placements: Vec<Placement>,
-}
-
-/// A CI profile in the reference schema.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[allow(missing_docs)]
-pub struct RecCiProfile {
-    pub name: String,
-    pub nvml_profile_index: u32,
-    pub profile_id: u32,
-    pub slice_count: u32,
-    pub instance_count: u32,
-    pub multiprocessor_count: u32,
-    pub placements: Vec<Placement>,
+    pub ci_profiles_by_gi: BTreeMap<String, Vec<CiProfile>>,
 }
 
 /// MIG mode as 0/1 words.
@@ -153,24 +121,6 @@ pub struct RecProcess {
     pub used_memory_mib: u64,
 }
 
-fn gi_profile(p: &GiProfileRead) -> RecGiProfile {
-    RecGiProfile {
-        name: p.name.clone(),
-        nvml_profile_index: p.index,
-        profile_id: p.id,
-        slice_count: p.slice_count,
-        instance_count: p.instance_count,
-        multiprocessor_count: p.multiprocessor_count,
-        copy_engine_count: p.copy_engine_count,
-        decoder_count: p.decoder_count,
-        encoder_count: p.encoder_count,
-        jpeg_count: p.jpeg_count,
-        ofa_count: p.ofa_count,
-        memory_size_mb: p.memory_size_mb,
-        placements: p.placements.clone(),
-    }
-}
-
 fn model_of(g: &GpuRead) -> RecModel {
     let reference = Catalog::get().by_nvml_name(&g.name);
     let mut m = RecModel {
@@ -187,7 +137,7 @@ fn model_of(g: &GpuRead) -> RecModel {
     if let Some(mig) = &g.mig {
         m.max_mig_device_count = mig.max_mig_device_count.unwrap_or(0);
         if let Ok(t) = &mig.gi_profiles {
-            m.gi_profiles = t.iter().map(gi_profile).collect();
+            m.gi_profiles = t.clone();
             m.memory_slices = t
                 .iter()
                 .flat_map(|p| p.placements.iter())
@@ -196,20 +146,7 @@ fn model_of(g: &GpuRead) -> RecModel {
                 .unwrap_or(0);
             for p in t {
                 if let Some(ct) = mig.ci_profiles.get(&p.id) {
-                    m.ci_profiles_by_gi.insert(
-                        p.name.clone(),
-                        ct.iter()
-                            .map(|c| RecCiProfile {
-                                name: c.name.clone(),
-                                nvml_profile_index: c.index,
-                                profile_id: c.id,
-                                slice_count: c.slice_count,
-                                instance_count: c.instance_count,
-                                multiprocessor_count: c.multiprocessor_count,
-                                placements: c.placements.clone(),
-                            })
-                            .collect(),
-                    );
+                    m.ci_profiles_by_gi.insert(p.name.clone(), ct.clone());
                 }
             }
         }

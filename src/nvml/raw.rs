@@ -25,7 +25,8 @@ pub(crate) const NOT_SUPPORTED: Code = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 /// Argument out of range (an unknown profile index, for instance).
 pub(crate) const INVALID_ARGUMENT: Code = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 
-fn rc(code: Code) -> Result<(), Code> {
+/// `SUCCESS` as `Ok`, any other code as the error.
+pub(crate) fn rc(code: Code) -> Result<(), Code> {
     if code == SUCCESS {
         Ok(())
     } else {
@@ -76,42 +77,58 @@ pub(crate) fn gi_profiles(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfil
     Ok(out)
 }
 
-/// `nvmlDeviceGetGpuInstancePossiblePlacements_v2`: NULL first for the count, then a buffer
-/// whose capacity is passed in `count` (the header calls it output-only; passing the capacity
-/// works either way).
+/// NVML's placement queries: NULL first for the count, then a buffer whose capacity is passed
+/// in `count` (the header calls it output-only; passing the capacity works either way).
+/// `call(buffer, count)` makes the call; `empty` fills the buffer.
+fn placements<P: Clone>(
+    empty: P,
+    mut call: impl FnMut(*mut P, &mut u32) -> Code,
+    start_size: impl Fn(&P) -> (u32, u32),
+) -> Result<Vec<Placement>, Code> {
+    let mut count = 0u32;
+    rc(call(std::ptr::null_mut(), &mut count))?;
+    let mut buf = vec![empty; count as usize];
+    rc(call(buf.as_mut_ptr(), &mut count))?;
+    buf.truncate(count as usize);
+    Ok(buf
+        .iter()
+        .map(|p| {
+            let (start, size) = start_size(p);
+            Placement { start, size }
+        })
+        .collect())
+}
+
+/// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` for one GI profile.
 pub(crate) fn gi_possible_placements(
     lib: &NvmlLib,
     d: nvmlDevice_t,
     profile_id: u32,
 ) -> Result<Vec<Placement>, Code> {
-    let mut count = 0u32;
-    // SAFETY: NULL placements asks for the count.
-    rc(unsafe {
-        lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(
-            d,
-            profile_id,
-            std::ptr::null_mut(),
-            &mut count,
-        )
-    })?;
-    let mut buf = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
-    // SAFETY: buf holds `count` placements.
-    rc(unsafe {
-        lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(
-            d,
-            profile_id,
-            buf.as_mut_ptr(),
-            &mut count,
-        )
-    })?;
-    buf.truncate(count as usize);
-    Ok(buf
-        .into_iter()
-        .map(|p| Placement {
-            start: p.start,
-            size: p.size,
-        })
-        .collect())
+    placements(
+        nvmlGpuInstancePlacement_t { start: 0, size: 0 },
+        // SAFETY: `buf` is NULL (asks for the count) or holds `count` placements; d is live.
+        |buf, count| unsafe {
+            lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(d, profile_id, buf, count)
+        },
+        |p| (p.start, p.size),
+    )
+}
+
+/// `nvmlGpuInstanceGetComputeInstancePossiblePlacements` for one CI profile of a live GI.
+pub(crate) fn ci_possible_placements(
+    lib: &NvmlLib,
+    gi: nvmlGpuInstance_t,
+    profile_id: u32,
+) -> Result<Vec<Placement>, Code> {
+    placements(
+        nvmlComputeInstancePlacement_t { start: 0, size: 0 },
+        // SAFETY: `buf` is NULL (asks for the count) or holds `count` placements; gi is live.
+        |buf, count| unsafe {
+            lib.nvmlGpuInstanceGetComputeInstancePossiblePlacements(gi, profile_id, buf, count)
+        },
+        |p| (p.start, p.size),
+    )
 }
 
 /// GPU instances of one profile; the buffer holds the profile's `instance_count`.

@@ -612,74 +612,63 @@ impl<'a> Cx<'a> {
         self.check_keys(t, key, &allowed);
         let loc = self.loc(sp.clone());
 
-        let present: Vec<&str> = SELECTOR_KEYS
-            .iter()
-            .copied()
-            .filter(|k| t.contains_key(k))
-            .collect();
-        let selector = match present.as_slice() {
-            [one] => self.selector(t, key, one),
-            [] => {
-                self.error(
-                    sp.clone(),
-                    key,
-                    "no GPU selector".into(),
-                    Some(
-                        "set exactly one of: index = [0, 1], uuid = [\"GPU-…\"], model = \"*H100*\", \
-                         all = true"
-                            .into(),
-                    ),
-                );
-                None
-            }
-            many => {
-                let second = t.key(many[1]).and_then(Key::span);
-                self.error(
-                    second,
-                    &join(key, many[1]),
-                    format!("several GPU selectors: {}", many.join(", ")),
-                    Some("set exactly one of: index, uuid, model, all".into()),
-                );
-                None
-            }
-        };
-
-        let present: Vec<&str> = USE_KEYS
-            .iter()
-            .copied()
-            .filter(|k| t.contains_key(k))
-            .collect();
-        let usage = match present.as_slice() {
-            [one] => self.usage(t, key, one),
-            [] => {
-                self.error(
-                    sp,
-                    key,
-                    "the entry says nothing about what the GPUs are for".into(),
-                    Some(
-                        "set exactly one of: owner = \"team\", shared = [\"a\", \"b\"], mig = [...]"
-                            .into(),
-                    ),
-                );
-                None
-            }
-            many => {
-                let second = t.key(many[1]).and_then(Key::span);
-                self.error(
-                    second,
-                    &join(key, many[1]),
-                    format!("several uses: {}", many.join(", ")),
-                    Some("set exactly one of: owner, shared, mig".into()),
-                );
-                None
-            }
-        };
+        let selector = self
+            .one_of(
+                t,
+                key,
+                sp.clone(),
+                SELECTOR_KEYS,
+                "GPU selectors",
+                "no GPU selector",
+                "set exactly one of: index = [0, 1], uuid = [\"GPU-…\"], model = \"*H100*\", \
+                 all = true",
+            )
+            .and_then(|one| self.selector(t, key, one));
+        let usage = self
+            .one_of(
+                t,
+                key,
+                sp,
+                USE_KEYS,
+                "uses",
+                "the entry says nothing about what the GPUs are for",
+                "set exactly one of: owner = \"team\", shared = [\"a\", \"b\"], mig = [...]",
+            )
+            .and_then(|one| self.usage(t, key, one));
         Some(GpuPart {
             key: key.to_string(),
             loc,
             selector: selector?,
             usage: usage?,
         })
+    }
+
+    /// The one key of `keys` that `t` sets. None set is an error at the entry (`none`, with
+    /// `none_help`); several, an error at the second one, naming them all.
+    #[allow(clippy::too_many_arguments)]
+    fn one_of(
+        &mut self,
+        t: &dyn TableLike,
+        key: &str,
+        sp: Option<Range<usize>>,
+        keys: &[&'static str],
+        several: &str,
+        none: &str,
+        none_help: &str,
+    ) -> Option<&'static str> {
+        let present: Vec<&'static str> =
+            keys.iter().copied().filter(|k| t.contains_key(k)).collect();
+        match present.as_slice() {
+            [one] => return Some(one),
+            [] => self.error(sp, key, none.into(), Some(none_help.into())),
+            many => self.error(
+                t.key(many[1]).and_then(Key::span),
+                &join(key, many[1]),
+                format!("several {several}: {}", many.join(", ")),
+                Some(format!("set exactly one of: {}", keys.join(", "))),
+            ),
+        }
+        None
     }
 
     fn selector(&mut self, t: &dyn TableLike, path: &str, which: &str) -> Option<At<Selector>> {

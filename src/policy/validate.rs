@@ -625,19 +625,12 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
         }
         // Every matched model gets this geometry: report each model's problems, merging the
         // identical ones (A100-80GB and H100 share profile names and slice counts).
-        let mut merged: Vec<(Field, String, Option<String>, Vec<&str>)> = Vec::new();
-        for m in &matched {
-            for (i, msg, help) in check_mig_on_model(m, &specs) {
-                match merged
-                    .iter_mut()
-                    .find(|(j, mm, _, _)| *j == i && *mm == msg)
-                {
-                    Some((_, _, _, ms)) => ms.push(&m.key),
-                    None => merged.push((i, msg, help, vec![&m.key])),
-                }
-            }
-        }
-        for (i, msg, help, models) in merged {
+        let found = matched.iter().flat_map(|m| {
+            check_mig_on_model(m, &specs)
+                .into_iter()
+                .map(move |p| (m.key.as_str(), p))
+        });
+        for (i, msg, help, models) in merge_by_model(found) {
             push(
                 diags,
                 i,
@@ -715,21 +708,12 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
         return;
     }
     // Fails on every model it could be: report the problems of each, merged by text.
-    let mut merged: Vec<(Field, String, Option<String>, Vec<&str>)> = Vec::new();
-    for (m, problems) in &results {
-        for (i, msg, help) in problems {
-            match merged.iter_mut().find(|(j, mm, _, _)| j == i && mm == msg) {
-                Some((_, _, _, ms)) => ms.push(short_name(&m.nvml_name)),
-                None => merged.push((
-                    *i,
-                    msg.clone(),
-                    help.clone(),
-                    vec![short_name(&m.nvml_name)],
-                )),
-            }
-        }
-    }
-    for (i, msg, help, models) in merged {
+    let found = results.into_iter().flat_map(|(m, problems)| {
+        problems
+            .into_iter()
+            .map(move |p| (short_name(&m.nvml_name), p))
+    });
+    for (i, msg, help, models) in merge_by_model(found) {
         push(
             diags,
             i,
@@ -741,6 +725,21 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
             help,
         );
     }
+}
+
+/// Problems found on several models, one entry per field and text, naming every model it holds
+/// for (A100-80GB and H100 share profile names and slice counts), in the order first seen.
+fn merge_by_model<'a>(
+    found: impl IntoIterator<Item = (&'a str, MigProblem)>,
+) -> Vec<(Field, String, Option<String>, Vec<&'a str>)> {
+    let mut merged: Vec<(Field, String, Option<String>, Vec<&'a str>)> = Vec::new();
+    for (model, (i, msg, help)) in found {
+        match merged.iter_mut().find(|(j, m, _, _)| *j == i && *m == msg) {
+            Some((_, _, _, ms)) => ms.push(model),
+            None => merged.push((i, msg, help, vec![model])),
+        }
+    }
+    merged
 }
 
 /// Whether two selectors can name the same GPU without knowing the host, and how to say so.
