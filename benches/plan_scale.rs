@@ -18,36 +18,9 @@ use gpuctl::sim::SimHost;
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
-const TEAMS: usize = 32;
-const GPUS: usize = 8;
-const PER_GPU: usize = 7;
-
-/// The policy: 32 teams with MPS; each MIG device of the 56 goes to one team (teams 0–23 get
-/// two devices, teams 24–31 one), so every device gets its own MPS daemon.
-fn policy_toml() -> String {
-    let mut s = String::from("version = 1\n[host]\nreconfigure = \"when-idle\"\n");
-    for t in 0..TEAMS {
-        s += &format!(
-            "[teams.t{t:02}]\nmembers = [\"@grp{t:02}\"]\nmemory-max = \"2G\"\ncpu-weight = 100\n\
-             [teams.t{t:02}.mps]\nuser = \"mps-t{t:02}\"\nactive-thread-percentage = 50\n"
-        );
-    }
-    let owners: Vec<usize> = (0..GPUS * PER_GPU)
-        .map(|d| if d < 48 { d / 2 } else { 24 + (d - 48) })
-        .collect();
-    for g in 0..GPUS {
-        let mig: Vec<String> = (0..PER_GPU)
-            .map(|i| {
-                format!(
-                    "{{ profile = \"1g.10gb\", owner = \"t{:02}\" }}",
-                    owners[g * PER_GPU + i]
-                )
-            })
-            .collect();
-        s += &format!("[[gpu]]\nindex = [{g}]\nmig = [ {} ]\n", mig.join(", "));
-    }
-    s
-}
+#[path = "../tests/common/scale.rs"]
+mod scale;
+use scale::{policy_toml, GPUS, PER_GPU, TEAMS};
 
 fn median<F: FnMut()>(runs: usize, mut f: F) -> Duration {
     let mut t: Vec<Duration> = (0..runs)
