@@ -31,4 +31,25 @@ check "exactly one MPS unit" test "$n" = 1
 n=$(systemctl list-units --no-legend --plain --state=active 'gpu-*.slice' | grep -c '^gpu-t[0-9].slice')
 check "exactly 6 team slices" test "$n" = 6
 check "state file matches (300M)" grep -q 314572800 /var/lib/gpuctl/slices.json
+
+# The watchdog (#18) restarts a wedged load or reconcile, so it is armed while gpuctld works;
+# idle, it is disarmed, so an idle gpuctld needs no wakeup (#14). systemd logging at debug shows
+# gpuctld's notifications as systemd got them for one policy change: the arm (the unit's 60 s,
+# with a ping), then the disarm. (Until 2026-12-03 this was in 59, now a benchmark run on request,
+# which also checks that no restart comes over an idle minute.)
+# shellcheck disable=SC2317 # called through wait_for
+idle() { [ "$(_agent_prop Reconciling)" = false ] && [ "$(systemctl show -P WatchdogUSec gpuctld.service)" = infinity ]; }
+check "idle, systemd's watchdog for gpuctld is disarmed (WatchdogUSec=infinity)" wait_for 20 idle
+systemd-analyze log-level debug
+t=$(date +%s)
+gen 6 320M | put_policy 10-teams.toml
+wait_for 20 sh -c "test \$(systemctl show -P MemoryMax gpu-t5.slice) = 335544320"
+wait_for 20 idle
+systemd-analyze log-level info
+journalctl _PID=1 -o cat --no-pager --since "@$t" |
+    grep -E '^gpuctld.service: Got notification message.*WATCHDOG' >/tmp/wd.txt || true
+sed 's/^/    | /' /tmp/wd.txt | head -n 6
+check "a policy change arms the watchdog (WATCHDOG_USEC=60000000 and WATCHDOG=1), then idle disarms it" \
+    awk '/WATCHDOG_USEC=60000000/ && /WATCHDOG=1/ {a = NR} /WATCHDOG_USEC=18446744073709551615/ && a {d = NR} END {exit !(a && d > a)}' /tmp/wd.txt
+check "idle again: disarmed" test "$(systemctl show -P WatchdogUSec gpuctld.service)" = infinity
 finish
