@@ -11,8 +11,8 @@
 #    policy change.
 #  - idle cost: VmRSS of gpuctld, and its wakeups per second over 60 s idle, counted as the
 #    growth of voluntary + involuntary context switches summed over its threads.
-# The watchdog's arm on work and disarm when idle (#18) are checked in every run by 54; here they
-# are checked again, with the idle minute that only a benchmark can spend.
+# The watchdog's arm on work and disarm when idle (#18) are checked in every run by 54; here the
+# idle minute, which only a benchmark can spend, shows that no watchdog restart comes in it.
 # vmtest: timeout=300
 # vmtest: group=daemon
 # vmtest: bench-only=about 116 s of VM time, 72 s of it the idle window (2026-12-03 CI: the scenario 116.3 s), and the project CI reached 2,839 s of its 2,700 s; it prints figures and asserts none, and 54 checks the watchdog's arm and disarm in every run
@@ -142,24 +142,6 @@ printf 'gpuctld_ms %s\nset_property_ms %s\nratio %s\nrss_kb %s\nwakeups_per_s %s
 echo "BENCH gpuctld idle: systemd's WatchdogUSec $(systemctl show -P WatchdogUSec gpuctld.service)"
 check "idle figures measured, and no watchdog restart over the idle minute (pid $pid still gpuctld's)" \
     test -n "$rss" -a "$pid" = "$(systemctl show -P MainPID gpuctld.service)"
-
-# The watchdog (#18) is armed again when work comes, so a wedged load or reconcile is still
-# caught: with systemd logging at debug, one policy change shows gpuctld's notifications as
-# systemd got them, the arm (the unit's 60 s, with a ping) and then the disarm.
-check "idle, systemd's watchdog for gpuctld is disarmed (WatchdogUSec=infinity)" \
-    test "$(systemctl show -P WatchdogUSec gpuctld.service)" = infinity
-systemd-analyze log-level debug
-t=$(now_us)
-policy_mem 420
-wait_for 20 sh -c "test \$(cat $cg) = $((420 << 20))"
-quiet
-systemd-analyze log-level info
-journalctl _PID=1 -o cat --no-pager --since "@$((t / 1000000))" |
-    grep -E '^gpuctld.service: Got notification message.*WATCHDOG' >/tmp/wd.txt || true
-sed 's/^/    | /' /tmp/wd.txt | head -n 6
-check "a policy change arms the watchdog (WATCHDOG_USEC=60000000 and WATCHDOG=1), then idle disarms it" \
-    awk '/WATCHDOG_USEC=60000000/ && /WATCHDOG=1/ {a = NR} /WATCHDOG_USEC=18446744073709551615/ && a {d = NR} END {exit !(a && d > a)}' /tmp/wd.txt
-check "idle again: disarmed" test "$(systemctl show -P WatchdogUSec gpuctld.service)" = infinity
 
 # Where one policy change's time goes (issue 14 item 1): gpuctld's own phase timings, logged at
 # debug, for one more change after the measured ones (debug logging is off while measuring).
