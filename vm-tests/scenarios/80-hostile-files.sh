@@ -11,7 +11,7 @@
 # (over the cap of 4,096), not 100,000: the cap is what is checked; linear time on 100,000 is a
 # unit test (tests/policy_harden.rs).
 # vmtest: timeout=600
-# vmtest: group=harden
+# vmtest: group=own
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh

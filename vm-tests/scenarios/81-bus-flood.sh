@@ -4,7 +4,7 @@
 # bounded; bob is rate limited (LimitsExceeded) and his refusals cost the journal a few lines.
 # BENCH: alice's `gpuctl run` during the flood against the same run before it.
 # vmtest: timeout=420
-# vmtest: group=harden
+# vmtest: group=own
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh

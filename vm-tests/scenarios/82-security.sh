@@ -2,7 +2,7 @@
 # 82 (issue #18): systemd-analyze security scores of gpuctld and of an MPS unit, with a threshold;
 # an MPS daemon of a team that is one @group runs as gpuctl-mps with the team's group, its pipe
 # directory 0750, its env file and the team's env file 0640.
-# vmtest: group=harden
+# vmtest: group=own
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh

@@ -9,7 +9,7 @@
 # Without the cgroup parent the forced node opens: CDI alone does not isolate. An MPS
 # team gets its pipe directory mounted; a device-less team starts without GPUs.
 # vmtest: timeout=600
-# vmtest: group=cdi
+# vmtest: group=usage
 # Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
 # shellcheck disable=SC2001,SC2011,SC2012,SC2046,SC2086,SC2119
 . lib/common.sh

@@ -5,7 +5,7 @@
 # nodes and MIG UUIDs (the old caps are gone from it), a new container gets them, and a further
 # reconcile writes nothing (the plan stays empty).
 # vmtest: timeout=600
-# vmtest: group=cdi
+# vmtest: group=usage
 # Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
 # shellcheck disable=SC2001,SC2011,SC2012,SC2046,SC2086,SC2119
 . lib/common.sh

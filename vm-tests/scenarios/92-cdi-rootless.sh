@@ -6,7 +6,7 @@
 # filter and memory limit hold (docs/containers.md, "Rootless"). Outside gpuctl run, rootless
 # podman's container is not under the team slice.
 # vmtest: timeout=480
-# vmtest: group=cdi
+# vmtest: group=usage
 # Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
 # shellcheck disable=SC2001,SC2011,SC2012,SC2046,SC2086,SC2119
 . lib/common.sh
