@@ -16,7 +16,7 @@
 //!   uid. One usage collection serves every reader for the collection interval, and a `Metrics`
 //!   document is kept for that interval too, so a call costs a copy of a string; the limit only
 //!   caps a single uid's flood. It must not be the light calls' 5/s: the exporter is one uid for
-//!   every Prometheus server scraping the host, and vm-tests 87 (1,000 scrapes back to back,
+//!   every Prometheus server scraping the host, and vm-tests 89 (1,000 scrapes back to back,
 //!   ~20/s under TCG) got `503` from the 21st scrape on with it.
 //! - root (uid 0) is never limited: it owns the daemon and can stop it anyway.
 //! - at most [`MAX_TRACKED`] uids are tracked; when full, buckets that are full again (idle
@@ -235,7 +235,7 @@ mod tests {
         assert!(r.check(1000, t2).is_err());
     }
 
-    /// A scraper at 20 calls a second (the exporter under vm-tests 87's benchmark) is served
+    /// A scraper at 20 calls a second (the exporter under vm-tests 89's benchmark) is served
     /// from the reads budget for as long as it keeps that pace, and the light budget would
     /// refuse it within two seconds; a flood well above 25/s is still cut.
     #[test]

@@ -355,7 +355,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         // A document still fresh is served without drawing from the caller's budget: it costs a
-        // string copy, and the budget bounds work (vm-tests 87's 1,000 back-to-back scrapes were
+        // string copy, and the budget bounds work (vm-tests 89's 1,000 back-to-back scrapes were
         // refused when every cached answer was charged).
         let now = Instant::now();
         let fresh = |c: &(String, Instant, String)| c.0 == format && now - c.1 < self.cache_for;

@@ -78,12 +78,21 @@ test_users() {
 status_text() { systemctl show -P StatusText gpuctld.service; }
 
 wait_for() {
-    local end=$((SECONDS + $1))
+    local start=$SECONDS end=$((SECONDS + $1)) pause
     shift
     # A deadline, not a count of tries: under TCG one try (a jq, a busctl) can take a second.
+    # The pause grows with the wait. A try costs CPU that the awaited work needs (two vCPUs
+    # under TCG): in 97, a try every 0.1 s through a minute-long Ansible play was some 200
+    # systemctl runs beside it. A short wait keeps 0.1 s resolution; a long one needs no more
+    # than a second's.
     while [ $SECONDS -lt $end ]; do
         "$@" && return 0
-        sleep 0.1
+        case $((SECONDS - start)) in
+            [0-2]) pause=0.1 ;;
+            [3-9]) pause=0.3 ;;
+            *) pause=1 ;;
+        esac
+        sleep $pause
     done
     "$@"
 }

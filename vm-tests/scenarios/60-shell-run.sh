@@ -6,7 +6,7 @@
 # both sides; a device-less team joinable; daemon stopped 6; the bus policy keeps Apply/Reload
 # from users.
 # vmtest: timeout=420
-# vmtest: group=shell
+# vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh

@@ -3,7 +3,7 @@
 # inside a scope in gpu-infer.slice with the team's environment, `exit 7` leaves it with status
 # 7, and the scope is gone afterwards.
 # vmtest: timeout=300
-# vmtest: group=shell
+# vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh

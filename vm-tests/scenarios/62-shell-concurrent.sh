@@ -3,7 +3,7 @@
 # placed in their team's slice, bob is refused every time with exit 3; gpuctld stays healthy
 # (active, no restart, still converged, answers Status) and no scope is left behind.
 # vmtest: timeout=420
-# vmtest: group=shell
+# vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh

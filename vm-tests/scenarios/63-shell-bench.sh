@@ -8,7 +8,7 @@
 # installs the release package (as shipped); a `vm-tests/run` of a debug build measures mostly
 # the debug binary's start-up.
 # vmtest: timeout=420
-# vmtest: group=shell
+# vmtest: group=daemon
 # vmtest: bench-only=about 47 s of VM time (2026-12-03 CI: the scenario 46.8 s), and the project CI reached 2,839 s of its 2,700 s; it prints figures and asserts none, and 60-62 check gpuctl run and shell in every run
 . lib/common.sh
 . lib/fake-hw.sh

@@ -1,10 +1,12 @@
 #!/bin/bash
-# 87: the exporter under bad clients and load. Five clients that never finish their request do
-# not stall a scrape; a malformed request gets 400; then BENCH: scrape latency p50/p99 over 1,000
-# scrapes of gpuctl-exporter against 1,000 of Prometheus's own /metrics (the same-run baseline),
-# and gpuctld's wakeups over 10 s idle before any scrape and after the scrapes stopped.
+# 89 (benchmark): scrape latency p50/p99 over 1,000 scrapes of gpuctl-exporter against 1,000 of
+# Prometheus's own /metrics (the same-run baseline), and gpuctld's wakeups over 10 s idle before
+# any scrape and after the 2,000 scrapes stopped. Figures are printed (BENCH lines); it asserts
+# only that every scrape was answered. 87 checks in every run what the exporter must do under
+# bad clients and a steady scraper, and that gpuctld does not poll after it.
 # vmtest: timeout=600
 # vmtest: group=usage
+# vmtest: bench-only=about 75 s of VM time beyond what 87 checks (2026-12-03 CI: 106.5 s for the two together), and the project CI reached 2,925 s of its 2,700 s; it prints figures, and 87 checks the exporter's behaviour in every run
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
@@ -18,16 +20,6 @@ c0=$(ctx); sleep 10; idle_before=$(($(ctx) - c0))
 
 systemctl start gpuctl-exporter.socket
 E=http://127.0.0.1:9849/metrics
-r=$(http stall $E)
-echo "    scrape with 5 silent clients connected: $r"
-check_output "a scrape is served while 5 clients hang (< 5 s, 200)" \
-    awk -v ms="${r%% *}" -v st="${r#* }" 'BEGIN {exit !(ms < 5000 && st ~ /200 OK/)}'
-check_output "malformed request: 400" test "$(http status $E '\x16\x03\x01junk\r\n\r\n')" = "HTTP/1.1 400 Bad Request"
-check_output "unknown path: 404" test "$(http status $E 'GET /x HTTP/1.1\r\n\r\n')" = "HTTP/1.1 404 Not Found"
-# shellcheck disable=SC2317 # called through check
-served() { http get "$E" | grep -q '^gpuctl_up 1'; }
-check "metrics still served" served
-
 mkdir -p /tmp/prom
 printf 'global: {scrape_interval: 1h}\nscrape_configs: []\n' >/tmp/prom/empty.yml
 systemd-run -q --unit=vmtest-prometheus /usr/bin/prometheus --config.file=/tmp/prom/empty.yml \
@@ -44,6 +36,5 @@ systemctl stop vmtest-prometheus.service
 sleep 3
 c0=$(ctx); sleep 10; idle_after=$(($(ctx) - c0))
 echo "BENCH gpuctld idle wakeups (context switches in 10 s, nobody scraping): before any scrape ${idle_before}, after 2000+ scrapes ${idle_after}; ratio $(awk -v a="$idle_after" -v b="$idle_before" 'BEGIN {printf "%.2f", (b ? a / b : 0)}')x"
-check_output "gpuctld does not poll when nobody asks (idle wakeups after <= before + 5)" test "$idle_after" -le $((idle_before + 5))
 usage_teardown
 finish
