@@ -8,6 +8,9 @@
 #                      process list (infer 78000 MiB on GPU 0: over 90% of it; train and the
 #                      stray on train's MIG device). Sets P_INFER, P_TRAIN, P_STRAY.
 #   http ARGS...       the python HTTP helper below (get URL, query URL EXPR, ...)
+#   gpuctld_wakeups S  gpuctld's context switches (all threads) over S seconds: its wakeups
+#   exporter_setup     usage_setup, then gpuctld's wakeups over 10 s before anything scrapes
+#                      (IDLE_BEFORE), then gpuctl-exporter.socket started; E is its /metrics URL
 
 usage_setup() {
     gpuctld_setup 2
@@ -102,4 +105,22 @@ elif cmd == "stall":
     for s in idle:
         s.close()
 PY
+}
+
+gpuctld_wakeups() {
+    local pid c0
+    pid=$(systemctl show -P MainPID gpuctld.service)
+    c0=$(awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$pid/status")
+    sleep "$1"
+    echo $(($(awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$pid/status") - c0))
+}
+
+exporter_setup() {
+    usage_setup
+    sleep 2
+    # shellcheck disable=SC2034 # IDLE_BEFORE and E are read by the scenarios (87, 89)
+    IDLE_BEFORE=$(gpuctld_wakeups 10)
+    systemctl start gpuctl-exporter.socket
+    # shellcheck disable=SC2034
+    E=http://127.0.0.1:9849/metrics
 }

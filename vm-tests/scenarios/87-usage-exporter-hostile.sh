@@ -12,14 +12,7 @@
 . lib/gpuctld.sh
 . lib/usage.sh
 
-usage_setup
-gpid=$(systemctl show -P MainPID gpuctld.service)
-ctx() { awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$gpid/status"; }
-sleep 2
-c0=$(ctx); sleep 10; idle_before=$(($(ctx) - c0))
-
-systemctl start gpuctl-exporter.socket
-E=http://127.0.0.1:9849/metrics
+exporter_setup
 r=$(http stall $E)
 echo "    scrape with 5 silent clients connected: $r"
 check_output "a scrape is served while 5 clients hang (< 5 s, 200)" \
@@ -36,8 +29,8 @@ echo "    200 scrapes back to back: p50 ${g50:-?} ms, p99 ${g99:-?} ms"
 check "200 scrapes back to back, every one answered 200" test -n "$g99"
 
 sleep 3
-c0=$(ctx); sleep 10; idle_after=$(($(ctx) - c0))
-echo "    gpuctld context switches in 10 s idle: before any scrape ${idle_before}, after the scrapes ${idle_after}"
-check_output "gpuctld does not poll when nobody asks (idle wakeups after <= before + 5)" test "$idle_after" -le $((idle_before + 5))
+idle_after=$(gpuctld_wakeups 10)
+echo "    gpuctld context switches in 10 s idle: before any scrape ${IDLE_BEFORE}, after the scrapes ${idle_after}"
+check_output "gpuctld does not poll when nobody asks (idle wakeups after <= before + 5)" test "$idle_after" -le $((IDLE_BEFORE + 5))
 usage_teardown
 finish

@@ -12,14 +12,7 @@
 . lib/gpuctld.sh
 . lib/usage.sh
 
-usage_setup
-gpid=$(systemctl show -P MainPID gpuctld.service)
-ctx() { awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$gpid/status"; }
-sleep 2
-c0=$(ctx); sleep 10; idle_before=$(($(ctx) - c0))
-
-systemctl start gpuctl-exporter.socket
-E=http://127.0.0.1:9849/metrics
+exporter_setup
 mkdir -p /tmp/prom
 printf 'global: {scrape_interval: 1h}\nscrape_configs: []\n' >/tmp/prom/empty.yml
 systemd-run -q --unit=vmtest-prometheus /usr/bin/prometheus --config.file=/tmp/prom/empty.yml \
@@ -34,7 +27,7 @@ check "1000 scrapes answered" test -n "$g99"
 
 systemctl stop vmtest-prometheus.service
 sleep 3
-c0=$(ctx); sleep 10; idle_after=$(($(ctx) - c0))
-echo "BENCH gpuctld idle wakeups (context switches in 10 s, nobody scraping): before any scrape ${idle_before}, after 2000+ scrapes ${idle_after}; ratio $(awk -v a="$idle_after" -v b="$idle_before" 'BEGIN {printf "%.2f", (b ? a / b : 0)}')x"
+idle_after=$(gpuctld_wakeups 10)
+echo "BENCH gpuctld idle wakeups (context switches in 10 s, nobody scraping): before any scrape ${IDLE_BEFORE}, after 2000+ scrapes ${idle_after}; ratio $(awk -v a="$idle_after" -v b="$IDLE_BEFORE" 'BEGIN {printf "%.2f", (b ? a / b : 0)}')x"
 usage_teardown
 finish
