@@ -8,7 +8,7 @@
 #                      process list (infer 78000 MiB on GPU 0: over 90% of it; train and the
 #                      stray on train's MIG device). Sets P_INFER, P_TRAIN, P_STRAY.
 #   http ARGS...       the python HTTP helper below (get URL, query URL EXPR, ...)
-#   gpuctld_wakeups S  gpuctld's context switches (all threads) over S seconds: its wakeups
+#   gpuctld_wakeups S  context switches of gpuctld's main thread over S seconds: its wakeups
 #   exporter_setup     usage_setup, then gpuctld's wakeups over 10 s before anything scrapes
 #                      (IDLE_BEFORE), then gpuctl-exporter.socket started; E is its /metrics URL
 
@@ -110,9 +110,11 @@ PY
 gpuctld_wakeups() {
     local pid c0
     pid=$(systemctl show -P MainPID gpuctld.service)
-    c0=$(awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$pid/status")
+    # Voluntary + involuntary switches of the main thread (/proc/PID/status is per task).
+    _switches() { awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$pid/status"; }
+    c0=$(_switches)
     sleep "$1"
-    echo $(($(awk '/ctxt_switches/ {s += $2} END {print s}' "/proc/$pid/status") - c0))
+    echo $(($(_switches) - c0))
 }
 
 exporter_setup() {
