@@ -15,7 +15,6 @@
 //! (ignored), no introspection.
 
 use std::collections::BTreeMap;
-use std::fmt;
 use std::io::{self, Read, Write};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -32,9 +31,10 @@ const MAX_MESSAGE: usize = 1 << 20;
 const REPLY_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// What went wrong, in terms the caller maps to exit codes.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum WireError {
     /// The socket could not be opened (no bus, or no permission).
+    #[error("{}: {source}", path.display())]
     Connect {
         /// The socket path.
         path: PathBuf,
@@ -42,12 +42,16 @@ pub enum WireError {
         source: io::Error,
     },
     /// Reading or writing failed after connecting (the bus closed the connection, a timeout).
+    #[error("system bus: {0}")]
     Io(io::Error),
     /// The bus refused the authentication.
+    #[error("system bus refused authentication: {0}")]
     Auth(String),
     /// Something that is not the D-Bus protocol as this client knows it.
+    #[error("system bus: unexpected data: {0}")]
     Protocol(String),
     /// The call was answered with a D-Bus error.
+    #[error("{}", message.as_deref().unwrap_or(name))]
     Method {
         /// The error name, e.g. `org.gpuctl.Agent1.Error.NotMember`.
         name: String,
@@ -55,22 +59,6 @@ pub enum WireError {
         message: Option<String>,
     },
 }
-
-impl fmt::Display for WireError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            WireError::Connect { path, source } => write!(f, "{}: {source}", path.display()),
-            WireError::Io(e) => write!(f, "system bus: {e}"),
-            WireError::Auth(s) => write!(f, "system bus refused authentication: {s}"),
-            WireError::Protocol(s) => write!(f, "system bus: unexpected data: {s}"),
-            WireError::Method { name, message } => {
-                write!(f, "{}", message.as_deref().unwrap_or(name))
-            }
-        }
-    }
-}
-
-impl std::error::Error for WireError {}
 
 fn proto(s: impl Into<String>) -> WireError {
     WireError::Protocol(s.into())
@@ -233,38 +221,42 @@ pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
         return Err(WireError::Auth(line));
     }
     buf.drain(..line_end + 2);
+    let reply = read_reply(&mut buf, |b| fill(&mut s, b).map(|()| true))?;
+    Ok(reply.expect("fill fails rather than run dry"))
+}
 
+/// Whole messages from `buf`, topped up by `more` (`Ok(false)`: no more bytes), until the call's
+/// reply (`Some`), its error, or the end of the bytes (`None`).
+fn read_reply(
+    buf: &mut Vec<u8>,
+    mut more: impl FnMut(&mut Vec<u8>) -> Result<bool, WireError>,
+) -> Result<Option<Reply>, WireError> {
     loop {
         while buf.len() < 16 {
-            fill(&mut s, &mut buf)?;
+            if !more(buf)? {
+                return Ok(None);
+            }
         }
-        let Frame {
-            big,
-            fields_len,
-            header_len,
-            total,
-        } = frame(&buf[..16])?;
-        while buf.len() < total {
-            fill(&mut s, &mut buf)?;
+        let f = frame(&buf[..16])?;
+        while buf.len() < f.total {
+            if !more(buf)? {
+                return Ok(None);
+            }
         }
-        let msg: Vec<u8> = buf.drain(..total).collect();
-        if let Some(r) = handle(&msg, big, fields_len, header_len)? {
-            return Ok(r);
+        let msg: Vec<u8> = buf.drain(..f.total).collect();
+        if let Some(r) = handle(&msg, &f)? {
+            return Ok(Some(r));
         }
     }
 }
 
 /// One whole message: `Some` for the call's reply, `Err` for its error (or a malformed
 /// message), `None` for anything else (Hello's reply, signals).
-fn handle(
-    msg: &[u8],
-    big: bool,
-    fields_len: usize,
-    header_len: usize,
-) -> Result<Option<Reply>, WireError> {
-    let h = parse_header(msg, big, fields_len)?;
+fn handle(msg: &[u8], f: &Frame) -> Result<Option<Reply>, WireError> {
+    let big = f.big;
+    let h = parse_header(msg, big, f.fields_len)?;
     let body = msg
-        .get(header_len..)
+        .get(f.header_len..)
         .ok_or_else(|| proto("message ends inside its header"))?;
     match (h.kind, h.reply_serial) {
         (METHOD_RETURN, Some(2)) => Ok(Some(Reply {
@@ -294,26 +286,8 @@ fn handle(
 /// What the client makes of `stream`, the bytes a bus sends after `OK <guid>\r\n`: the reply
 /// to the call (serial 2), its error, or `Ok(None)` when the stream ends first. The same
 /// framing and parsing as [`call`], without a socket, for tests and the fuzzer.
-pub fn parse_stream(mut stream: &[u8]) -> Result<Option<Reply>, WireError> {
-    loop {
-        if stream.len() < 16 {
-            return Ok(None);
-        }
-        let Frame {
-            big,
-            fields_len,
-            header_len,
-            total,
-        } = frame(&stream[..16])?;
-        if stream.len() < total {
-            return Ok(None);
-        }
-        let (msg, rest) = stream.split_at(total);
-        stream = rest;
-        if let Some(r) = handle(msg, big, fields_len, header_len)? {
-            return Ok(Some(r));
-        }
-    }
+pub fn parse_stream(stream: &[u8]) -> Result<Option<Reply>, WireError> {
+    read_reply(&mut stream.to_vec(), |_| Ok(false))
 }
 
 /// Sizes of a message, from its first 16 bytes.
@@ -390,15 +364,9 @@ fn parse_header(msg: &[u8], big: bool, fields_len: usize) -> Result<Header, Wire
             (5, "u") => h.reply_serial = Some(r.u32()?),
             (4, "s") => h.error_name = Some(r.string()?),
             (8, "g") => h.signature = r.signature()?,
-            (_, "s" | "o") => {
-                r.string()?;
-            }
-            (_, "g") => {
-                r.signature()?;
-            }
-            (_, "u") => {
-                r.u32()?;
-            }
+            (_, "s" | "o") => _ = r.string()?,
+            (_, "g") => _ = r.signature()?,
+            (_, "u") => _ = r.u32()?,
             (c, s) => return Err(proto(format!("header field {c} of type '{s}'"))),
         }
     }
@@ -415,14 +383,15 @@ fn message(serial: u32, c: &Call<'_>) -> Vec<u8> {
         pad(m, 8);
         m.extend([code, 1, sig, 0]);
     };
-    field(&mut m, 1, b'o');
-    put_string(&mut m, c.path);
-    field(&mut m, 2, b's');
-    put_string(&mut m, c.interface);
-    field(&mut m, 3, b's');
-    put_string(&mut m, c.member);
-    field(&mut m, 6, b's');
-    put_string(&mut m, c.destination);
+    for (code, sig, value) in [
+        (1, b'o', c.path),
+        (2, b's', c.interface),
+        (3, b's', c.member),
+        (6, b's', c.destination),
+    ] {
+        field(&mut m, code, sig);
+        put_string(&mut m, value);
+    }
     if !c.signature.is_empty() {
         field(&mut m, 8, b'g');
         m.push(c.signature.len() as u8);
