@@ -62,11 +62,37 @@ fn checked_mps_unit(instance: &str) -> Result<String, SystemdError> {
     }
 }
 
-fn bus<'a>(unit: &'a str, op: &'static str) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
+/// The [`SystemdError::Bus`] of `op` on `unit`, for `map_err`.
+pub(super) fn bus<'a>(
+    unit: &'a str,
+    op: &'static str,
+) -> impl FnOnce(zbus::Error) -> SystemdError + 'a {
     move |source| SystemdError::Bus {
         unit: unit.to_string(),
         op,
         source: Box::new(source),
+    }
+}
+
+/// `Ok` for a job that ended `done`; else its result, or (`None`) the wait of `limit` ran out.
+pub(super) fn job_result(
+    unit: &str,
+    op: &'static str,
+    result: Option<String>,
+    limit: Duration,
+) -> Result<(), SystemdError> {
+    match result {
+        Some(r) if r == "done" => Ok(()),
+        Some(result) => Err(SystemdError::Job {
+            unit: unit.to_string(),
+            op,
+            result,
+        }),
+        None => Err(SystemdError::JobTimeout {
+            unit: unit.to_string(),
+            op,
+            secs: limit.as_secs(),
+        }),
     }
 }
 
@@ -162,26 +188,17 @@ impl Systemd {
         let Some(path) = self.unit_path(name).await? else {
             return Ok(None);
         };
-        let get = async {
-            if name.ends_with(".service") {
-                let p = super::proxy::ServiceProxy::builder(&self.conn)
-                    .cache_properties(CacheProperties::No)
-                    .path(path)?
-                    .build()
-                    .await?;
-                p.slice().await.map(Some)
-            } else if name.ends_with(".scope") {
-                let p = super::proxy::ScopeProxy::builder(&self.conn)
-                    .cache_properties(CacheProperties::No)
-                    .path(path)?
-                    .build()
-                    .await?;
-                p.slice().await.map(Some)
-            } else {
-                Ok(None)
-            }
+        let iface = match name.rsplit_once('.') {
+            Some((_, "service")) => "org.freedesktop.systemd1.Service",
+            Some((_, "scope")) => "org.freedesktop.systemd1.Scope",
+            _ => return Ok(None),
         };
-        get.await.map_err(bus(name, "Get(Slice)"))
+        let get = async {
+            let iface = zbus::names::InterfaceName::from_static_str(iface)?;
+            let slice = self.properties(path).await?.get(iface, "Slice").await?;
+            String::try_from(slice).map_err(zbus::Error::from)
+        };
+        get.await.map(Some).map_err(bus(name, "Get(Slice)"))
     }
 
     /// Queue a job with `issue` and wait for its `JobRemoved`; `Ok` only for result `done`.
@@ -216,29 +233,17 @@ impl Systemd {
             while let Some(sig) = removed.next().await {
                 let Ok(args) = sig.args() else { continue };
                 if *args.job() == job {
-                    return Some(args.result().clone());
+                    return args.result().clone();
                 }
             }
-            None
+            "signal stream closed".to_string()
         };
-        match tokio::time::timeout(limit, wait).await {
-            Ok(Some(result)) if result == "done" => Ok(()),
-            Ok(Some(result)) => Err(SystemdError::Job {
-                unit: unit.to_string(),
-                op,
-                result,
-            }),
-            Ok(None) => Err(SystemdError::Job {
-                unit: unit.to_string(),
-                op,
-                result: "signal stream closed".into(),
-            }),
-            Err(_) => Err(SystemdError::JobTimeout {
-                unit: unit.to_string(),
-                op,
-                secs: limit.as_secs(),
-            }),
-        }
+        job_result(
+            unit,
+            op,
+            tokio::time::timeout(limit, wait).await.ok(),
+            limit,
+        )
     }
 
     /// Start a unit (mode `replace`) and wait for the job.
@@ -364,6 +369,20 @@ impl Systemd {
         read.await.map_err(bus(&unit, "Get(Slice properties)"))
     }
 
+    /// An uncached `org.freedesktop.DBus.Properties` proxy of systemd's object at `path`.
+    async fn properties<P>(&self, path: P) -> zbus::Result<zbus::fdo::PropertiesProxy<'static>>
+    where
+        P: TryInto<zbus::zvariant::ObjectPath<'static>>,
+        P::Error: Into<zbus::Error>,
+    {
+        zbus::fdo::PropertiesProxy::builder(&self.conn)
+            .destination("org.freedesktop.systemd1")?
+            .path(path)?
+            .cache_properties(CacheProperties::No)
+            .build()
+            .await
+    }
+
     /// One `GetAll` of the `Slice` interface at `path`: every setting the table in
     /// `crate::settings` knows.
     async fn slice_get_all<P>(&self, path: P) -> zbus::Result<props::RawSlice>
@@ -371,14 +390,9 @@ impl Systemd {
         P: TryInto<zbus::zvariant::ObjectPath<'static>>,
         P::Error: Into<zbus::Error>,
     {
-        let props = zbus::fdo::PropertiesProxy::builder(&self.conn)
-            .destination("org.freedesktop.systemd1")?
-            .path(path)?
-            .cache_properties(CacheProperties::No)
-            .build()
-            .await?;
         let iface = zbus::names::InterfaceName::from_static_str("org.freedesktop.systemd1.Slice")?;
-        Ok(props.get_all(iface).await?.into_iter().collect())
+        let all = self.properties(path).await?.get_all(iface).await?;
+        Ok(all.into_iter().collect())
     }
 
     /// See [`LiveUnits::read_slice`].

@@ -84,13 +84,6 @@ pub trait Manager {
     /// A unit was dropped from memory.
     #[zbus(signal)]
     fn unit_removed(&self, id: String, unit: OwnedObjectPath) -> zbus::Result<()>;
-    /// A unit was loaded into memory.
-    #[zbus(signal)]
-    fn unit_new(&self, id: String, unit: OwnedObjectPath) -> zbus::Result<()>;
-
-    /// systemd version string.
-    #[zbus(property)]
-    fn version(&self) -> zbus::Result<String>;
 }
 
 /// `org.freedesktop.systemd1.Unit`: state common to every unit type.
@@ -100,9 +93,6 @@ pub trait Manager {
     gen_blocking = false
 )]
 pub trait Unit {
-    /// Primary name.
-    #[zbus(property)]
-    fn id(&self) -> zbus::Result<String>;
     /// `loaded`, `not-found`, `masked`, …
     #[zbus(property)]
     fn load_state(&self) -> zbus::Result<String>;
@@ -112,42 +102,4 @@ pub trait Unit {
     /// Type-specific state (`running`, `dead`, …).
     #[zbus(property)]
     fn sub_state(&self) -> zbus::Result<String>;
-    /// Unit file, empty when there is none (an implicit slice).
-    #[zbus(property)]
-    fn fragment_path(&self) -> zbus::Result<String>;
-    /// Drop-ins in effect.
-    #[zbus(property)]
-    fn drop_in_paths(&self) -> zbus::Result<Vec<String>>;
-}
-
-/// `org.freedesktop.systemd1.Service`: the few service properties gpuctl reads.
-#[proxy(
-    interface = "org.freedesktop.systemd1.Service",
-    default_service = "org.freedesktop.systemd1",
-    gen_blocking = false
-)]
-pub trait Service {
-    /// Main PID, 0 when not running.
-    #[zbus(property, name = "MainPID")]
-    fn main_pid(&self) -> zbus::Result<u32>;
-    /// Slice the service runs in.
-    #[zbus(property)]
-    fn slice(&self) -> zbus::Result<String>;
-    /// `StatusText` sent with `sd_notify(STATUS=…)`.
-    #[zbus(property)]
-    fn status_text(&self) -> zbus::Result<String>;
-}
-
-/// `org.freedesktop.systemd1.Scope`.
-#[proxy(
-    interface = "org.freedesktop.systemd1.Scope",
-    default_service = "org.freedesktop.systemd1",
-    gen_blocking = false
-)]
-pub trait Scope {
-    /// Let the scope's processes outlive its manager.
-    fn abandon(&self) -> zbus::Result<()>;
-    /// Slice the scope runs in.
-    #[zbus(property)]
-    fn slice(&self) -> zbus::Result<String>;
 }

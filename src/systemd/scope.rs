@@ -3,7 +3,7 @@
 //! placements ([`JobWaiter`]), and a slice property read by object path without a `LoadUnit`
 //! round trip.
 
-use super::client::Systemd;
+use super::client::{bus, job_result, Systemd};
 use super::SystemdError;
 use futures_lite::StreamExt;
 use std::collections::{HashMap, VecDeque};
@@ -59,8 +59,12 @@ impl JobWaiter {
         Ok(w)
     }
 
+    fn lock(&self) -> std::sync::MutexGuard<'_, WaitState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     fn finished(&self, job: String, result: String) {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let mut st = self.lock();
         match st.waiting.remove(&job) {
             Some(tx) => {
                 let _ = tx.send(result);
@@ -77,7 +81,7 @@ impl JobWaiter {
     /// The result of `job` (`done`, `failed`, …), or `None` after `timeout`.
     pub async fn wait(&self, job: &str, timeout: Duration) -> Option<String> {
         let rx = {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+            let mut st = self.lock();
             if let Some(i) = st.early.iter().position(|(j, _)| j == job) {
                 return st.early.remove(i).map(|(_, r)| r);
             }
@@ -90,8 +94,7 @@ impl JobWaiter {
             .ok()
             .and_then(Result::ok);
         if r.is_none() {
-            let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.waiting.remove(job);
+            self.lock().waiting.remove(job);
         }
         r
     }
@@ -115,11 +118,7 @@ impl Systemd {
             let v: OwnedValue = reply.body().deserialize()?;
             String::try_from(v).map_err(zbus::Error::from)
         };
-        get.await.map_err(|source| SystemdError::Bus {
-            unit: slice.to_string(),
-            op: "Get(DevicePolicy)",
-            source: Box::new(source),
-        })
+        get.await.map_err(bus(slice, "Get(DevicePolicy)"))
     }
 
     /// Move the running `pid` into a new transient scope `scope` in `slice` and wait (on
@@ -177,11 +176,7 @@ impl Systemd {
             )
             .await
             .map(|_| ())
-            .map_err(|source| SystemdError::Bus {
-                unit: scope.to_string(),
-                op: "AbandonScope",
-                source: Box::new(source),
-            })
+            .map_err(bus(scope, "AbandonScope"))
     }
 
     async fn start_scope_once(
@@ -207,24 +202,9 @@ impl Systemd {
             .manager()
             .start_transient_unit(scope, "fail", &props, &[])
             .await
-            .map_err(|source| SystemdError::Bus {
-                unit: scope.to_string(),
-                op: "StartTransientUnit",
-                source: Box::new(source),
-            })?;
-        match jobs.wait(job.as_str(), SCOPE_START_LIMIT).await {
-            Some(r) if r == "done" => Ok(()),
-            Some(result) => Err(SystemdError::Job {
-                unit: scope.to_string(),
-                op: "start",
-                result,
-            }),
-            None => Err(SystemdError::JobTimeout {
-                unit: scope.to_string(),
-                op: "start",
-                secs: SCOPE_START_LIMIT.as_secs(),
-            }),
-        }
+            .map_err(bus(scope, "StartTransientUnit"))?;
+        let result = jobs.wait(job.as_str(), SCOPE_START_LIMIT).await;
+        job_result(scope, "start", result, SCOPE_START_LIMIT)
     }
 }
 
