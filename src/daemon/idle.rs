@@ -36,8 +36,8 @@ pub fn interval_from_env() -> Duration {
 }
 
 fn rules_of(shared: &Mutex<Shared>) -> BTreeMap<String, IdleRule> {
-    let sh = shared.lock().unwrap_or_else(|e| e.into_inner());
-    sh.policy
+    super::lock(shared)
+        .policy
         .as_ref()
         .map(|p| {
             p.teams
@@ -76,10 +76,7 @@ pub async fn run(
         let rules = rules_of(&shared);
         tracker.set_rules(rules.clone());
         if !tracker.active() {
-            {
-                let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
-                sh.idle = IdleReply::default();
-            }
+            super::lock(&shared).idle = IdleReply::default();
             // notify_one keeps a permit, so a reconcile that ended before this wait still
             // wakes it; the first sample after rules appear is taken at once.
             policy_seen.notified().await;
@@ -100,15 +97,12 @@ pub async fn run(
         }
         let s = sample::from_usage(&usage, &rules);
         let events = tracker.observe(&s);
-        {
-            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
-            sh.idle = IdleReply {
-                at_ms: s.at_ms,
-                interval_ms: interval.as_millis() as u64,
-                sampling: true,
-                holders: tracker.holders(),
-            };
-        }
+        super::lock(&shared).idle = IdleReply {
+            at_ms: s.at_ms,
+            interval_ms: interval.as_millis() as u64,
+            sampling: true,
+            holders: tracker.holders(),
+        };
         for e in events {
             act(&root, &sd, &rules, e).await;
         }
@@ -197,26 +191,18 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
         Event::Stop(h) => {
             // The tracker only emits stops it may make; checked again at the effector, which
             // also refuses a unit that is not directly in the team's slice.
-            let refusal = match rules.get(&h.team) {
+            let refusal = match rules.get(&h.team).map(|r| not_stoppable(r, &h.unit)) {
                 None => Some("the team has no idle rule any more".to_string()),
-                Some(r) => not_stoppable(r, &h.unit),
+                Some(Some(no)) => Some(no),
+                Some(None) => match in_team_slice(sd, &h).await {
+                    Ok(true) => None,
+                    Ok(false) => Some(format!("it is not in gpu-{}.slice", h.team)),
+                    Err(e) => Some(format!("cannot read its slice: {e}")),
+                },
             };
             if let Some(no) = refusal {
                 warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit, "not stopping {}: {no}", h.unit);
                 return;
-            }
-            match in_team_slice(sd, &h).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit,
-                        "not stopping {}: it is not in gpu-{}.slice", h.unit, h.team);
-                    return;
-                }
-                Err(e) => {
-                    warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit,
-                        "not stopping {}: cannot read its slice: {e}", h.unit);
-                    return;
-                }
             }
             let text = format!(
                 "Your GPU job {} (team {}) on device {} is being stopped: {} for {}.",

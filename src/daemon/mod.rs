@@ -41,6 +41,11 @@ pub mod state;
 pub mod watch;
 pub mod watchdog;
 
+/// The value behind `m`, even when a thread panicked holding it: the state stays usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Seconds since the epoch.
 pub fn unix_now() -> u64 {
     std::time::SystemTime::now()
@@ -141,7 +146,7 @@ pub fn load_keeping_last_good(
     match load_policy(root) {
         Ok(p) => {
             *last_good = Some(p.clone());
-            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sh = lock(shared);
             sh.policy_error = None;
             sh.policy = Some(p.clone());
             sh.policy_origin = Some("current");
@@ -153,7 +158,7 @@ pub fn load_keeping_last_good(
                 // After a restart the in-memory copy is gone; the disk copy is the memory.
                 *last_good = state::load_last_good(&root.join(state::LAST_GOOD));
             }
-            let mut sh = shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sh = lock(shared);
             sh.policy_error = Some(e.to_string());
             sh.policy = last_good.clone();
             sh.policy_origin = last_good.as_ref().map(|_| "last-good");
@@ -247,14 +252,11 @@ struct BusBackend {
 
 impl crate::dbus_api::Backend for BusBackend {
     fn state(&self) -> Shared {
-        self.shared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        lock(&self.shared).clone()
     }
 
     fn policy(&self) -> Result<Policy, Refusal> {
-        let sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let sh = lock(&self.shared);
         sh.policy.clone().ok_or_else(|| {
             let why = sh.policy_error.as_deref().unwrap_or("not loaded");
             Refusal::NoPolicy(why.into())
@@ -266,11 +268,7 @@ impl crate::dbus_api::Backend for BusBackend {
     }
 
     fn idle(&self) -> crate::dbus_api::reply::IdleReply {
-        self.shared
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .idle
-            .clone()
+        lock(&self.shared).idle.clone()
     }
 }
 
@@ -378,7 +376,7 @@ impl Looper {
             gpuctl_action = "load-policy",
             "{failure}; last good policy kept"
         );
-        let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+        let mut sh = lock(&self.shared);
         sh.policy_error = Some(failure);
         sh.policy = self.last_good.clone();
         sh.policy_origin = self.last_good.as_ref().map(|_| "last-good");
@@ -388,7 +386,7 @@ impl Looper {
     async fn cycle(&mut self, reason: &str, observe: Observe) -> ReconcileReport {
         info!(gpuctl_action = "reconcile", "reconcile ({reason})");
         {
-            let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sh = lock(&self.shared);
             sh.busy = true;
             sh.cycle_started_us = unix_now_us();
         }
@@ -404,7 +402,7 @@ impl Looper {
                 let rec = self.reconciler.clone();
                 self.progress.enter(reconcile_limit(&p));
                 let r = tokio::task::spawn_blocking(move || {
-                    let mut rec = rec.lock().unwrap_or_else(|e| e.into_inner());
+                    let mut rec = lock(&rec);
                     match observe {
                         Observe::All => rec.reconcile(&p),
                         Observe::Units => rec.reconcile_units(&p),
@@ -426,7 +424,7 @@ impl Looper {
             },
         };
         let text = {
-            let mut sh = self.shared.lock().unwrap_or_else(|e| e.into_inner());
+            let mut sh = lock(&self.shared);
             sh.status_text = match (&sh.policy_error, &sh.policy_origin) {
                 (Some(e), Some(_)) => format!("policy error in {e} — last good policy in force"),
                 (Some(e), None) => {
@@ -436,7 +434,7 @@ impl Looper {
             };
             sh.last_report = Some(report.clone());
             if !report.units.is_empty() || report.converged() {
-                let mut ex = self.expected.lock().unwrap_or_else(|e| e.into_inner());
+                let mut ex = lock(&self.expected);
                 *ex = report.units.iter().cloned().collect();
             }
             sh.busy = false;
@@ -473,11 +471,9 @@ impl Looper {
         };
         let rec = self.reconciler.clone();
         self.progress.enter(reconcile_limit(&p));
-        let r = tokio::task::spawn_blocking(move || {
-            rec.lock().unwrap_or_else(|e| e.into_inner()).plan(&p)
-        })
-        .await
-        .unwrap_or_default();
+        let r = tokio::task::spawn_blocking(move || lock(&rec).plan(&p))
+            .await
+            .unwrap_or_default();
         self.progress.leave();
         r
     }
@@ -502,11 +498,7 @@ async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSe
             .map(|s| s.contains(id.as_str()))
             .unwrap_or(false);
         if ours && wanted {
-            let _ = tx.send(Request::Reconcile {
-                reason: format!("{id} removed"),
-                reply: None,
-                observe: Observe::Units,
-            });
+            let _ = tx.send(Request::trigger(format!("{id} removed"), Observe::Units));
         }
     }
 }
@@ -535,19 +527,13 @@ async fn watch_dropins(root: Root, shared: Arc<Mutex<Shared>>, tx: mpsc::Unbound
         // gpuctld's own set-property writes the same files; those arrive while it reconciles
         // and lead to one more, empty, check rather than being ignored, so that a hand change
         // made during a reconcile is not lost.
-        let reason = if busy {
-            format!(
-                "re-check after control drop-ins changed during a reconcile: {}",
-                files.join(" ")
-            )
+        let what = if busy {
+            "re-check after control drop-ins changed during a reconcile"
         } else {
-            format!("drift: control drop-ins changed: {}", files.join(" "))
+            "drift: control drop-ins changed"
         };
-        let _ = tx.send(Request::Reconcile {
-            reason,
-            reply: None,
-            observe: Observe::Units,
-        });
+        let reason = format!("{what}: {}", files.join(" "));
+        let _ = tx.send(Request::trigger(reason, Observe::Units));
     }
 }
 
@@ -559,19 +545,18 @@ async fn watch_mps_state(
     expected: ExpectedUnits,
     tx: mpsc::UnboundedSender<Request>,
 ) {
-    let rule = zbus::MatchRule::builder()
-        .msg_type(zbus::message::Type::Signal)
-        .sender("org.freedesktop.systemd1")
-        .and_then(|b| b.interface("org.freedesktop.DBus.Properties"))
-        .and_then(|b| b.member("PropertiesChanged"))
-        .and_then(|b| b.path_namespace("/org/freedesktop/systemd1/unit"))
-        .and_then(|b| b.arg(0, "org.freedesktop.systemd1.Unit"))
-        .map(|b| b.build());
-    let stream = match rule {
-        Ok(r) => zbus::MessageStream::for_match_rule(r, &conn, Some(64)).await,
-        Err(e) => Err(e),
+    let stream = async {
+        let rule = zbus::MatchRule::builder()
+            .msg_type(zbus::message::Type::Signal)
+            .sender("org.freedesktop.systemd1")?
+            .interface("org.freedesktop.DBus.Properties")?
+            .member("PropertiesChanged")?
+            .path_namespace("/org/freedesktop/systemd1/unit")?
+            .arg(0, "org.freedesktop.systemd1.Unit")?
+            .build();
+        zbus::MessageStream::for_match_rule(rule, &conn, Some(64)).await
     };
-    let mut stream = match stream {
+    let mut stream = match stream.await {
         Ok(s) => s,
         Err(e) => {
             warn!("cannot watch MPS unit states ({e}); relying on UnitRemoved and the timer");
@@ -600,9 +585,7 @@ async fn watch_mps_state(
             continue;
         };
         let busy = shared.lock().map(|s| s.busy).unwrap_or(false);
-        let unit = expected
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let unit = lock(&expected)
             .iter()
             .find(|u| crate::systemd::scope::unit_object_path(u) == path.as_str())
             .cloned();
@@ -611,11 +594,10 @@ async fn watch_mps_state(
         let Some(unit) = unit.filter(|_| !busy) else {
             continue;
         };
-        let _ = tx.send(Request::Reconcile {
-            reason: format!("drift: {unit} is {state}"),
-            reply: None,
-            observe: Observe::Units,
-        });
+        let _ = tx.send(Request::trigger(
+            format!("drift: {unit} is {state}"),
+            Observe::Units,
+        ));
     }
 }
 
@@ -634,11 +616,7 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
     // coalesced into exactly one more by the main loop. `debounce` is only the quiet window
     // for changes under way (`PolicyWatch::next_settled` says why).
     while w.next_settled(debounce).await.is_ok() {
-        let _ = tx.send(Request::Reconcile {
-            reason: "policy files changed".into(),
-            reply: None,
-            observe: Observe::Policy,
-        });
+        let _ = tx.send(Request::trigger("policy files changed", Observe::Policy));
     }
 }
 
@@ -768,11 +746,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
                 notify(&[sd_notify::NotifyState::Ready]);
                 continue;
             }
-            _ = drift.tick() => Request::Reconcile {
-                reason: "drift timer".into(),
-                reply: None,
-                observe: Observe::All,
-            },
+            _ = drift.tick() => Request::trigger("drift timer", Observe::All),
             _ = term.recv() => break,
             _ = int.recv() => break,
         };
@@ -781,11 +755,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         let mut reasons = Vec::new();
         let mut plans = Vec::new();
         let mut observe = None::<Observe>;
-        let mut pending = vec![first];
-        while let Ok(r) = rx.try_recv() {
-            pending.push(r);
-        }
-        for r in pending {
+        for r in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match r {
                 Request::Reconcile {
                     reason,

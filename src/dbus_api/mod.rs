@@ -107,6 +107,17 @@ pub enum Observe {
     All,
 }
 
+impl Request {
+    /// A reconcile for `reason` that nobody waits for (a watch's trigger, the drift timer).
+    pub fn trigger(reason: impl Into<String>, observe: Observe) -> Request {
+        Request::Reconcile {
+            reason: reason.into(),
+            reply: None,
+            observe,
+        }
+    }
+}
+
 impl Observe {
     /// What a run serving both `self` and `other` must read.
     pub fn and(self, other: Observe) -> Observe {
@@ -143,6 +154,7 @@ pub struct Agent {
     sd: Systemd,
     root: Root,
     jobs: Arc<JobWaiter>,
+    /// The per-uid budgets bus calls draw from ([`crate::ratelimit`] says why each).
     light: Mutex<RateLimiter>,
     heavy: Mutex<RateLimiter>,
     reads: Mutex<RateLimiter>,
@@ -152,14 +164,6 @@ pub struct Agent {
     metrics_cache: Mutex<Vec<(String, Instant, String)>>,
     /// How long a usage collection (and so a metrics document) serves every reader.
     cache_for: std::time::Duration,
-}
-
-/// Which per-uid budget a bus call draws from ([`crate::ratelimit`] says why each).
-#[derive(Debug, Clone, Copy)]
-enum Class {
-    Light,
-    Heavy,
-    Reads,
 }
 
 /// Decrements the queued-plan count however the call ends (answered, dropped, cancelled).
@@ -177,15 +181,10 @@ impl Agent {
         &self,
         conn: &Connection,
         hdr: &Header<'_>,
-        class: Class,
+        limiter: &Mutex<RateLimiter>,
         what: &str,
     ) -> fdo::Result<()> {
         let uid = caller_uid(conn, hdr).await?;
-        let limiter = match class {
-            Class::Light => &self.light,
-            Class::Heavy => &self.heavy,
-            Class::Reads => &self.reads,
-        };
         let r = limiter
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -252,7 +251,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, Class::Light, "Status").await?;
+        self.admit(conn, &hdr, &self.light, "Status").await?;
         let reply = status(self.backend.state(), &self.sd).await;
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
@@ -263,7 +262,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, Class::Heavy, "Plan").await?;
+        self.admit(conn, &hdr, &self.heavy, "Plan").await?;
         if self.queued_plans.fetch_add(1, Ordering::SeqCst) >= MAX_QUEUED_PLANS {
             self.queued_plans.fetch_sub(1, Ordering::SeqCst);
             return Err(fdo::Error::LimitsExceeded(format!(
@@ -310,7 +309,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
-        self.admit(conn, &hdr, Class::Light, "Join").await?;
+        self.admit(conn, &hdr, &self.light, "Join").await?;
         let r = join::join(
             &*self.backend,
             &self.sd,
@@ -331,7 +330,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, Class::Reads, "Usage").await?;
+        self.admit(conn, &hdr, &self.reads, "Usage").await?;
         let u = usage::usage_marked(&*self.backend, &self.root).await?;
         serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
@@ -343,7 +342,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
-        self.admit(conn, &hdr, Class::Reads, "Idle").await?;
+        self.admit(conn, &hdr, &self.reads, "Idle").await?;
         serde_json::to_string(&self.backend.idle()).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
@@ -367,7 +366,7 @@ impl Agent {
         if let Some(c) = cached {
             return Ok(c.2);
         }
-        self.admit(conn, &hdr, Class::Reads, "Metrics").await?;
+        self.admit(conn, &hdr, &self.reads, "Metrics").await?;
         let text = usage::metrics(&*self.backend, &self.sd, &self.root, &format).await?;
         if let Ok(mut m) = self.metrics_cache.lock() {
             m.retain(|c| c.0 != format);
@@ -384,7 +383,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<HashMap<String, String>, join::JoinError> {
-        self.admit(conn, &hdr, Class::Light, "Env").await?;
+        self.admit(conn, &hdr, &self.light, "Env").await?;
         join::env(&*self.backend, &self.root, conn, &hdr, &team).await
     }
 
@@ -394,7 +393,7 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, join::JoinError> {
-        self.admit(conn, &hdr, Class::Light, "Teams").await?;
+        self.admit(conn, &hdr, &self.light, "Teams").await?;
         join::teams(&*self.backend, &self.root, conn, &hdr).await
     }
 
