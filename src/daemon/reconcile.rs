@@ -134,7 +134,12 @@ impl CoreReconciler {
 
     fn run(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport {
         let mut laps = Laps::start();
-        let r = self.run_timed(policy, observe, &mut laps);
+        let mut r = ReconcileReport {
+            teams: policy.teams.len(),
+            ..Default::default()
+        };
+        self.run_timed(policy, observe, &mut laps, &mut r);
+        r.at = super::unix_now();
         // Nothing is held open between reconciles (RealHost::release_nvml says why).
         self.host.release_nvml();
         debug!(
@@ -145,11 +150,13 @@ impl CoreReconciler {
         r
     }
 
-    fn run_timed(&mut self, policy: &Policy, observe: Observe, laps: &mut Laps) -> ReconcileReport {
-        let mut r = ReconcileReport {
-            teams: policy.teams.len(),
-            ..Default::default()
-        };
+    fn run_timed(
+        &mut self,
+        policy: &Policy,
+        observe: Observe,
+        laps: &mut Laps,
+        r: &mut ReconcileReport,
+    ) {
         // One writer (issue 17): `gpuctl apply --local` and gpuctld never apply at once. Taken
         // before observing, so the plan starts from what the other writer left.
         let _lock = match crate::apply::lock::ApplyLock::acquire(
@@ -167,8 +174,7 @@ impl CoreReconciler {
             Err(e) => {
                 error!(gpuctl_action = "lock", "{e}");
                 r.errors.push(e.to_string());
-                r.at = super::unix_now();
-                return r;
+                return;
             }
         };
         // gpuctl owns its units: persistent `set-property` overrides go (issue 17; see
@@ -211,9 +217,8 @@ impl CoreReconciler {
                 o.clone()
             }
             None => {
-                let Some(o) = self.observe(policy, prev.as_ref(), &mut r) else {
-                    r.at = super::unix_now();
-                    return r;
+                let Some(o) = self.observe(policy, prev.as_ref(), r) else {
+                    return;
                 };
                 laps.lap(if cached {
                     "observe (units)"
@@ -229,7 +234,7 @@ impl CoreReconciler {
         // An unfinished MIG transaction of an earlier run (a crash) is rolled forward or back by
         // the executor even when the plan looks empty.
         let end = if pl.actions.is_empty() && !journal.path().exists() {
-            warn_blocked(&pl, &mut r);
+            warn_blocked(&pl, r);
             obs
         } else {
             let phases = self.host.phases();
@@ -247,7 +252,7 @@ impl CoreReconciler {
             // cache: a plan from cached GPUs touches no GPU).
             let after = match ran {
                 Ok(mut rep) => {
-                    absorb(&rep, &mut r);
+                    absorb(&rep, r);
                     Ok(std::mem::take(&mut rep.end))
                 }
                 Err(e) => {
@@ -263,8 +268,7 @@ impl CoreReconciler {
                 Err(e) => {
                     r.errors
                         .push(format!("observing the host after apply: {e}"));
-                    r.at = super::unix_now();
-                    return r;
+                    return;
                 }
             }
         };
@@ -294,8 +298,6 @@ impl CoreReconciler {
             teams: d.teams,
             gpus: end.gpus,
         });
-        r.at = super::unix_now();
-        r
     }
 }
 
@@ -364,17 +366,19 @@ fn warn_blocked(pl: &Plan, r: &mut ReconcileReport) {
     }
 }
 
-/// Log one action with the journald fields admins filter on.
-fn log_action(a: &Action, verb: &str) {
-    let team = a.kind.team().unwrap_or("");
-    let gpu = a
-        .kind
+/// The `GPUCTL_GPU` journal field of an action: its GPU's index, or empty.
+fn gpu_field(a: &Action) -> String {
+    a.kind
         .gpu_index()
         .map(|i| i.to_string())
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+/// Log one action with the journald fields admins filter on.
+fn log_action(a: &Action, verb: &str) {
     info!(
-        gpuctl_team = team,
-        gpuctl_gpu = gpu,
+        gpuctl_team = a.kind.team().unwrap_or(""),
+        gpuctl_gpu = gpu_field(a),
         gpuctl_action = %a.phase,
         "{verb}{} — {}",
         a.kind,
@@ -412,14 +416,9 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
             r.differs.push(e.to_string());
             continue;
         }
-        let gpu = a
-            .kind
-            .gpu_index()
-            .map(|i| i.to_string())
-            .unwrap_or_default();
         error!(
             gpuctl_team = a.kind.team().unwrap_or(""),
-            gpuctl_gpu = gpu,
+            gpuctl_gpu = gpu_field(a),
             gpuctl_action = %a.phase,
             "{}: {e}",
             a.kind
