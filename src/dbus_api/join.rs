@@ -30,13 +30,12 @@ use crate::join::{
 };
 use crate::paths::Root;
 use crate::policy::TeamName;
-use crate::systemd::scope::JobWaiter;
+use crate::systemd::scope::{call_manager, string_property, JobWaiter};
 use crate::systemd::{props, Systemd, SystemdError};
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use tracing::{info, warn};
 use zbus::message::Header;
-use zbus::zvariant::OwnedValue;
 use zbus::{fdo, Connection};
 
 /// Errors of the join methods. The D-Bus name (`org.gpuctl.Agent1.Error.<Variant>`) is what
@@ -152,17 +151,13 @@ pub fn team_env(
     team: &TeamName,
 ) -> Result<BTreeMap<String, String>, Refusal> {
     let path = join::team_env_path(team);
-    let env = match std::fs::read_to_string(root.join(&path)) {
-        Ok(t) => parse_env_file(&t),
-        Err(e) => {
-            return Err(Refusal::NoDevices {
-                team: team.to_string(),
-                missing: vec![format!(
-                    "its view: {path}: {e} (gpuctld has not configured the team yet)"
-                )],
-            })
-        }
-    };
+    let text = std::fs::read_to_string(root.join(&path)).map_err(|e| Refusal::NoDevices {
+        team: team.to_string(),
+        missing: vec![format!(
+            "its view: {path}: {e} (gpuctld has not configured the team yet)"
+        )],
+    })?;
+    let env = parse_env_file(&text);
     join::check_devices(&env, policy, team)?;
     Ok(env)
 }
@@ -189,10 +184,9 @@ pub async fn teams(
     conn: &Connection,
     hdr: &Header<'_>,
 ) -> Result<String, JoinError> {
-    let bc = bus_caller(conn, hdr).await?;
+    let c = bus_caller(conn, hdr).await?.caller;
     let policy = backend.policy()?;
     let p = policy.clone();
-    let c = bc.caller.clone();
     let mine: Vec<(String, Via)> =
         tokio::task::spawn_blocking(move || join::joinable(&c, &p, &Nss))
             .await
@@ -256,29 +250,6 @@ fn pid_of_pidfd(pidfd: &OwnedFd) -> Option<u32> {
         .ok()
 }
 
-const SYSTEMD: &str = "org.freedesktop.systemd1";
-const SYSTEMD_PATH: &str = "/org/freedesktop/systemd1";
-const MANAGER: &str = "org.freedesktop.systemd1.Manager";
-
-async fn unit_property(
-    conn: &Connection,
-    path: &str,
-    iface: &str,
-    name: &str,
-) -> Result<String, zbus::Error> {
-    let reply = conn
-        .call_method(
-            Some(SYSTEMD),
-            path,
-            Some("org.freedesktop.DBus.Properties"),
-            "Get",
-            &(iface, name),
-        )
-        .await?;
-    let v: OwnedValue = reply.body().deserialize()?;
-    String::try_from(v).map_err(Into::into)
-}
-
 /// Where `pid` (pinned by `pidfd`) is now: its unit and its cgroup relative to that unit.
 /// `GetUnitByPIDFD` (systemd ≥ 249) answers for the process behind the fd, never another that
 /// took its number; older systemd gets `GetUnitByPID`.
@@ -290,14 +261,7 @@ pub async fn record_origin(
 ) -> Option<join::cgroup::Origin> {
     let cgroup = join::cgroup::read_proc_cgroup(root, pid)?;
     let fd = zbus::zvariant::Fd::from(std::os::fd::AsFd::as_fd(pidfd));
-    let by_fd = conn
-        .call_method(
-            Some(SYSTEMD),
-            SYSTEMD_PATH,
-            Some(MANAGER),
-            "GetUnitByPIDFD",
-            &(fd,),
-        )
+    let by_fd = call_manager(conn, "GetUnitByPIDFD", &(fd,))
         .await
         .ok()
         .and_then(|m| {
@@ -308,25 +272,16 @@ pub async fn record_origin(
     let (path, unit, by_pidfd) = match by_fd {
         Some((p, id, _)) => (p.to_string(), id, true),
         None => {
-            let m = conn
-                .call_method(
-                    Some(SYSTEMD),
-                    SYSTEMD_PATH,
-                    Some(MANAGER),
-                    "GetUnitByPID",
-                    &(pid,),
-                )
-                .await
-                .ok()?;
+            let m = call_manager(conn, "GetUnitByPID", &(pid,)).await.ok()?;
             let p: zbus::zvariant::OwnedObjectPath = m.body().deserialize().ok()?;
-            let id = unit_property(conn, p.as_str(), "org.freedesktop.systemd1.Unit", "Id")
+            let id = string_property(conn, p.as_str(), "org.freedesktop.systemd1.Unit", "Id")
                 .await
                 .ok()?;
             (p.to_string(), id, false)
         }
     };
     let iface = join::cgroup::unit_interface(&unit)?;
-    let unit_cgroup = unit_property(conn, &path, iface, "ControlGroup")
+    let unit_cgroup = string_property(conn, &path, iface, "ControlGroup")
         .await
         .ok()?;
     let subcgroup = join::cgroup::subcgroup(&unit_cgroup, &cgroup)?;
@@ -351,16 +306,8 @@ async fn put_back(
         Ok(o) => o,
         Err(why) => return why,
     };
-    match conn
-        .call_method(
-            Some(SYSTEMD),
-            SYSTEMD_PATH,
-            Some(MANAGER),
-            "AttachProcessesToUnit",
-            &(o.unit.as_str(), o.subcgroup.as_str(), vec![pid]),
-        )
-        .await
-    {
+    let args = (o.unit.as_str(), o.subcgroup.as_str(), vec![pid]);
+    match call_manager(conn, "AttachProcessesToUnit", &args).await {
         Ok(_) => format!("pid {pid} put back into {}{}", o.unit, o.subcgroup),
         Err(e) => format!(
             "pid {pid} stays in {scope}: putting it back into {} failed: {e}",
@@ -423,18 +370,17 @@ pub async fn join(
     // A slice that gpuctld has not configured would be an implicit one without a device
     // filter: placing anyone there would hand out every GPU.
     let slice = props::slice_unit(team);
-    match sd.slice_device_policy(&slice).await {
-        Ok(p) if p == "closed" => {}
-        Ok(p) => {
-            return Err(JoinError::PlacementFailed(format!(
-                "{slice} is not under gpuctl's device control yet (DevicePolicy={p}); \
-                 gpuctld has not configured team \"{team}\""
-            )))
-        }
-        Err(SystemdError::Bus { source, .. }) => {
-            return Err(JoinError::PlacementFailed(format!("{slice}: {source}")))
-        }
-        Err(e) => return Err(JoinError::PlacementFailed(e.to_string())),
+    let unplaceable = match sd.slice_device_policy(&slice).await {
+        Ok(p) if p == "closed" => None,
+        Ok(p) => Some(format!(
+            "{slice} is not under gpuctl's device control yet (DevicePolicy={p}); \
+             gpuctld has not configured team \"{team}\""
+        )),
+        Err(SystemdError::Bus { source, .. }) => Some(format!("{slice}: {source}")),
+        Err(e) => Some(e.to_string()),
+    };
+    if let Some(why) = unplaceable {
+        return Err(JoinError::PlacementFailed(why));
     }
 
     // Recorded after the checks and right before the move, to put back what the after-check

@@ -11,6 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use zbus::zvariant::{OwnedValue, Value};
+use zbus::{Connection, Message};
 
 /// How long a scope's start job may take.
 const SCOPE_START_LIMIT: Duration = Duration::from_secs(30);
@@ -100,25 +101,50 @@ impl JobWaiter {
     }
 }
 
+/// `org.freedesktop.systemd1.Manager.<method>(body)` on `conn`.
+pub async fn call_manager<B>(conn: &Connection, method: &str, body: &B) -> zbus::Result<Message>
+where
+    B: serde::Serialize + zbus::zvariant::DynamicType,
+{
+    conn.call_method(
+        Some("org.freedesktop.systemd1"),
+        "/org/freedesktop/systemd1",
+        Some("org.freedesktop.systemd1.Manager"),
+        method,
+        body,
+    )
+    .await
+}
+
+/// The string property `name` of `iface` on systemd's object at `path`, in one `Get`.
+pub async fn string_property(
+    conn: &Connection,
+    path: &str,
+    iface: &str,
+    name: &str,
+) -> zbus::Result<String> {
+    let reply = conn
+        .call_method(
+            Some("org.freedesktop.systemd1"),
+            path,
+            Some("org.freedesktop.DBus.Properties"),
+            "Get",
+            &(iface, name),
+        )
+        .await?;
+    let v: OwnedValue = reply.body().deserialize()?;
+    String::try_from(v).map_err(zbus::Error::from)
+}
+
 impl Systemd {
     /// `DevicePolicy` of a slice in one call: systemd loads a unit named by its object path, so
     /// no `LoadUnit` round trip is needed.
     pub async fn slice_device_policy(&self, slice: &str) -> Result<String, SystemdError> {
-        let get = async {
-            let reply = self
-                .connection()
-                .call_method(
-                    Some("org.freedesktop.systemd1"),
-                    unit_object_path(slice).as_str(),
-                    Some("org.freedesktop.DBus.Properties"),
-                    "Get",
-                    &("org.freedesktop.systemd1.Slice", "DevicePolicy"),
-                )
-                .await?;
-            let v: OwnedValue = reply.body().deserialize()?;
-            String::try_from(v).map_err(zbus::Error::from)
-        };
-        get.await.map_err(bus(slice, "Get(DevicePolicy)"))
+        let path = unit_object_path(slice);
+        let iface = "org.freedesktop.systemd1.Slice";
+        string_property(self.connection(), &path, iface, "DevicePolicy")
+            .await
+            .map_err(bus(slice, "Get(DevicePolicy)"))
     }
 
     /// Move the running `pid` into a new transient scope `scope` in `slice` and wait (on
@@ -166,14 +192,7 @@ impl Systemd {
 
     /// `AbandonScope`: see [`Systemd::start_scope`] for why (systemd < 253 only).
     async fn abandon_scope(&self, scope: &str) -> Result<(), SystemdError> {
-        self.connection()
-            .call_method(
-                Some("org.freedesktop.systemd1"),
-                "/org/freedesktop/systemd1",
-                Some("org.freedesktop.systemd1.Manager"),
-                "AbandonScope",
-                &(scope,),
-            )
+        call_manager(self.connection(), "AbandonScope", &(scope,))
             .await
             .map(|_| ())
             .map_err(bus(scope, "AbandonScope"))
