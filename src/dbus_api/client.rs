@@ -1,7 +1,7 @@
 //! Client side of `org.gpuctl.Agent1`, for `gpuctl status` and friends.
 
 use std::collections::HashMap;
-use zbus::{proxy, Connection};
+use zbus::proxy;
 
 /// Proxy of gpuctld's interface.
 #[proxy(
@@ -34,14 +34,4 @@ pub trait Agent1 {
     /// One-line status.
     #[zbus(property)]
     fn status_text(&self) -> zbus::Result<String>;
-}
-
-/// `Status()` of the running daemon, as JSON text.
-pub async fn status(conn: &Connection) -> zbus::Result<String> {
-    Agent1Proxy::new(conn).await?.status().await
-}
-
-/// `Reload()`; fails with `AccessDenied` for non-root callers.
-pub async fn reload(conn: &Connection) -> zbus::Result<String> {
-    Agent1Proxy::new(conn).await?.reload().await
 }
