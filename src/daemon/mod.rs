@@ -118,19 +118,16 @@ pub enum PolicyLoadError {
 /// `file:line:col: key: message (help)`: the diagnostic without its severity word, which the
 /// status line's "policy error in" already says.
 fn error_line(d: &crate::policy::Diagnostic) -> String {
-    let mut s = String::new();
-    if let Some(loc) = &d.loc {
-        s.push_str(&format!("{loc}: "));
-    }
     let esc = crate::policy::escape_controls;
-    if !d.key.is_empty() {
-        s.push_str(&format!("{}: ", esc(&d.key)));
-    }
-    s.push_str(&esc(&d.message));
-    if let Some(h) = &d.help {
-        s.push_str(&format!(" ({})", esc(h)));
-    }
-    s
+    let loc = d.loc.as_ref().map(|l| format!("{l}: ")).unwrap_or_default();
+    let key = (!d.key.is_empty()).then(|| format!("{}: ", esc(&d.key)));
+    let help = d.help.as_ref().map(|h| format!(" ({})", esc(h)));
+    format!(
+        "{loc}{}{}{}",
+        key.unwrap_or_default(),
+        esc(&d.message),
+        help.unwrap_or_default()
+    )
 }
 
 /// Load the policy under `root`; on failure keep `last_good` (in memory, else the copy on disk
@@ -401,15 +398,8 @@ impl Looper {
             Some(p) => {
                 let rec = self.reconciler.clone();
                 self.progress.enter(reconcile_limit(&p));
-                let r = tokio::task::spawn_blocking(move || {
-                    let mut rec = lock(&rec);
-                    match observe {
-                        Observe::All => rec.reconcile(&p),
-                        Observe::Units => rec.reconcile_units(&p),
-                        Observe::Policy => rec.reconcile_policy(&p),
-                    }
-                })
-                .await;
+                let r = tokio::task::spawn_blocking(move || lock(&rec).reconcile_with(&p, observe))
+                    .await;
                 self.progress.leave();
                 r.unwrap_or_else(|e| ReconcileReport {
                     errors: vec![format!("reconciler panicked: {e}")],
@@ -506,17 +496,12 @@ async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSe
 /// Forward hand changes of owned units' control drop-ins (`systemctl set-property`, runtime or
 /// persistent) as reconcile triggers: [`drift`] says why this source.
 async fn watch_dropins(root: Root, shared: Arc<Mutex<Shared>>, tx: mpsc::UnboundedSender<Request>) {
-    let mut w = match drift::DropinWatch::new(root) {
-        Ok(w) => w,
-        Err(e) => {
-            warn!("inotify on the control drop-ins unavailable ({e}); relying on the drift timer");
-            return;
-        }
+    let Ok(mut w) = drift::DropinWatch::new(root).inspect_err(|e| {
+        warn!("inotify on the control drop-ins unavailable ({e}); relying on the drift timer")
+    }) else {
+        return;
     };
-    loop {
-        let Ok(mut files) = w.changed().await else {
-            return;
-        };
+    while let Ok(mut files) = w.changed().await {
         // set-property writes one file per property in quick succession: one repair for all.
         while let Ok(Ok(more)) = tokio::time::timeout(DRIFT_DEBOUNCE, w.changed()).await {
             files.extend(more);
@@ -556,12 +541,10 @@ async fn watch_mps_state(
             .build();
         zbus::MessageStream::for_match_rule(rule, &conn, Some(64)).await
     };
-    let mut stream = match stream.await {
-        Ok(s) => s,
-        Err(e) => {
-            warn!("cannot watch MPS unit states ({e}); relying on UnitRemoved and the timer");
-            return;
-        }
+    let Ok(mut stream) = stream.await.inspect_err(|e| {
+        warn!("cannot watch MPS unit states ({e}); relying on UnitRemoved and the timer")
+    }) else {
+        return;
     };
     const PREFIX: &str = "/org/freedesktop/systemd1/unit/gpuctl_2dmps_40";
     while let Some(Ok(msg)) = stream.next().await {
@@ -605,12 +588,10 @@ async fn watch_mps_state(
 const DRIFT_DEBOUNCE: Duration = Duration::from_millis(30);
 
 async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<Request>) {
-    let mut w = match watch::PolicyWatch::new(root) {
-        Ok(w) => w,
-        Err(e) => {
-            warn!("inotify unavailable ({e}); relying on SIGHUP and the drift timer");
-            return;
-        }
+    let Ok(mut w) = watch::PolicyWatch::new(root)
+        .inspect_err(|e| warn!("inotify unavailable ({e}); relying on SIGHUP and the drift timer"))
+    else {
+        return;
     };
     // A change that has landed is sent at once; changes arriving while a reconcile runs are
     // coalesced into exactly one more by the main loop. `debounce` is only the quiet window
@@ -762,7 +743,8 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
                     reply,
                     observe: o,
                 } => {
-                    observe = Some(observe.map_or(o, |a| a.and(o)));
+                    // `None` orders first: the run reads what the most demanding trigger needs.
+                    observe = observe.max(Some(o));
                     reasons.push(reason);
                     waiters.extend(reply);
                 }

@@ -27,17 +27,21 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 /// Makes the host match a policy. Must be idempotent: a second call with the same policy and an
 /// unchanged host changes nothing, and a call after a crash mid-way finishes the job.
 pub trait Reconciler: Send {
+    /// Apply `policy`, reading the host again as far as `observe` says the triggers need.
+    fn reconcile_with(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport;
     /// Apply `policy`.
-    fn reconcile(&mut self, policy: &Policy) -> ReconcileReport;
+    fn reconcile(&mut self, policy: &Policy) -> ReconcileReport {
+        self.reconcile_with(policy, Observe::All)
+    }
     /// Apply `policy` after a hand change of a unit gpuctl owns: GPUs may be taken from the
     /// last converged run, since no unit change alters MIG (issue 17: repair within a second).
     fn reconcile_units(&mut self, policy: &Policy) -> ReconcileReport {
-        self.reconcile(policy)
+        self.reconcile_with(policy, Observe::Units)
     }
     /// Apply `policy` when the only trigger was a policy file ([`Observe::Policy`]): the host
     /// may be taken whole from the last converged run.
     fn reconcile_policy(&mut self, policy: &Policy) -> ReconcileReport {
-        self.reconcile(policy)
+        self.reconcile_with(policy, Observe::Policy)
     }
     /// Report what [`Reconciler::reconcile`] would change, changing nothing.
     fn plan(&mut self, policy: &Policy) -> ReconcileReport;
@@ -130,24 +134,6 @@ impl CoreReconciler {
             None => self.nvml_said = false,
         }
         Some(obs)
-    }
-
-    fn run(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport {
-        let mut laps = Laps::start();
-        let mut r = ReconcileReport {
-            teams: policy.teams.len(),
-            ..Default::default()
-        };
-        self.run_timed(policy, observe, &mut laps, &mut r);
-        r.at = super::unix_now();
-        // Nothing is held open between reconciles (RealHost::release_nvml says why).
-        self.host.release_nvml();
-        debug!(
-            gpuctl_action = "reconcile-timing",
-            "reconcile took {}",
-            laps.show()
-        );
-        r
     }
 
     fn run_timed(
@@ -454,16 +440,22 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
 }
 
 impl Reconciler for CoreReconciler {
-    fn reconcile(&mut self, policy: &Policy) -> ReconcileReport {
-        self.run(policy, Observe::All)
-    }
-
-    fn reconcile_units(&mut self, policy: &Policy) -> ReconcileReport {
-        self.run(policy, Observe::Units)
-    }
-
-    fn reconcile_policy(&mut self, policy: &Policy) -> ReconcileReport {
-        self.run(policy, Observe::Policy)
+    fn reconcile_with(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport {
+        let mut laps = Laps::start();
+        let mut r = ReconcileReport {
+            teams: policy.teams.len(),
+            ..Default::default()
+        };
+        self.run_timed(policy, observe, &mut laps, &mut r);
+        r.at = super::unix_now();
+        // Nothing is held open between reconciles (RealHost::release_nvml says why).
+        self.host.release_nvml();
+        debug!(
+            gpuctl_action = "reconcile-timing",
+            "reconcile took {}",
+            laps.show()
+        );
+        r
     }
 
     fn plan(&mut self, policy: &Policy) -> ReconcileReport {

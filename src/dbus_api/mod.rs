@@ -118,13 +118,6 @@ impl Request {
     }
 }
 
-impl Observe {
-    /// What a run serving both `self` and `other` must read.
-    pub fn and(self, other: Observe) -> Observe {
-        self.max(other)
-    }
-}
-
 /// What the bus API needs from the daemon that serves it. The daemon (the composition root)
 /// implements it and hands it to [`serve`]; this module never imports the daemon.
 pub trait Backend: Send + Sync + 'static {
