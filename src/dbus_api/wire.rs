@@ -75,18 +75,11 @@ pub fn socket_of_address(address: &str) -> Option<PathBuf> {
 }
 
 fn unescape(v: &str) -> Option<String> {
-    let b = v.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = std::str::from_utf8(b.get(i + 1..i + 3)?).ok()?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
+    let mut parts = v.split('%');
+    let mut out = parts.next()?.as_bytes().to_vec();
+    for p in parts {
+        out.push(u8::from_str_radix(p.get(..2)?, 16).ok()?);
+        out.extend(&p.as_bytes()[2..]);
     }
     String::from_utf8(out).ok()
 }
@@ -304,17 +297,10 @@ fn frame(head: &[u8]) -> Result<Frame, WireError> {
         b'B' => true,
         b => return Err(proto(format!("byte-order mark {b:#04x}"))),
     };
-    let u32_at = |o: usize| {
-        let a = [head[o], head[o + 1], head[o + 2], head[o + 3]];
-        (if big {
-            u32::from_be_bytes(a)
-        } else {
-            u32::from_le_bytes(a)
-        }) as usize
-    };
-    let fields_len = u32_at(12);
+    let u32_at = |pos| Reader { b: head, pos, big }.u32().map(|n| n as usize);
+    let fields_len = u32_at(12)?;
     let header_len = (16 + fields_len).next_multiple_of(8);
-    let total = header_len.saturating_add(u32_at(4));
+    let total = header_len.saturating_add(u32_at(4)?);
     if total > MAX_MESSAGE {
         return Err(proto(format!("a {total}-byte message")));
     }
