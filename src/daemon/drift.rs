@@ -133,10 +133,8 @@ const UNIT: AddWatchFlags = AddWatchFlags::IN_CLOSE_WRITE
     .union(AddWatchFlags::IN_DELETE)
     .union(AddWatchFlags::IN_DELETE_SELF)
     .union(AddWatchFlags::IN_ONLYDIR);
-const DIRS: AddWatchFlags = AddWatchFlags::IN_CREATE
-    .union(AddWatchFlags::IN_MOVED_TO)
-    .union(AddWatchFlags::IN_DELETE_SELF)
-    .union(AddWatchFlags::IN_ONLYDIR);
+/// What a control directory or an ancestor is watched for: new entries.
+const DIRS: AddWatchFlags = super::watch::ANCESTOR;
 
 impl DropinWatch {
     /// Start watching under `root`.
@@ -215,12 +213,7 @@ impl DropinWatch {
                     Kind::Unit => {
                         // systemd writes `.#50-X.confXXXX` and renames it into place.
                         if !name.starts_with('.') {
-                            let unit_dir = ev
-                                .dir
-                                .file_name()
-                                .map(|n| n.to_string_lossy().into_owned())
-                                .unwrap_or_default();
-                            out.push(format!("{unit_dir}/{name}"));
+                            out.push(format!("{}/{name}", file_name(&ev.dir)));
                         }
                     }
                 }
@@ -235,11 +228,7 @@ impl DropinWatch {
                         .dirs()
                         .into_iter()
                         .filter(|(_, k)| *k == Kind::Unit)
-                        .map(|(p, _)| {
-                            p.file_name()
-                                .map(|n| n.to_string_lossy().into_owned())
-                                .unwrap_or_default()
-                        }),
+                        .map(|(p, _)| file_name(&p)),
                 );
             }
             if !out.is_empty() {
@@ -249,6 +238,13 @@ impl DropinWatch {
             }
         }
     }
+}
+
+/// The last component of `p`, lossily as text (empty for none).
+fn file_name(p: &Path) -> String {
+    p.file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

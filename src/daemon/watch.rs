@@ -79,15 +79,13 @@ impl<K: Clone> DirWatch<K> {
     /// while `policy.d` does not exist) would stop reporting in-place writes. Callers add the
     /// directories whose events mean more first. Returns whether the watch is in place.
     pub(crate) fn add(&mut self, dir: &Path, flags: AddWatchFlags, kind: K) -> bool {
-        match self.fd.get_ref().0.add_watch(dir, flags | MASK_ADD) {
-            Ok(wd) => {
-                self.watches
-                    .entry(wd)
-                    .or_insert_with(|| (dir.to_path_buf(), kind));
-                true
-            }
-            Err(_) => false,
-        }
+        let Ok(wd) = self.fd.get_ref().0.add_watch(dir, flags | MASK_ADD) else {
+            return false;
+        };
+        self.watches
+            .entry(wd)
+            .or_insert_with(|| (dir.to_path_buf(), kind));
+        true
     }
 
     /// Drop every watch.
@@ -151,7 +149,7 @@ const CONTENT: AddWatchFlags = AddWatchFlags::IN_CLOSE_WRITE
     .union(AddWatchFlags::IN_DELETE_SELF)
     .union(AddWatchFlags::IN_MOVE_SELF)
     .union(AddWatchFlags::IN_ONLYDIR);
-const ANCESTOR: AddWatchFlags = AddWatchFlags::IN_CREATE
+pub(crate) const ANCESTOR: AddWatchFlags = AddWatchFlags::IN_CREATE
     .union(AddWatchFlags::IN_MOVED_TO)
     .union(AddWatchFlags::IN_DELETE_SELF)
     .union(AddWatchFlags::IN_ONLYDIR);
