@@ -38,28 +38,23 @@ pub struct Limits {
 }
 
 impl Limits {
+    const fn of(burst: f64, per_sec: f64) -> Self {
+        Limits { burst, per_sec }
+    }
+
     /// `Status`, `Join`, `Env`, `Teams`: 20 at once, 5/s.
     pub const fn light() -> Self {
-        Limits {
-            burst: 20.0,
-            per_sec: 5.0,
-        }
+        Limits::of(20.0, 5.0)
     }
 
     /// `Usage`, `Idle`, `Metrics`: 50 at once, 25/s (answered from caches).
     pub const fn reads() -> Self {
-        Limits {
-            burst: 50.0,
-            per_sec: 25.0,
-        }
+        Limits::of(50.0, 25.0)
     }
 
     /// `Plan`: 3 at once, one per 20 s.
     pub const fn heavy() -> Self {
-        Limits {
-            burst: 3.0,
-            per_sec: 0.05,
-        }
+        Limits::of(3.0, 0.05)
     }
 }
 

@@ -94,24 +94,14 @@ impl ReconcileReport {
 
     /// One line for `STATUS=`.
     pub fn summary(&self) -> String {
-        if self.converged() {
-            format!("{} teams, {} GPUs converged", self.teams, self.gpus)
-        } else if self.errors.is_empty() {
-            format!(
-                "{} teams, {} GPUs: not converged, {} change(s) waiting, first: {}",
-                self.teams,
-                self.gpus,
-                self.differs.len(),
-                self.differs[0]
-            )
-        } else {
-            format!(
-                "{} teams, {} GPUs: {} error(s), first: {}",
-                self.teams,
-                self.gpus,
-                self.errors.len(),
-                self.errors[0]
-            )
+        let head = format!("{} teams, {} GPUs", self.teams, self.gpus);
+        match (self.errors.first(), self.differs.first()) {
+            (None, None) => format!("{head} converged"),
+            (None, Some(first)) => {
+                let n = self.differs.len();
+                format!("{head}: not converged, {n} change(s) waiting, first: {first}")
+            }
+            (Some(first), _) => format!("{head}: {} error(s), first: {first}", self.errors.len()),
         }
     }
 }

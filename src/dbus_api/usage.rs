@@ -75,32 +75,23 @@ pub async fn metrics(
         )));
     }
     let usage = usage(backend, root).await?;
-    let (teams, mps_list, policy_valid, last_good, converged) = {
-        let sh = backend.state();
-        let teams: Vec<String> = sh
-            .policy
-            .as_ref()
-            .map(|p| p.teams.keys().map(|t| t.to_string()).collect())
-            .unwrap_or_default();
-        let mps_list: Vec<(String, String)> = sh
-            .last_report
-            .as_ref()
-            .and_then(|r| r.view.as_ref())
-            .map(|v| {
-                v.teams
-                    .iter()
-                    .flat_map(|(t, tv)| tv.mps.keys().map(move |i| (i.clone(), t.to_string())))
-                    .collect()
-            })
-            .unwrap_or_default();
-        (
-            teams,
-            mps_list,
-            sh.policy_error.is_none() && sh.policy.is_some(),
-            sh.policy_error.is_some() && sh.policy_origin == Some("last-good"),
-            sh.last_report.as_ref().map(|r| r.converged()),
-        )
-    };
+    let sh = backend.state();
+    let teams: Vec<String> = sh
+        .policy
+        .as_ref()
+        .map(|p| p.teams.keys().map(|t| t.to_string()).collect())
+        .unwrap_or_default();
+    let mps_list: Vec<(String, String)> = sh
+        .last_report
+        .as_ref()
+        .and_then(|r| r.view.as_ref())
+        .map(|v| {
+            v.teams
+                .iter()
+                .flat_map(|(t, tv)| tv.mps.keys().map(move |i| (i.clone(), t.to_string())))
+                .collect()
+        })
+        .unwrap_or_default();
     let mut mps = Vec::new();
     for (inst, team) in mps_list {
         let up = sd
@@ -127,9 +118,9 @@ pub async fn metrics(
         usage,
         teams: cgroups,
         mps,
-        policy_valid,
-        last_good_in_force: last_good,
-        last_converged: converged,
+        policy_valid: sh.policy_error.is_none() && sh.policy.is_some(),
+        last_good_in_force: sh.policy_error.is_some() && sh.policy_origin == Some("last-good"),
+        last_converged: sh.last_report.as_ref().map(|r| r.converged()),
         idle: backend.idle().holders,
     };
     Ok(match format {
