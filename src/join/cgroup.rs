@@ -29,11 +29,7 @@ pub fn read_proc_cgroup(root: &Root, pid: u32) -> Option<String> {
 /// `AttachProcessesToUnit` takes it; `None` when `cgroup` is not inside the unit.
 pub fn subcgroup(unit_cgroup: &str, cgroup: &str) -> Option<String> {
     let rest = cgroup.strip_prefix(unit_cgroup)?;
-    if rest.is_empty() {
-        Some(String::new())
-    } else {
-        rest.starts_with('/').then(|| rest.to_string())
-    }
+    (rest.is_empty() || rest.starts_with('/')).then(|| rest.to_string())
 }
 
 /// The D-Bus interface carrying `ControlGroup` for a unit, by its type suffix.

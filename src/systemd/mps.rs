@@ -26,19 +26,16 @@ pub fn instance_of(unit: &str) -> Option<&str> {
 /// (team names have no dashes), which is also what makes `Slice=gpu-%i.slice` nest under the
 /// team slice and so inherit its device list and limits.
 pub fn valid_instance(instance: &str) -> bool {
-    match instance.split_once('-') {
-        Some((team, share)) => {
-            crate::policy::valid_team_name(team)
-                && !share.is_empty()
-                && share.len() <= 32
-                && !share.starts_with('-')
-                && !share.ends_with('-')
-                && share
-                    .bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-        }
-        None => false,
-    }
+    instance.split_once('-').is_some_and(|(team, share)| {
+        crate::policy::valid_team_name(team)
+            && !share.is_empty()
+            && share.len() <= 32
+            && !share.starts_with('-')
+            && !share.ends_with('-')
+            && share
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    })
 }
 
 /// The team of an instance name, `None` when it is not one.
@@ -98,9 +95,7 @@ pub fn dropin(spec: &MpsSpec) -> String {
         let _ = writeln!(s, "User={u}");
     }
     match &spec.group {
-        Some(g) => {
-            let _ = writeln!(s, "Group={g}");
-        }
+        Some(g) => _ = writeln!(s, "Group={g}"),
         None => s.push_str(
             "# No single group holds every member of the team: the pipe directory stays \
              searchable by all.\nRuntimeDirectoryMode=0755\n",

@@ -67,9 +67,7 @@ impl JobWaiter {
     fn finished(&self, job: String, result: String) {
         let mut st = self.lock();
         match st.waiting.remove(&job) {
-            Some(tx) => {
-                let _ = tx.send(result);
-            }
+            Some(tx) => _ = tx.send(result),
             None => {
                 st.early.push_back((job, result));
                 if st.early.len() > 256 {
