@@ -163,6 +163,23 @@ impl GpuModel {
         self.gi_profiles.iter().find(|p| p.id == id)
     }
 
+    /// Whether the driver has room for a GI of profile `p` at `at` next to the `present`
+    /// instances (profile id, placement): no overlap, the compute-slice budget, and the
+    /// profile's and the GPU's instance limits (a GPU limit of 0: none).
+    pub fn gi_has_room(&self, present: &[(u32, Placement)], p: &GiProfile, at: Placement) -> bool {
+        let used: u32 = present
+            .iter()
+            .filter_map(|(id, _)| self.gi_profile_by_id(*id))
+            .map(|q| q.slice_count)
+            .sum();
+        let same = present.iter().filter(|(id, _)| *id == p.id).count() as u32;
+        let max = self.max_mig_device_count;
+        !present.iter().any(|(_, q)| q.overlaps(&at))
+            && used + p.slice_count <= self.compute_slices
+            && same < p.instance_count
+            && (max == 0 || (present.len() as u32) < max)
+    }
+
     /// CI profiles available inside a GI of the given profile.
     pub fn ci_profiles(&self, gi_profile: &str) -> &[CiProfile] {
         self.ci_profiles_by_gi

@@ -545,18 +545,25 @@ impl fmt::Display for CiRef {
 }
 
 impl ActionKind {
-    /// The GPU index the action concerns, if any.
-    pub fn gpu_index(&self) -> Option<u32> {
+    /// The GPU (UUID and index) the action concerns, if any.
+    pub fn gpu(&self) -> Option<(&str, u32)> {
         match self {
-            ActionKind::SetMigMode { index, .. } | ActionKind::ResetGpu { index, .. } => {
-                Some(*index)
+            ActionKind::SetMigMode { gpu, index, .. } | ActionKind::ResetGpu { gpu, index } => {
+                Some((gpu, *index))
             }
-            ActionKind::DestroyCi { ci, .. } | ActionKind::CreateCi { ci, .. } => Some(ci.gi.index),
+            ActionKind::DestroyCi { ci, .. } | ActionKind::CreateCi { ci, .. } => {
+                Some((&ci.gi.gpu, ci.gi.index))
+            }
             ActionKind::DestroyGi { gi, .. }
             | ActionKind::CreateGi { gi, .. }
-            | ActionKind::SetOwner { gi, .. } => Some(gi.index),
+            | ActionKind::SetOwner { gi, .. } => Some((&gi.gpu, gi.index)),
             _ => None,
         }
+    }
+
+    /// The GPU index the action concerns, if any.
+    pub fn gpu_index(&self) -> Option<u32> {
+        self.gpu().map(|(_, i)| i)
     }
 
     /// The team the action concerns, if any.
