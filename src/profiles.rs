@@ -20,6 +20,11 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// `size` slices from `start`.
+    pub const fn new(start: u32, size: u32) -> Self {
+        Placement { start, size }
+    }
+
     /// Whether two placements share a slice.
     pub fn overlaps(&self, other: &Placement) -> bool {
         self.start < other.start + other.size && other.start < self.start + self.size

@@ -583,14 +583,11 @@ mod tests {
         let g = h.state.gpus[0].uuid.clone();
         h.set_mig_mode(&g, true).unwrap();
         let ids: Vec<u32> = (0..7)
-            .map(|s| {
-                h.create_gi(&g, 19, Placement { start: s, size: 1 })
-                    .unwrap()
-            })
+            .map(|s| h.create_gi(&g, 19, Placement::new(s, 1)).unwrap())
             .collect();
         assert_eq!(ids, vec![9, 7, 8, 11, 12, 13, 14]);
         assert!(matches!(
-            h.create_gi(&g, 19, Placement { start: 0, size: 1 }),
+            h.create_gi(&g, 19, Placement::new(0, 1)),
             Err(EffectError::InsufficientResources { .. })
         ));
         assert_eq!(gi_id_pool(8, 8), vec![0]);
@@ -604,12 +601,10 @@ mod tests {
         let mut h = SimHost::from_spec("a100-40gb").unwrap();
         let g = h.state.gpus[0].uuid.clone();
         assert!(h.set_mig_mode(&g, true).unwrap());
-        assert!(h.create_gi(&g, 9, Placement { start: 0, size: 4 }).is_err());
+        assert!(h.create_gi(&g, 9, Placement::new(0, 4)).is_err());
         h.reset_gpu(&g).unwrap();
-        let gi = h.create_gi(&g, 9, Placement { start: 0, size: 4 }).unwrap();
-        let ci = h
-            .create_ci(&g, gi, 2, Placement { start: 0, size: 3 })
-            .unwrap();
+        let gi = h.create_gi(&g, 9, Placement::new(0, 4)).unwrap();
+        let ci = h.create_ci(&g, gi, 2, Placement::new(0, 3)).unwrap();
         assert!(matches!(
             h.destroy_gi(&g, gi),
             Err(EffectError::InUse { .. })

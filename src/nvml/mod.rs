@@ -18,8 +18,8 @@ use crate::profiles::{Catalog, GpuModel, Placement};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
-use nvml_wrapper_sys::bindings::nvmlDevice_t;
-use std::collections::BTreeMap;
+use nvml_wrapper_sys::bindings::{nvmlDevice_t, NvmlLib};
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::path::{Path, PathBuf};
 
 pub(crate) mod raw;
@@ -193,6 +193,13 @@ impl NvmlBackend {
             .map_err(|e| nvml_err(format!("GPU {uuid}"), e))
     }
 
+    /// The library and the raw handle of GPU `uuid`, for the `raw` calls.
+    fn raw_device(&self, uuid: &str) -> Result<(&NvmlLib, nvmlDevice_t), EffectError> {
+        let dev = self.device(uuid)?;
+        // SAFETY: the handle stays valid while self.nvml lives.
+        Ok((self.nvml.lib(), unsafe { dev.handle() }))
+    }
+
     fn raw_err(&self, what: String, code: raw::Code) -> EffectError {
         raw_err(self.nvml.lib(), what, code)
     }
@@ -303,10 +310,7 @@ impl NvmlBackend {
 
     /// Profile id and placement of GI `gi` on `gpu` (owner labels key on these, not on ids).
     pub fn gi_identity(&self, gpu: &str, gi: u32) -> Result<(u32, Placement), EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!("GPU {gpu} gi{gi}");
         let h = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
         let (_, profile, placement) = raw::gi_info(lib, h).map_err(|c| self.raw_err(what, c))?;
@@ -396,11 +400,7 @@ fn place_processes(
     }
 }
 
-fn raw_err(
-    lib: &nvml_wrapper_sys::bindings::NvmlLib,
-    what: String,
-    code: raw::Code,
-) -> EffectError {
+fn raw_err(lib: &NvmlLib, what: String, code: raw::Code) -> EffectError {
     match code {
         raw::IN_USE => EffectError::InUse { what },
         raw::INSUFFICIENT_RESOURCES => EffectError::InsufficientResources { what },
@@ -439,13 +439,12 @@ fn observe_mig(
         .into_iter()
         .map(|(g, c, u)| ((g, c), u))
         .collect();
-    let gi_profiles = match &st.gi_profiles {
-        Some(p) => p.clone(),
-        None => {
-            let p = raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))?;
-            st.gi_profiles = Some(p.clone());
-            p
-        }
+    let gi_profiles = match st.gi_profiles.clone() {
+        Some(p) => p,
+        None => st
+            .gi_profiles
+            .insert(raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))?)
+            .clone(),
     };
     for p in gi_profiles {
         for h in raw::gpu_instances(lib, d, &p)
@@ -457,14 +456,14 @@ fn observe_mig(
                 .and_then(|m| m.gi_profile_by_id(profile_id))
                 .map(|g| g.name.clone())
                 .unwrap_or_else(|| format!("profile-{profile_id}"));
-            let ci_profiles = match st.ci_profiles.get(&profile_id) {
-                Some(c) => c.clone(),
-                None => {
-                    let c = raw::ci_profiles(lib, h)
-                        .map_err(|c| err(format!("gi{id} CI profiles"), c))?;
-                    st.ci_profiles.insert(profile_id, c.clone());
-                    c
-                }
+            let ci_profiles = match st.ci_profiles.entry(profile_id) {
+                Entry::Occupied(e) => e.get().clone(),
+                Entry::Vacant(e) => e
+                    .insert(
+                        raw::ci_profiles(lib, h)
+                            .map_err(|c| err(format!("gi{id} CI profiles"), c))?,
+                    )
+                    .clone(),
             };
             let mut compute = Vec::new();
             for (cp, n) in ci_profiles {
@@ -543,23 +542,15 @@ impl GpuEffector for NvmlBackend {
         );
         // Checked first so that a placement the driver does not offer costs no mutating call.
         // The offer is a property of the GPU and profile, not of what exists.
-        let cached = self
-            .statics
-            .get(gpu)
-            .and_then(|s| s.placements.get(&profile_id))
-            .cloned();
-        let legal = match cached {
-            Some(l) => l,
-            None => {
-                let l = raw::gi_possible_placements(lib, d, profile_id)
-                    .map_err(|c| raw_err(lib, what.clone(), c))?;
-                self.statics
-                    .entry(gpu.to_string())
-                    .or_default()
-                    .placements
-                    .insert(profile_id, l.clone());
-                l
-            }
+        let statics = self.statics.entry(gpu.to_string()).or_default();
+        let legal = match statics.placements.entry(profile_id) {
+            Entry::Occupied(e) => e.get().clone(),
+            Entry::Vacant(e) => e
+                .insert(
+                    raw::gi_possible_placements(lib, d, profile_id)
+                        .map_err(|c| raw_err(lib, what.clone(), c))?,
+                )
+                .clone(),
         };
         if !legal.contains(&placement) {
             return Err(EffectError::Other {
@@ -575,10 +566,7 @@ impl GpuEffector for NvmlBackend {
     }
 
     fn destroy_gi(&mut self, gpu: &str, gi: u32) -> Result<(), EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!("GPU {gpu} destroy gi{gi}");
         let h = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
         raw::destroy_gi(lib, h).map_err(|c| self.raw_err(what, c))
@@ -591,10 +579,7 @@ impl GpuEffector for NvmlBackend {
         profile_id: u32,
         placement: Placement,
     ) -> Result<u32, EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!(
             "GPU {gpu} gi{gi} create CI profile {profile_id} @{}+{}",
             placement.start, placement.size
@@ -608,10 +593,7 @@ impl GpuEffector for NvmlBackend {
     }
 
     fn destroy_ci(&mut self, gpu: &str, gi: u32, ci: u32) -> Result<(), EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!("GPU {gpu} gi{gi} destroy ci{ci}");
         let g = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
         let h = raw::ci_by_id(lib, g, ci).map_err(|c| self.raw_err(what.clone(), c))?;

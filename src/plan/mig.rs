@@ -205,22 +205,28 @@ pub fn holder(p: &GpuProcess) -> String {
     }
 }
 
+/// The team of a process from its cgroup (`…/gpu-<team>.slice/…`), `None` outside team slices.
+pub(crate) fn team_of_process(p: &GpuProcess) -> Option<&str> {
+    p.cgroup
+        .as_deref()?
+        .split('/')
+        .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
+}
+
 /// The team a process belongs to: the instance owner, else the `gpu-<team>.slice` in its cgroup.
 fn process_team(p: &GpuProcess, owner: Option<&str>) -> String {
-    if let Some(o) = owner {
-        return o.to_string();
-    }
-    p.cgroup
-        .as_deref()
-        .and_then(|cg| {
-            cg.split('/')
-                .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
-        })
+    owner
+        .or_else(|| team_of_process(p))
         .unwrap_or("unmanaged")
         .to_string()
 }
 
-fn gpu_blocked(gpu: &GpuState, gi: Option<GiRef>, holders: Vec<String>, reason: String) -> Blocked {
+pub(crate) fn gpu_blocked(
+    gpu: &GpuState,
+    gi: Option<GiRef>,
+    holders: Vec<String>,
+    reason: String,
+) -> Blocked {
     Blocked {
         index: gpu.index,
         gpu: gpu.uuid.clone(),
@@ -936,13 +942,7 @@ mod tests {
         assert_eq!(s.len(), 2);
         // 2c.3g.40gb has one legal placement (0-1), so the 1c listed first goes to slice 2.
         let places: Vec<Placement> = s[0].cis.iter().map(|(_, p)| *p).collect();
-        assert_eq!(
-            places,
-            vec![
-                Placement { start: 2, size: 1 },
-                Placement { start: 0, size: 2 }
-            ]
-        );
+        assert_eq!(places, vec![Placement::new(2, 1), Placement::new(0, 2)]);
 
         let s = slots(m, &[spec("3g.40gb", 1, &["2c", "2c"])], &g, &mut blocked);
         assert!(s.is_empty());
