@@ -113,7 +113,7 @@ impl CiProfile {
 }
 
 /// One GPU model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuModel {
     /// Key in the reference file, e.g. `H100-SXM5-80GB`.
     #[serde(skip_deserializing)]
@@ -270,16 +270,9 @@ impl Catalog {
             models.push(GpuModel {
                 key: "L40S-48GB".into(),
                 nvml_name: "NVIDIA L40S".into(),
-                pci_device_ids: vec![],
                 memory_total_mib: 46068,
                 sm_total: 142,
-                memory_slices: 0,
-                compute_slices: 0,
-                max_mig_device_count: 0,
-                mig_mode_persistent_across_reboot: false,
-                enable_requires_gpu_reset: false,
-                gi_profiles: vec![],
-                ci_profiles_by_gi: BTreeMap::new(),
+                ..Default::default()
             });
             Catalog { models }
         })

@@ -484,10 +484,9 @@ impl UnitEffector for SimHost {
             |p: &crate::observe::GpuProcess| p.unit.as_ref().is_some_and(|u| units.contains(u));
         for g in &mut self.state.gpus {
             g.processes.retain(|p| !gone(p));
-            for gi in g.mig.iter_mut().flat_map(|m| m.instances.iter_mut()) {
-                for c in &mut gi.compute {
-                    c.processes.retain(|p| !gone(p));
-                }
+            let instances = g.mig.iter_mut().flat_map(|m| m.instances.iter_mut());
+            for c in instances.flat_map(|gi| gi.compute.iter_mut()) {
+                c.processes.retain(|p| !gone(p));
             }
         }
         Ok(())

@@ -296,11 +296,9 @@ fn run_all<'a, H: Host + ?Sized>(
             report.not_run.push(a.clone());
             continue;
         }
-        if let Some(g) = gpu_of(&a.kind) {
-            if failed_gpus.contains(g) {
-                report.skipped.push(a.clone());
-                continue;
-            }
+        if gpu_of(&a.kind).is_some_and(|g| failed_gpus.contains(g)) {
+            report.skipped.push(a.clone());
+            continue;
         }
         match run_one(ctx, host, &a.kind) {
             Ok(()) => report.done.push(a.clone()),
@@ -697,13 +695,12 @@ pub fn execute_with<H: Host + ?Sized>(
 pub fn execute_observed<H: Host + ?Sized>(
     policy: &Policy,
     plan: &Plan,
-    before: Observed,
+    mut before: Observed,
     host: &mut H,
     store: &mut dyn JournalStore,
     phases: Option<&BTreeSet<Phase>>,
 ) -> Result<Report, EffectError> {
     let mut report = Report::default();
-    let mut before = before;
     let journal = store.load()?.unwrap_or(Journal {
         version: JOURNAL_VERSION,
         ..Default::default()
@@ -842,15 +839,12 @@ pub fn execute_observed<H: Host + ?Sized>(
         .iter()
         .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
     // The host as it is now, as far as this run can tell without querying GPUs it left alone.
-    let mut now = if ran_mig || plan.replan_after_mig {
-        host.refresh(&ctx.live, &touched)?
+    let (mut now, second) = if ran_mig || plan.replan_after_mig {
+        let now = host.refresh(&ctx.live, &touched)?;
+        let second = plan::plan(policy, &now);
+        (now, second)
     } else {
-        ctx.live.clone()
-    };
-    let second = if ran_mig || plan.replan_after_mig {
-        plan::plan(policy, &now)
-    } else {
-        plan.clone().into_owned()
+        (ctx.live.clone(), plan.clone().into_owned())
     };
     let later: Vec<&Action> = second
         .actions

@@ -621,28 +621,25 @@ mig-configs:
 
     #[test]
     fn malformed_input_is_an_error_naming_the_path() {
-        let e = import(EXAMPLE, "nope", None, "c.yaml")
-            .unwrap_err()
-            .to_string();
+        let err = |yaml: &str, config: &str| {
+            import(yaml, config, None, "c.yaml")
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(EXAMPLE, "nope");
         assert!(
             e.starts_with("no config 'nope' in mig-configs (configs: all-disabled, all-enabled"),
             "{e}"
         );
-        let e = import(
+        let e = err(
             "version: v1\nmig-configs:\n  c:\n    - devices: [0, x]\n      mig-enabled: true\n",
             "c",
-            None,
-            "c.yaml",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert_eq!(
             e,
             "mig-configs.c[0].devices[1]: expected a GPU index, found x"
         );
-        let e = import("version: v2\nmig-configs: {}\n", "c", None, "c.yaml")
-            .unwrap_err()
-            .to_string();
+        let e = err("version: v2\nmig-configs: {}\n", "c");
         assert!(e.contains("v2"), "{e}");
         assert!(matches!(
             import(": : [", "c", None, "c.yaml"),

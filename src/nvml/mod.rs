@@ -80,31 +80,26 @@ pub fn run_reset(argv: &[String], index: u32, uuid: &str) -> Result<(), EffectEr
                 .replace("{uuid}", uuid)
         })
         .collect();
+    let fail = |message: String| EffectError::Other {
+        what: what.clone(),
+        message,
+    };
     let Some((prog, rest)) = args.split_first() else {
-        return Err(EffectError::Other {
-            what,
-            message: format!("{ENV_RESET_CMD} is empty"),
-        });
+        return Err(fail(format!("{ENV_RESET_CMD} is empty")));
     };
     let out = std::process::Command::new(prog)
         .args(rest)
         .output()
-        .map_err(|e| EffectError::Other {
-            what: what.clone(),
-            message: format!("{}: {e}", args.join(" ")),
-        })?;
+        .map_err(|e| fail(format!("{}: {e}", args.join(" "))))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(EffectError::Other {
-            what,
-            message: format!(
-                "{} exited with {}: {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        })
+        Err(fail(format!(
+            "{} exited with {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
     }
 }
 
@@ -338,19 +333,17 @@ impl NvmlBackend {
             .lib_path
             .clone()
             .unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
+        let fail = |message: String| EffectError::Other {
+            what: what.clone(),
+            message,
+        };
         // SAFETY: dlopen of the library already loaded by nvml-wrapper returns the same handle;
         // fakeNvmlResetGpu has the C signature `nvmlReturn_t (unsigned int)`.
         let code = unsafe {
-            let lib = libloading::Library::new(&path).map_err(|e| EffectError::Other {
-                what: what.clone(),
-                message: e.to_string(),
-            })?;
+            let lib = libloading::Library::new(&path).map_err(|e| fail(e.to_string()))?;
             let f: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> = lib
                 .get(b"fakeNvmlResetGpu\0")
-                .map_err(|e| EffectError::Other {
-                    what: what.clone(),
-                    message: format!("{}: no fakeNvmlResetGpu: {e}", path.display()),
-                })?;
+                .map_err(|e| fail(format!("{}: no fakeNvmlResetGpu: {e}", path.display())))?;
             f(index)
         };
         match code {

@@ -401,12 +401,8 @@ pub fn plan_gpu(
     let mut out = MigOutcome::default();
     let Some(mig) = &gpu.mig else {
         if want.is_some() {
-            out.blocked.push(gpu_blocked(
-                gpu,
-                None,
-                vec![],
-                format!("{} cannot do MIG", gpu.name),
-            ));
+            let why = format!("{} cannot do MIG", gpu.name);
+            out.blocked.push(gpu_blocked(gpu, None, vec![], why));
         }
         return out;
     };
