@@ -380,7 +380,7 @@ mod tests {
         assert!(greedy(&w).is_none(), "greedy should fail here");
         let got = fit(a100, &w, &[]).unwrap();
         assert_valid(&w, &[], &got);
-        assert_eq!(got[2], Placement { start: 0, size: 4 });
+        assert_eq!(got[2], Placement::new(0, 4));
     }
 
     #[test]
@@ -448,7 +448,7 @@ mod tests {
         let e = fit(
             h100,
             &profiles(h100, &["4g.40gb"]),
-            &[(kept.id, Placement { start: 0, size: 1 })],
+            &[(kept.id, Placement::new(0, 1))],
         )
         .unwrap_err();
         assert!(matches!(e, Misfit::NoPlacement { .. }), "{e}");
@@ -459,20 +459,20 @@ mod tests {
     fn places_around_kept_instances() {
         let h100 = model("H100-SXM5-80GB");
         let kept_3g = h100.gi_profile("3g.40gb").unwrap();
-        let fixed = [(kept_3g.id, Placement { start: 0, size: 4 })];
+        let fixed = [(kept_3g.id, Placement::new(0, 4))];
         let w = profiles(h100, &["1g.10gb", "2g.20gb"]);
         let got = fit(h100, &w, &fixed).unwrap();
         assert_valid(&w, &[fixed[0].1], &got);
         // A second 3g.40gb can only go at 4..8 now.
         let got = fit(h100, &profiles(h100, &["3g.40gb"]), &fixed).unwrap();
-        assert_eq!(got, vec![Placement { start: 4, size: 4 }]);
+        assert_eq!(got, vec![Placement::new(4, 4)]);
         // Overlapping kept instances are an input error, not a silent success.
         let e = fit(
             h100,
             &[],
             &[
-                (kept_3g.id, Placement { start: 0, size: 4 }),
-                (kept_3g.id, Placement { start: 2, size: 4 }),
+                (kept_3g.id, Placement::new(0, 4)),
+                (kept_3g.id, Placement::new(2, 4)),
             ],
         )
         .unwrap_err();
@@ -500,13 +500,10 @@ mod tests {
         assert!(e.to_string().contains("needs 4 of 3 compute slices"), "{e}");
         // 2c has a single placement (slices 0-1): the 1c listed first must take slice 2, and the
         // result keeps the order of `wanted`.
-        assert_eq!(c2.placements, vec![Placement { start: 0, size: 2 }]);
+        assert_eq!(c2.placements, vec![Placement::new(0, 2)]);
         assert_eq!(
             fit_compute(gi, &[c1, c2]).unwrap(),
-            vec![
-                Placement { start: 2, size: 1 },
-                Placement { start: 0, size: 2 }
-            ]
+            vec![Placement::new(2, 1), Placement::new(0, 2)]
         );
     }
 
@@ -519,10 +516,7 @@ mod tests {
         assert!(greedy(&w).is_none());
         assert_eq!(
             fit(h100, &w, &[]).unwrap(),
-            vec![
-                Placement { start: 4, size: 4 },
-                Placement { start: 0, size: 4 }
-            ]
+            vec![Placement::new(4, 4), Placement::new(0, 4)]
         );
         // Seven 1g fill the 7 compute slices; an eighth has a free memory slice but no compute.
         assert!(fit(h100, &profiles(h100, &["1g.10gb"; 7]), &[]).is_ok());
@@ -537,13 +531,10 @@ mod tests {
         let h100 = model("H100-SXM5-80GB");
         let me = h100.gi_profile("1g.10gb+me").unwrap();
         assert_eq!(me.instance_count, 1);
-        let fixed = [
-            (me.id, Placement { start: 5, size: 1 }),
-            (me.id, Placement { start: 6, size: 1 }),
-        ];
+        let fixed = [(me.id, Placement::new(5, 1)), (me.id, Placement::new(6, 1))];
         assert_eq!(
             fit(h100, &profiles(h100, &["3g.40gb"]), &fixed).unwrap(),
-            vec![Placement { start: 0, size: 4 }]
+            vec![Placement::new(0, 4)]
         );
         let e = fit(h100, &[me], &fixed).unwrap_err();
         assert!(

@@ -20,6 +20,11 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// `size` slices from `start`.
+    pub const fn new(start: u32, size: u32) -> Self {
+        Placement { start, size }
+    }
+
     /// Whether two placements share a slice.
     pub fn overlaps(&self, other: &Placement) -> bool {
         self.start < other.start + other.size && other.start < self.start + self.size
@@ -108,7 +113,7 @@ impl CiProfile {
 }
 
 /// One GPU model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuModel {
     /// Key in the reference file, e.g. `H100-SXM5-80GB`.
     #[serde(skip_deserializing)]
@@ -161,6 +166,23 @@ impl GpuModel {
     /// GI profile by published ID.
     pub fn gi_profile_by_id(&self, id: u32) -> Option<&GiProfile> {
         self.gi_profiles.iter().find(|p| p.id == id)
+    }
+
+    /// Whether the driver has room for a GI of profile `p` at `at` next to the `present`
+    /// instances (profile id, placement): no overlap, the compute-slice budget, and the
+    /// profile's and the GPU's instance limits (a GPU limit of 0: none).
+    pub fn gi_has_room(&self, present: &[(u32, Placement)], p: &GiProfile, at: Placement) -> bool {
+        let used: u32 = present
+            .iter()
+            .filter_map(|(id, _)| self.gi_profile_by_id(*id))
+            .map(|q| q.slice_count)
+            .sum();
+        let same = present.iter().filter(|(id, _)| *id == p.id).count() as u32;
+        let max = self.max_mig_device_count;
+        !present.iter().any(|(_, q)| q.overlaps(&at))
+            && used + p.slice_count <= self.compute_slices
+            && same < p.instance_count
+            && (max == 0 || (present.len() as u32) < max)
     }
 
     /// CI profiles available inside a GI of the given profile.
@@ -248,16 +270,9 @@ impl Catalog {
             models.push(GpuModel {
                 key: "L40S-48GB".into(),
                 nvml_name: "NVIDIA L40S".into(),
-                pci_device_ids: vec![],
                 memory_total_mib: 46068,
                 sm_total: 142,
-                memory_slices: 0,
-                compute_slices: 0,
-                max_mig_device_count: 0,
-                mig_mode_persistent_across_reboot: false,
-                enable_requires_gpu_reset: false,
-                gi_profiles: vec![],
-                ci_profiles_by_gi: BTreeMap::new(),
+                ..Default::default()
             });
             Catalog { models }
         })

@@ -29,6 +29,7 @@ use crate::observe::{
 };
 use crate::policy::TeamName;
 use crate::profiles::{Catalog, GpuModel, Placement, SIM_NAMES};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 use thiserror::Error;
@@ -137,8 +138,8 @@ fn uuid(prefix: &str, parts: &[&[u8]]) -> String {
 }
 
 /// The driver's `/proc/driver/nvidia-caps/mig-minors` layout for GPUs with these minors.
-pub fn mig_minors(gpu_minors: &[u32]) -> std::collections::BTreeMap<String, u32> {
-    let mut m = std::collections::BTreeMap::new();
+pub fn mig_minors(gpu_minors: &[u32]) -> BTreeMap<String, u32> {
+    let mut m = BTreeMap::new();
     m.insert("config".to_string(), 1);
     m.insert("monitor".to_string(), 2);
     let mut n = 3;
@@ -207,10 +208,7 @@ impl SimHost {
 
     /// Load a state file.
     pub fn load(path: &Path) -> Result<Self, SimError> {
-        let err = |message: String| SimError::State {
-            path: path.display().to_string(),
-            message,
-        };
+        let err = state_err(path);
         let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
         let state = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
         Ok(SimHost { state })
@@ -218,10 +216,7 @@ impl SimHost {
 
     /// Write the state file (atomically, through [`crate::files::write_atomic`]).
     pub fn save(&self, path: &Path) -> Result<(), SimError> {
-        let err = |message: String| SimError::State {
-            path: path.display().to_string(),
-            message,
-        };
+        let err = state_err(path);
         let text = serde_json::to_string_pretty(&self.state).map_err(|e| err(e.to_string()))?;
         crate::files::write_atomic(path, (text + "\n").as_bytes())
             .map_err(|e| err(e.source.to_string()))
@@ -236,6 +231,13 @@ impl SimHost {
             .ok_or_else(|| other(uuid, "no such GPU"))?;
         let m = crate::plan::desired::model_of(g).ok_or_else(|| other(uuid, "unknown model"))?;
         Ok((g, m))
+    }
+}
+
+fn state_err(path: &Path) -> impl Fn(String) -> SimError + '_ {
+    |message| SimError::State {
+        path: path.display().to_string(),
+        message,
     }
 }
 
@@ -270,6 +272,18 @@ fn mig_of<'a>(g: &'a mut GpuState, what: &str) -> Result<&'a mut MigState, Effec
         Some(_) => Err(other(what, "MIG mode is off")),
         None => Err(other(what, "GPU cannot do MIG")),
     }
+}
+
+/// GPU instance `gi` of `mig`.
+fn gi_of<'a>(
+    mig: &'a mut MigState,
+    gi: u32,
+    what: &str,
+) -> Result<&'a mut GpuInstance, EffectError> {
+    mig.instances
+        .iter_mut()
+        .find(|i| i.id == gi)
+        .ok_or_else(|| other(what, "no such GPU instance"))
 }
 
 impl GpuEffector for SimHost {
@@ -336,25 +350,12 @@ impl GpuEffector for SimHost {
             return Err(other(&what, "not a legal placement for this profile"));
         }
         let mig = mig_of(g, &what)?;
-        let used: u32 = mig
+        let present: Vec<_> = mig
             .instances
             .iter()
-            .filter_map(|i| m.gi_profile_by_id(i.profile_id))
-            .map(|q| q.slice_count)
-            .sum();
-        let same = mig
-            .instances
-            .iter()
-            .filter(|i| i.profile_id == profile_id)
-            .count() as u32;
-        if mig
-            .instances
-            .iter()
-            .any(|i| i.placement.overlaps(&placement))
-            || used + p.slice_count > m.compute_slices
-            || same >= p.instance_count
-            || mig.instances.len() as u32 >= m.max_mig_device_count
-        {
+            .map(|i| (i.profile_id, i.placement))
+            .collect();
+        if !m.gi_has_room(&present, p, placement) {
             return Err(no_room(what));
         }
         let id = gi_id_pool(m.memory_slices, placement.size)
@@ -403,12 +404,7 @@ impl GpuEffector for SimHost {
             "{gpu} gi{gi} CI profile {profile_id} @{}+{}",
             placement.start, placement.size
         );
-        let mig = mig_of(g, &what)?;
-        let inst = mig
-            .instances
-            .iter_mut()
-            .find(|i| i.id == gi)
-            .ok_or_else(|| other(&what, "no such GPU instance"))?;
+        let inst = gi_of(mig_of(g, &what)?, gi, &what)?;
         let p = m
             .ci_profiles(&inst.profile)
             .iter()
@@ -451,12 +447,7 @@ impl GpuEffector for SimHost {
     fn destroy_ci(&mut self, gpu: &str, gi: u32, ci: u32) -> Result<(), EffectError> {
         let (g, _) = self.gpu(gpu)?;
         let what = format!("{gpu} gi{gi} ci{ci}");
-        let mig = mig_of(g, &what)?;
-        let inst = mig
-            .instances
-            .iter_mut()
-            .find(|i| i.id == gi)
-            .ok_or_else(|| other(&what, "no such GPU instance"))?;
+        let inst = gi_of(mig_of(g, &what)?, gi, &what)?;
         let pos = inst
             .compute
             .iter()
@@ -480,11 +471,7 @@ impl OwnerLabels for SimHost {
     fn set_owner(&mut self, gpu: &str, gi: u32, owner: &str) -> Result<(), EffectError> {
         let (g, _) = self.gpu(gpu)?;
         let what = format!("{gpu} gi{gi}");
-        let inst = mig_of(g, &what)?
-            .instances
-            .iter_mut()
-            .find(|i| i.id == gi)
-            .ok_or_else(|| other(&what, "no such GPU instance"))?;
+        let inst = gi_of(mig_of(g, &what)?, gi, &what)?;
         inst.owner = Some(owner.to_string());
         Ok(())
     }
@@ -497,10 +484,9 @@ impl UnitEffector for SimHost {
             |p: &crate::observe::GpuProcess| p.unit.as_ref().is_some_and(|u| units.contains(u));
         for g in &mut self.state.gpus {
             g.processes.retain(|p| !gone(p));
-            for gi in g.mig.iter_mut().flat_map(|m| m.instances.iter_mut()) {
-                for c in &mut gi.compute {
-                    c.processes.retain(|p| !gone(p));
-                }
+            let instances = g.mig.iter_mut().flat_map(|m| m.instances.iter_mut());
+            for c in instances.flat_map(|gi| gi.compute.iter_mut()) {
+                c.processes.retain(|p| !gone(p));
             }
         }
         Ok(())
@@ -596,14 +582,11 @@ mod tests {
         let g = h.state.gpus[0].uuid.clone();
         h.set_mig_mode(&g, true).unwrap();
         let ids: Vec<u32> = (0..7)
-            .map(|s| {
-                h.create_gi(&g, 19, Placement { start: s, size: 1 })
-                    .unwrap()
-            })
+            .map(|s| h.create_gi(&g, 19, Placement::new(s, 1)).unwrap())
             .collect();
         assert_eq!(ids, vec![9, 7, 8, 11, 12, 13, 14]);
         assert!(matches!(
-            h.create_gi(&g, 19, Placement { start: 0, size: 1 }),
+            h.create_gi(&g, 19, Placement::new(0, 1)),
             Err(EffectError::InsufficientResources { .. })
         ));
         assert_eq!(gi_id_pool(8, 8), vec![0]);
@@ -617,12 +600,10 @@ mod tests {
         let mut h = SimHost::from_spec("a100-40gb").unwrap();
         let g = h.state.gpus[0].uuid.clone();
         assert!(h.set_mig_mode(&g, true).unwrap());
-        assert!(h.create_gi(&g, 9, Placement { start: 0, size: 4 }).is_err());
+        assert!(h.create_gi(&g, 9, Placement::new(0, 4)).is_err());
         h.reset_gpu(&g).unwrap();
-        let gi = h.create_gi(&g, 9, Placement { start: 0, size: 4 }).unwrap();
-        let ci = h
-            .create_ci(&g, gi, 2, Placement { start: 0, size: 3 })
-            .unwrap();
+        let gi = h.create_gi(&g, 9, Placement::new(0, 4)).unwrap();
+        let ci = h.create_ci(&g, gi, 2, Placement::new(0, 3)).unwrap();
         assert!(matches!(
             h.destroy_gi(&g, gi),
             Err(EffectError::InUse { .. })

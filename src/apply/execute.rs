@@ -123,14 +123,7 @@ impl Ids {
 
 /// The GPU UUID an action concerns.
 fn gpu_of(k: &ActionKind) -> Option<&str> {
-    match k {
-        ActionKind::SetMigMode { gpu, .. } | ActionKind::ResetGpu { gpu, .. } => Some(gpu),
-        ActionKind::DestroyCi { ci, .. } | ActionKind::CreateCi { ci, .. } => Some(&ci.gi.gpu),
-        ActionKind::DestroyGi { gi, .. }
-        | ActionKind::CreateGi { gi, .. }
-        | ActionKind::SetOwner { gi, .. } => Some(&gi.gpu),
-        _ => None,
-    }
+    k.gpu().map(|(g, _)| g)
 }
 
 /// Holders of the instance at `placement` on `gpu` in `obs`: `pid 42 (train.service)`, or the
@@ -142,11 +135,7 @@ fn gi_holders(obs: &Observed, gpu: &str, placement: Placement) -> Vec<String> {
         .flat_map(|g| g.mig.iter().flat_map(|m| &m.instances))
         .filter(|gi| gi.placement == placement)
         .flat_map(|gi| gi.compute.iter().flat_map(|c| &c.processes))
-        .map(|p| match (&p.unit, &p.cgroup) {
-            (Some(u), _) => format!("pid {} ({u})", p.pid),
-            (None, Some(cg)) => format!("pid {} (cgroup {cg})", p.pid),
-            (None, None) => format!("pid {}", p.pid),
-        })
+        .map(plan::mig::holder)
         .collect()
 }
 
@@ -172,10 +161,7 @@ impl Ctx<'_> {
         let seq = self.journal.seq;
         let txn = self.journal.gpus.entry(gpu.to_string()).or_insert(GpuTxn {
             index,
-            last_good: vec![],
-            target: vec![],
-            step: None,
-            failed: None,
+            ..Default::default()
         });
         txn.step = Some(Step {
             seq,
@@ -217,30 +203,19 @@ fn run_one<H: Host + ?Sized>(
     | ActionKind::DestroyGi { gi, .. } = k
     {
         host.refresh_processes(&mut ctx.live, &gi.gpu)?;
+        let h = gi_holders(&ctx.live, &gi.gpu, gi.placement);
+        if !h.is_empty() {
+            let what = match k {
+                ActionKind::DestroyCi { ci, .. } => ci.to_string(),
+                _ => gi.to_string(),
+            };
+            return Err(EffectError::InUse {
+                what: format!("{what} ({}): held by {}", gi.gpu, h.join(", ")),
+            });
+        }
     }
-    match k {
-        ActionKind::DestroyCi { ci, .. } => {
-            let h = gi_holders(&ctx.live, &ci.gi.gpu, ci.gi.placement);
-            if !h.is_empty() {
-                return Err(EffectError::InUse {
-                    what: format!("{ci} ({}): held by {}", ci.gi.gpu, h.join(", ")),
-                });
-            }
-        }
-        ActionKind::DestroyGi { gi, .. } => {
-            let h = gi_holders(&ctx.live, &gi.gpu, gi.placement);
-            if !h.is_empty() {
-                return Err(EffectError::InUse {
-                    what: format!("{gi} ({}): held by {}", gi.gpu, h.join(", ")),
-                });
-            }
-        }
-        _ => {}
-    }
-    if is_mutating_mig(k) {
-        if let (Some(g), Some(i)) = (gpu_of(k), k.gpu_index()) {
-            ctx.announce(g, i, k)?;
-        }
+    if let Some((g, i)) = k.gpu().filter(|_| is_mutating_mig(k)) {
+        ctx.announce(g, i, k)?;
     }
     let policy = ctx.policy;
     let ids = &mut ctx.ids;
@@ -321,11 +296,9 @@ fn run_all<'a, H: Host + ?Sized>(
             report.not_run.push(a.clone());
             continue;
         }
-        if let Some(g) = gpu_of(&a.kind) {
-            if failed_gpus.contains(g) {
-                report.skipped.push(a.clone());
-                continue;
-            }
+        if gpu_of(&a.kind).is_some_and(|g| failed_gpus.contains(g)) {
+            report.skipped.push(a.clone());
+            continue;
         }
         match run_one(ctx, host, &a.kind) {
             Ok(()) => report.done.push(a.clone()),
@@ -362,20 +335,11 @@ fn present_of(g: Option<&GpuState>) -> Present {
 /// no overlap, compute-slice budget, per-profile and per-GPU instance limits). Unknown models
 /// answer no, which only means the create waits for the destroys.
 fn fits(model: Option<&GpuModel>, present: &Present, profile_id: u32, p: Placement) -> bool {
-    let Some(m) = model else { return false };
-    let Some(prof) = m.gi_profile_by_id(profile_id) else {
-        return false;
-    };
-    let used: u32 = present
-        .values()
-        .filter_map(|(id, _)| m.gi_profile_by_id(*id))
-        .map(|q| q.slice_count)
-        .sum();
-    let same = present.values().filter(|(id, _)| *id == profile_id).count() as u32;
-    !present.keys().any(|q| q.overlaps(&p))
-        && used + prof.slice_count <= m.compute_slices
-        && same < prof.instance_count
-        && (m.max_mig_device_count == 0 || (present.len() as u32) < m.max_mig_device_count)
+    let present: Vec<(u32, Placement)> = present.iter().map(|(q, (id, _))| (*id, *q)).collect();
+    model.is_some_and(|m| {
+        m.gi_profile_by_id(profile_id)
+            .is_some_and(|prof| m.gi_has_room(&present, prof, p))
+    })
 }
 
 /// A unit of work within one GPU's MIG-instances actions.
@@ -617,7 +581,7 @@ fn mig_gpus(plan: &Plan) -> BTreeMap<String, u32> {
     plan.actions
         .iter()
         .filter(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances))
-        .filter_map(|a| Some((gpu_of(&a.kind)?.to_string(), a.kind.gpu_index()?)))
+        .filter_map(|a| a.kind.gpu().map(|(g, i)| (g.to_string(), i)))
         .collect()
 }
 
@@ -731,13 +695,12 @@ pub fn execute_with<H: Host + ?Sized>(
 pub fn execute_observed<H: Host + ?Sized>(
     policy: &Policy,
     plan: &Plan,
-    before: Observed,
+    mut before: Observed,
     host: &mut H,
     store: &mut dyn JournalStore,
     phases: Option<&BTreeSet<Phase>>,
 ) -> Result<Report, EffectError> {
     let mut report = Report::default();
-    let mut before = before;
     let journal = store.load()?.unwrap_or(Journal {
         version: JOURNAL_VERSION,
         ..Default::default()
@@ -803,9 +766,7 @@ pub fn execute_observed<H: Host + ?Sized>(
             // The geometry before the first of possibly several attempts stays the one to
             // fall back to.
             last_good: records_of(g),
-            target: vec![],
-            step: None,
-            failed: None,
+            ..Default::default()
         });
         t.target = target;
     }
@@ -824,7 +785,7 @@ pub fn execute_observed<H: Host + ?Sized>(
         .iter()
         .filter(|a| a.phase == Phase::MigInstances)
     {
-        if let (Some(g), Some(i)) = (gpu_of(&a.kind), a.kind.gpu_index()) {
+        if let Some((g, i)) = a.kind.gpu() {
             by_gpu.entry((i, g.to_string())).or_default().push(a);
         }
     }
@@ -878,15 +839,12 @@ pub fn execute_observed<H: Host + ?Sized>(
         .iter()
         .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
     // The host as it is now, as far as this run can tell without querying GPUs it left alone.
-    let mut now = if ran_mig || plan.replan_after_mig {
-        host.refresh(&ctx.live, &touched)?
+    let (mut now, second) = if ran_mig || plan.replan_after_mig {
+        let now = host.refresh(&ctx.live, &touched)?;
+        let second = plan::plan(policy, &now);
+        (now, second)
     } else {
-        ctx.live.clone()
-    };
-    let second = if ran_mig || plan.replan_after_mig {
-        plan::plan(policy, &now)
-    } else {
-        plan.clone().into_owned()
+        (ctx.live.clone(), plan.clone().into_owned())
     };
     let later: Vec<&Action> = second
         .actions

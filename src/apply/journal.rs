@@ -57,7 +57,7 @@ pub struct Step {
 }
 
 /// One GPU's open transaction.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct GpuTxn {
     /// NVML index when the transaction began (for people; the key is the UUID).
     pub index: u32,

@@ -96,7 +96,7 @@ struct GpuEntry {
     mig: Option<Vec<MigEntry>>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 struct MigEntry {
     profile: String,
     owner: String,
@@ -182,22 +182,21 @@ pub fn import(
         }
         let devices = match map.get("devices") {
             Some(Value::String(s)) if s == "all" => Devices::All,
-            Some(Value::Sequence(seq)) => {
-                let mut idx = Vec::new();
-                for (j, v) in seq.iter().enumerate() {
-                    let n = v
-                        .as_u64()
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| {
-                            ImportError::Shape(format!(
-                                "{at}.devices[{j}]: expected a GPU index, found {}",
-                                show(v)
-                            ))
-                        })?;
-                    idx.push(n);
-                }
-                Devices::Index(idx)
-            }
+            Some(Value::Sequence(seq)) => Devices::Index(
+                seq.iter()
+                    .enumerate()
+                    .map(|(j, v)| {
+                        v.as_u64()
+                            .and_then(|n| u32::try_from(n).ok())
+                            .ok_or_else(|| {
+                                ImportError::Shape(format!(
+                                    "{at}.devices[{j}]: expected a GPU index, found {}",
+                                    show(v)
+                                ))
+                            })
+                    })
+                    .collect::<Result<_, _>>()?,
+            ),
             Some(v) => {
                 return Err(ImportError::Shape(format!(
                     "{at}.devices: expected \"all\" or a list of GPU indices, found {}",
@@ -274,16 +273,8 @@ pub fn import(
 
         let mig = if enabled {
             let devs = match map.get("mig-devices") {
-                Some(Value::Mapping(m)) => m,
-                None | Some(Value::Null) => {
-                    unsupported.push(Unsupported {
-                        path: format!("{at}.mig-devices"),
-                        why: "MIG enabled with no MIG devices: gpuctl has no MIG-on-but-empty \
-                              layout; this entry is left out"
-                            .into(),
-                    });
-                    continue;
-                }
+                Some(Value::Mapping(m)) => Some(m),
+                None | Some(Value::Null) => None,
                 Some(v) => {
                     return Err(ImportError::Shape(format!(
                         "{at}.mig-devices: expected a mapping of profile to count, found {}",
@@ -292,7 +283,8 @@ pub fn import(
                 }
             };
             let mut out = Vec::new();
-            for (k, v) in devs {
+            // No mig-devices at all, like an empty mapping, leaves `out` empty.
+            for (k, v) in devs.into_iter().flatten() {
                 let name = k.as_str().ok_or_else(|| {
                     ImportError::Shape(format!(
                         "{at}.mig-devices: profile {} is not a name",
@@ -340,24 +332,11 @@ pub fn import(
             }
             None
         };
-        for mut s in selectors {
-            match &mig {
-                Some(m) => {
-                    s.mig = Some(
-                        m.iter()
-                            .map(|e| MigEntry {
-                                profile: e.profile.clone(),
-                                owner: e.owner.clone(),
-                                count: e.count,
-                                compute: e.compute.clone(),
-                            })
-                            .collect(),
-                    )
-                }
-                None => s.owner = Some(owner_name.clone()),
-            }
-            gpus.push(s);
-        }
+        gpus.extend(selectors.into_iter().map(|s| GpuEntry {
+            owner: mig.is_none().then(|| owner_name.clone()),
+            mig: mig.clone(),
+            ..s
+        }));
     }
 
     let body = toml::to_string(&DropIn {
@@ -517,6 +496,11 @@ mig-configs:
             .collect()
     }
 
+    /// `toml` validates with team `infer`.
+    fn assert_valid(toml: &str) {
+        assert_eq!(validate(toml, "infer"), Vec::<String>::new(), "{toml}");
+    }
+
     #[test]
     fn published_all_configs_import_and_validate() {
         for config in ["all-disabled", "all-1g.5gb", "all-2g.10gb", "all-3g.20gb"] {
@@ -545,12 +529,7 @@ mig-configs:
     fn custom_config_maps_indices_and_mixes() {
         let i = import(EXAMPLE, "custom-config", Some("infer"), "config.yaml").unwrap();
         assert!(i.unsupported.is_empty());
-        assert_eq!(
-            validate(&i.toml, "infer"),
-            Vec::<String>::new(),
-            "{}",
-            i.toml
-        );
+        assert_valid(&i.toml);
         let v: toml::Value = toml::from_str(&i.toml).unwrap();
         let gpus = v["gpu"].as_array().unwrap();
         assert_eq!(gpus.len(), 5);
@@ -592,12 +571,7 @@ mig-configs:
             .map(|g| g["model"].as_str().unwrap())
             .collect();
         assert_eq!(models, vec!["A100-SXM4-40GB", "H100-SXM5-80GB"]);
-        assert_eq!(
-            validate(&i.toml, "infer"),
-            Vec::<String>::new(),
-            "{}",
-            i.toml
-        );
+        assert_valid(&i.toml);
     }
 
     #[test]
@@ -642,38 +616,30 @@ mig-configs:
         assert_eq!(split_profile("7g.80gb"), ("7g.80gb".into(), None));
         let i = import(EXAMPLE, "compute-split", Some("infer"), "c.yaml").unwrap();
         assert!(i.toml.contains("profile = \"3g.20gb\"\nowner = \"infer\"\ncompute = [\"1c\"]\n\n[[gpu.mig]]\nprofile = \"3g.20gb\"\nowner = \"infer\"\ncompute = [\"2c\"]"), "{}", i.toml);
-        assert_eq!(
-            validate(&i.toml, "infer"),
-            Vec::<String>::new(),
-            "{}",
-            i.toml
-        );
+        assert_valid(&i.toml);
     }
 
     #[test]
     fn malformed_input_is_an_error_naming_the_path() {
-        let e = import(EXAMPLE, "nope", None, "c.yaml")
-            .unwrap_err()
-            .to_string();
+        let err = |yaml: &str, config: &str| {
+            import(yaml, config, None, "c.yaml")
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(EXAMPLE, "nope");
         assert!(
             e.starts_with("no config 'nope' in mig-configs (configs: all-disabled, all-enabled"),
             "{e}"
         );
-        let e = import(
+        let e = err(
             "version: v1\nmig-configs:\n  c:\n    - devices: [0, x]\n      mig-enabled: true\n",
             "c",
-            None,
-            "c.yaml",
-        )
-        .unwrap_err()
-        .to_string();
+        );
         assert_eq!(
             e,
             "mig-configs.c[0].devices[1]: expected a GPU index, found x"
         );
-        let e = import("version: v2\nmig-configs: {}\n", "c", None, "c.yaml")
-            .unwrap_err()
-            .to_string();
+        let e = err("version: v2\nmig-configs: {}\n", "c");
         assert!(e.contains("v2"), "{e}");
         assert!(matches!(
             import(": : [", "c", None, "c.yaml"),

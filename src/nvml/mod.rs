@@ -18,8 +18,8 @@ use crate::profiles::{Catalog, GpuModel, Placement};
 use nvml_wrapper::enums::device::UsedGpuMemory;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
-use nvml_wrapper_sys::bindings::nvmlDevice_t;
-use std::collections::BTreeMap;
+use nvml_wrapper_sys::bindings::{nvmlDevice_t, NvmlLib};
+use std::collections::btree_map::{BTreeMap, Entry};
 use std::path::{Path, PathBuf};
 
 pub(crate) mod raw;
@@ -80,31 +80,26 @@ pub fn run_reset(argv: &[String], index: u32, uuid: &str) -> Result<(), EffectEr
                 .replace("{uuid}", uuid)
         })
         .collect();
+    let fail = |message: String| EffectError::Other {
+        what: what.clone(),
+        message,
+    };
     let Some((prog, rest)) = args.split_first() else {
-        return Err(EffectError::Other {
-            what,
-            message: format!("{ENV_RESET_CMD} is empty"),
-        });
+        return Err(fail(format!("{ENV_RESET_CMD} is empty")));
     };
     let out = std::process::Command::new(prog)
         .args(rest)
         .output()
-        .map_err(|e| EffectError::Other {
-            what: what.clone(),
-            message: format!("{}: {e}", args.join(" ")),
-        })?;
+        .map_err(|e| fail(format!("{}: {e}", args.join(" "))))?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(EffectError::Other {
-            what,
-            message: format!(
-                "{} exited with {}: {}",
-                args.join(" "),
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            ),
-        })
+        Err(fail(format!(
+            "{} exited with {}: {}",
+            args.join(" "),
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
     }
 }
 
@@ -191,6 +186,13 @@ impl NvmlBackend {
         self.nvml
             .device_by_uuid(uuid)
             .map_err(|e| nvml_err(format!("GPU {uuid}"), e))
+    }
+
+    /// The library and the raw handle of GPU `uuid`, for the `raw` calls.
+    fn raw_device(&self, uuid: &str) -> Result<(&NvmlLib, nvmlDevice_t), EffectError> {
+        let dev = self.device(uuid)?;
+        // SAFETY: the handle stays valid while self.nvml lives.
+        Ok((self.nvml.lib(), unsafe { dev.handle() }))
     }
 
     fn raw_err(&self, what: String, code: raw::Code) -> EffectError {
@@ -303,10 +305,7 @@ impl NvmlBackend {
 
     /// Profile id and placement of GI `gi` on `gpu` (owner labels key on these, not on ids).
     pub fn gi_identity(&self, gpu: &str, gi: u32) -> Result<(u32, Placement), EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!("GPU {gpu} gi{gi}");
         let h = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
         let (_, profile, placement) = raw::gi_info(lib, h).map_err(|c| self.raw_err(what, c))?;
@@ -334,19 +333,17 @@ impl NvmlBackend {
             .lib_path
             .clone()
             .unwrap_or_else(|| PathBuf::from("libnvidia-ml.so.1"));
+        let fail = |message: String| EffectError::Other {
+            what: what.clone(),
+            message,
+        };
         // SAFETY: dlopen of the library already loaded by nvml-wrapper returns the same handle;
         // fakeNvmlResetGpu has the C signature `nvmlReturn_t (unsigned int)`.
         let code = unsafe {
-            let lib = libloading::Library::new(&path).map_err(|e| EffectError::Other {
-                what: what.clone(),
-                message: e.to_string(),
-            })?;
+            let lib = libloading::Library::new(&path).map_err(|e| fail(e.to_string()))?;
             let f: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> = lib
                 .get(b"fakeNvmlResetGpu\0")
-                .map_err(|e| EffectError::Other {
-                    what: what.clone(),
-                    message: format!("{}: no fakeNvmlResetGpu: {e}", path.display()),
-                })?;
+                .map_err(|e| fail(format!("{}: no fakeNvmlResetGpu: {e}", path.display())))?;
             f(index)
         };
         match code {
@@ -396,11 +393,7 @@ fn place_processes(
     }
 }
 
-fn raw_err(
-    lib: &nvml_wrapper_sys::bindings::NvmlLib,
-    what: String,
-    code: raw::Code,
-) -> EffectError {
+fn raw_err(lib: &NvmlLib, what: String, code: raw::Code) -> EffectError {
     match code {
         raw::IN_USE => EffectError::InUse { what },
         raw::INSUFFICIENT_RESOURCES => EffectError::InsufficientResources { what },
@@ -439,13 +432,12 @@ fn observe_mig(
         .into_iter()
         .map(|(g, c, u)| ((g, c), u))
         .collect();
-    let gi_profiles = match &st.gi_profiles {
-        Some(p) => p.clone(),
-        None => {
-            let p = raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))?;
-            st.gi_profiles = Some(p.clone());
-            p
-        }
+    let gi_profiles = match st.gi_profiles.clone() {
+        Some(p) => p,
+        None => st
+            .gi_profiles
+            .insert(raw::gi_profiles(lib, d).map_err(|c| err("GI profiles".into(), c))?)
+            .clone(),
     };
     for p in gi_profiles {
         for h in raw::gpu_instances(lib, d, &p)
@@ -457,14 +449,14 @@ fn observe_mig(
                 .and_then(|m| m.gi_profile_by_id(profile_id))
                 .map(|g| g.name.clone())
                 .unwrap_or_else(|| format!("profile-{profile_id}"));
-            let ci_profiles = match st.ci_profiles.get(&profile_id) {
-                Some(c) => c.clone(),
-                None => {
-                    let c = raw::ci_profiles(lib, h)
-                        .map_err(|c| err(format!("gi{id} CI profiles"), c))?;
-                    st.ci_profiles.insert(profile_id, c.clone());
-                    c
-                }
+            let ci_profiles = match st.ci_profiles.entry(profile_id) {
+                Entry::Occupied(e) => e.get().clone(),
+                Entry::Vacant(e) => e
+                    .insert(
+                        raw::ci_profiles(lib, h)
+                            .map_err(|c| err(format!("gi{id} CI profiles"), c))?,
+                    )
+                    .clone(),
             };
             let mut compute = Vec::new();
             for (cp, n) in ci_profiles {
@@ -543,23 +535,15 @@ impl GpuEffector for NvmlBackend {
         );
         // Checked first so that a placement the driver does not offer costs no mutating call.
         // The offer is a property of the GPU and profile, not of what exists.
-        let cached = self
-            .statics
-            .get(gpu)
-            .and_then(|s| s.placements.get(&profile_id))
-            .cloned();
-        let legal = match cached {
-            Some(l) => l,
-            None => {
-                let l = raw::gi_possible_placements(lib, d, profile_id)
-                    .map_err(|c| raw_err(lib, what.clone(), c))?;
-                self.statics
-                    .entry(gpu.to_string())
-                    .or_default()
-                    .placements
-                    .insert(profile_id, l.clone());
-                l
-            }
+        let statics = self.statics.entry(gpu.to_string()).or_default();
+        let legal = match statics.placements.entry(profile_id) {
+            Entry::Occupied(e) => e.get().clone(),
+            Entry::Vacant(e) => e
+                .insert(
+                    raw::gi_possible_placements(lib, d, profile_id)
+                        .map_err(|c| raw_err(lib, what.clone(), c))?,
+                )
+                .clone(),
         };
         if !legal.contains(&placement) {
             return Err(EffectError::Other {
@@ -575,10 +559,7 @@ impl GpuEffector for NvmlBackend {
     }
 
     fn destroy_gi(&mut self, gpu: &str, gi: u32) -> Result<(), EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!("GPU {gpu} destroy gi{gi}");
         let h = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
         raw::destroy_gi(lib, h).map_err(|c| self.raw_err(what, c))
@@ -591,10 +572,7 @@ impl GpuEffector for NvmlBackend {
         profile_id: u32,
         placement: Placement,
     ) -> Result<u32, EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!(
             "GPU {gpu} gi{gi} create CI profile {profile_id} @{}+{}",
             placement.start, placement.size
@@ -608,10 +586,7 @@ impl GpuEffector for NvmlBackend {
     }
 
     fn destroy_ci(&mut self, gpu: &str, gi: u32, ci: u32) -> Result<(), EffectError> {
-        let dev = self.device(gpu)?;
-        // SAFETY: handle valid while self.nvml lives.
-        let d = unsafe { dev.handle() };
-        let lib = self.nvml.lib();
+        let (lib, d) = self.raw_device(gpu)?;
         let what = format!("GPU {gpu} gi{gi} destroy ci{ci}");
         let g = raw::gi_by_id(lib, d, gi).map_err(|c| self.raw_err(what.clone(), c))?;
         let h = raw::ci_by_id(lib, g, ci).map_err(|c| self.raw_err(what.clone(), c))?;

@@ -83,20 +83,14 @@ pub(crate) fn gi_profiles(lib: &NvmlLib, d: nvmlDevice_t) -> Result<Vec<GiProfil
 fn placements<P: Clone>(
     empty: P,
     mut call: impl FnMut(*mut P, &mut u32) -> Code,
-    start_size: impl Fn(&P) -> (u32, u32),
+    placement: impl Fn(&P) -> Placement,
 ) -> Result<Vec<Placement>, Code> {
     let mut count = 0u32;
     rc(call(std::ptr::null_mut(), &mut count))?;
     let mut buf = vec![empty; count as usize];
     rc(call(buf.as_mut_ptr(), &mut count))?;
     buf.truncate(count as usize);
-    Ok(buf
-        .iter()
-        .map(|p| {
-            let (start, size) = start_size(p);
-            Placement { start, size }
-        })
-        .collect())
+    Ok(buf.iter().map(placement).collect())
 }
 
 /// `nvmlDeviceGetGpuInstancePossiblePlacements_v2` for one GI profile.
@@ -111,7 +105,7 @@ pub(crate) fn gi_possible_placements(
         |buf, count| unsafe {
             lib.nvmlDeviceGetGpuInstancePossiblePlacements_v2(d, profile_id, buf, count)
         },
-        |p| (p.start, p.size),
+        |p| Placement::new(p.start, p.size),
     )
 }
 
@@ -127,7 +121,7 @@ pub(crate) fn ci_possible_placements(
         |buf, count| unsafe {
             lib.nvmlGpuInstanceGetComputeInstancePossiblePlacements(gi, profile_id, buf, count)
         },
-        |p| (p.start, p.size),
+        |p| Placement::new(p.start, p.size),
     )
 }
 
@@ -153,10 +147,7 @@ pub(crate) fn gi_info(lib: &NvmlLib, gi: nvmlGpuInstance_t) -> Result<(u32, u32,
     Ok((
         info.id,
         info.profileId,
-        Placement {
-            start: info.placement.start,
-            size: info.placement.size,
-        },
+        Placement::new(info.placement.start, info.placement.size),
     ))
 }
 
@@ -242,10 +233,7 @@ pub(crate) fn ci_info(
     Ok((
         info.id,
         info.profileId,
-        Placement {
-            start: info.placement.start,
-            size: info.placement.size,
-        },
+        Placement::new(info.placement.start, info.placement.size),
     ))
 }
 

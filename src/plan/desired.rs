@@ -5,7 +5,7 @@
 //! `DeviceAllow=` lists and MPS specs is a visible placeholder (`<new MIG …>`); the executor
 //! re-observes after the MIG phases and re-plans, so placeholders never reach the host.
 
-use super::mig::{self, LayoutGi, MigOutcome};
+use super::mig::{self, gpu_blocked, team_of_process, LayoutGi, MigOutcome};
 use super::Blocked;
 use crate::observe::{GpuProcess, MpsSpec, Observed, SliceSpec};
 use crate::policy::{GpuUse, Policy, Team, TeamName};
@@ -124,18 +124,13 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
             GpuUse::Mig(specs) => Some(specs.as_slice()),
             _ => None,
         };
-        let out = match model_of(g) {
+        let mut out = match model_of(g) {
             Some(m) => mig::plan_gpu(g, m, want, policy.host.reconfigure),
             None => {
                 let mut o = MigOutcome::default();
                 if want.is_some() || g.mig.as_ref().is_some_and(|m| m.current || m.pending) {
-                    o.blocked.push(Blocked {
-                        index: g.index,
-                        gpu: g.uuid.clone(),
-                        gi: None,
-                        holders: vec![],
-                        reason: format!("unknown GPU model {:?}: MIG left as it is", g.name),
-                    });
+                    let why = format!("unknown GPU model {:?}: MIG left as it is", g.name);
+                    o.blocked.push(gpu_blocked(g, None, vec![], why));
                 }
                 if let Some(m) = &g.mig {
                     o.layout = m.instances.iter().map(LayoutGi::from_existing).collect();
@@ -143,7 +138,6 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
                 o
             }
         };
-        let mut out = out;
         let held = hold_whole_gpu(g, u, policy, observed, &mut out);
         blocked.extend(out.blocked.iter().cloned());
         gpus.push(GpuDesired {
@@ -164,14 +158,6 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
         teams,
         blocked,
     }
-}
-
-/// The team of a process from its cgroup (`…/gpu-<team>.slice/…`), `None` outside team slices.
-fn team_of_process(p: &GpuProcess) -> Option<&str> {
-    p.cgroup
-        .as_deref()?
-        .split('/')
-        .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
 }
 
 /// Whether the whole GPU `g` must stay with the teams that hold it now: a process of a team
@@ -233,12 +219,11 @@ fn hold_whole_gpu(
             "cannot drain: only system services in a team slice are stopped and started again"
         }
     };
-    out.blocked.push(Blocked {
-        index: g.index,
-        gpu: g.uuid.clone(),
-        gi: None,
-        holders: losing.iter().map(|p| mig::holder(p)).collect(),
-        reason: format!(
+    out.blocked.push(gpu_blocked(
+        g,
+        None,
+        losing.iter().map(|p| mig::holder(p)).collect(),
+        format!(
             "gpu {} goes from team {} to {}, but team {}'s processes still use it: it is not \
              handed over while they run; {why}",
             g.index,
@@ -250,7 +235,7 @@ fn hold_whole_gpu(
             },
             from.join(", "),
         ),
-    });
+    ));
     Some(keep)
 }
 
@@ -328,9 +313,9 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         }
     }
     if !slice.device_allow.is_empty() {
-        for d in COMMON_DEVICES {
-            slice.device_allow.insert(d.to_string());
-        }
+        slice
+            .device_allow
+            .extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
     }
     let mut visible: Vec<String> = whole
         .iter()

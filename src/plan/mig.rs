@@ -13,7 +13,7 @@
 
 use super::{ActionKind, Blocked, CiRef, GiRef};
 use crate::geometry::{fit, fit_compute, Misfit};
-use crate::observe::{GpuInstance, GpuProcess, GpuState};
+use crate::observe::{ComputeInstance, GpuInstance, GpuProcess, GpuState};
 use crate::policy::{MigSpec, Reconfigure};
 use crate::profiles::{CiProfile, GiProfile, GpuModel, Placement};
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,36 +55,27 @@ pub fn slots<'m>(
     blocked: &mut Vec<Blocked>,
 ) -> Vec<Slot<'m>> {
     let mut out = Vec::new();
+    let mut block = |reason: String| blocked.push(gpu_blocked(gpu, None, vec![], reason));
     for spec in specs {
         let Some(gi) = model.gi_profile(&spec.profile) else {
-            blocked.push(gpu_blocked(
-                gpu,
-                None,
-                vec![],
-                format!(
-                    "MIG profile {} does not exist on {}",
-                    spec.profile, model.nvml_name
-                ),
+            block(format!(
+                "MIG profile {} does not exist on {}",
+                spec.profile, model.nvml_name
             ));
             continue;
         };
-        let mut cis = Vec::new();
         let names: Vec<String> = if spec.compute.is_empty() {
             vec![gi.name.clone()]
         } else {
             spec.compute.clone()
         };
+        let mut cis = Vec::new();
         for n in &names {
             match model.ci_profile(&gi.name, n) {
                 Some(c) => cis.push(c),
-                None => blocked.push(gpu_blocked(
-                    gpu,
-                    None,
-                    vec![],
-                    format!(
-                        "compute profile {n} does not exist in a {} instance",
-                        gi.name
-                    ),
+                None => block(format!(
+                    "compute profile {n} does not exist in a {} instance",
+                    gi.name
                 )),
             }
         }
@@ -94,27 +85,20 @@ pub fn slots<'m>(
         let places = match fit_compute(gi, &cis) {
             Ok(p) => p,
             Err(m) => {
-                blocked.push(gpu_blocked(
-                    gpu,
-                    None,
-                    vec![],
-                    format!(
-                        "compute split {} does not fit in a {} instance: {m}",
-                        names.join(","),
-                        gi.name
-                    ),
+                block(format!(
+                    "compute split {} does not fit in a {} instance: {m}",
+                    names.join(","),
+                    gi.name
                 ));
                 continue;
             }
         };
         let cis: Vec<_> = cis.into_iter().zip(places).collect();
-        for _ in 0..spec.count {
-            out.push(Slot {
-                gi,
-                owner: spec.owner.to_string(),
-                cis: cis.clone(),
-            });
-        }
+        out.extend((0..spec.count).map(|_| Slot {
+            gi,
+            owner: spec.owner.to_string(),
+            cis: cis.clone(),
+        }));
     }
     out
 }
@@ -191,6 +175,26 @@ pub struct MigOutcome {
     pub mode_changes: bool,
 }
 
+impl MigOutcome {
+    /// Change the MIG mode of `gpu` (whole-GPU MPS daemons stop first).
+    fn set_mode(&mut self, gpu: &GpuState, enable: bool, why: String) {
+        let (uuid, index) = (gpu.uuid.clone(), gpu.index);
+        let k = ActionKind::SetMigMode {
+            gpu: uuid,
+            index,
+            enable,
+        };
+        self.mode.push((k, why));
+        self.mode_changes = true;
+    }
+
+    fn reset(&mut self, gpu: &GpuState, why: String) {
+        let (uuid, index) = (gpu.uuid.clone(), gpu.index);
+        self.mode
+            .push((ActionKind::ResetGpu { gpu: uuid, index }, why));
+    }
+}
+
 /// `pid 4242 (train.service)`, or `pid 4242 (cgroup /user.slice/…)` for a PID outside any
 /// service or scope, so that whoever must free the instance knows where to look.
 pub fn holder(p: &GpuProcess) -> String {
@@ -201,22 +205,28 @@ pub fn holder(p: &GpuProcess) -> String {
     }
 }
 
+/// The team of a process from its cgroup (`…/gpu-<team>.slice/…`), `None` outside team slices.
+pub(crate) fn team_of_process(p: &GpuProcess) -> Option<&str> {
+    p.cgroup
+        .as_deref()?
+        .split('/')
+        .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
+}
+
 /// The team a process belongs to: the instance owner, else the `gpu-<team>.slice` in its cgroup.
 fn process_team(p: &GpuProcess, owner: Option<&str>) -> String {
-    if let Some(o) = owner {
-        return o.to_string();
-    }
-    p.cgroup
-        .as_deref()
-        .and_then(|cg| {
-            cg.split('/')
-                .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
-        })
+    owner
+        .or_else(|| team_of_process(p))
         .unwrap_or("unmanaged")
         .to_string()
 }
 
-fn gpu_blocked(gpu: &GpuState, gi: Option<GiRef>, holders: Vec<String>, reason: String) -> Blocked {
+pub(crate) fn gpu_blocked(
+    gpu: &GpuState,
+    gi: Option<GiRef>,
+    holders: Vec<String>,
+    reason: String,
+) -> Blocked {
     Blocked {
         index: gpu.index,
         gpu: gpu.uuid.clone(),
@@ -311,32 +321,73 @@ fn busy_reason(reconf: Reconfigure) -> &'static str {
     }
 }
 
-fn destroy_gi_actions(
-    gpu: &GpuState,
-    gi: &GpuInstance,
-    why: &str,
-    out: &mut Vec<(ActionKind, String)>,
-) {
-    let r = gi_ref(gpu, gi.placement);
-    for c in &gi.compute {
-        out.push((
-            ActionKind::DestroyCi {
-                ci: CiRef {
-                    gi: r.clone(),
-                    placement: c.placement,
-                },
-                profile: c.profile.clone(),
-            },
-            format!("{why} (compute instances go first)"),
-        ));
+fn destroy_ci(r: &GiRef, c: &ComputeInstance) -> ActionKind {
+    let ci = CiRef {
+        gi: r.clone(),
+        placement: c.placement,
+    };
+    ActionKind::DestroyCi {
+        ci,
+        profile: c.profile.clone(),
     }
+}
+
+/// Create a CI of profile `c` at `p` in the GI `r`, and return its layout entry.
+fn create_ci(
+    out: &mut Vec<(ActionKind, String)>,
+    r: &GiRef,
+    (c, p): (&CiProfile, Placement),
+    why: String,
+) -> LayoutCi {
+    let ci = CiRef {
+        gi: r.clone(),
+        placement: p,
+    };
+    let (profile, profile_id) = (c.name.clone(), c.id);
     out.push((
-        ActionKind::DestroyGi {
-            gi: r,
-            profile: gi.profile.clone(),
+        ActionKind::CreateCi {
+            ci,
+            profile: profile.clone(),
+            profile_id,
         },
-        why.to_string(),
+        why,
     ));
+    LayoutCi {
+        profile,
+        profile_id,
+        placement: p,
+        existing: None,
+    }
+}
+
+/// `3g.40gb@0+4`: an instance by profile and placement.
+fn gi_name(gi: &GpuInstance) -> String {
+    format!(
+        "{}@{}+{}",
+        gi.profile, gi.placement.start, gi.placement.size
+    )
+}
+
+impl MigOutcome {
+    /// Release `gi`: drain its holders, then destroy its CIs and itself, in the MIG-mode phase
+    /// when `mode_phase`, else in the MIG-instances phase.
+    fn destroy_gi(&mut self, gpu: &GpuState, gi: &GpuInstance, why: &str, mode_phase: bool) {
+        add_drain(self, &gi_procs(gi), gi.owner.as_deref());
+        self.removed_devices
+            .extend(gi.compute.iter().map(|c| c.uuid.clone()));
+        let r = gi_ref(gpu, gi.placement);
+        let out = if mode_phase {
+            &mut self.mode
+        } else {
+            &mut self.instances
+        };
+        for c in &gi.compute {
+            let why = format!("{why} (compute instances go first)");
+            out.push((destroy_ci(&r, c), why));
+        }
+        let profile = gi.profile.clone();
+        out.push((ActionKind::DestroyGi { gi: r, profile }, why.to_string()));
+    }
 }
 
 /// Plan the MIG side of one GPU. `want` is `None` when the policy wants the whole GPU (MIG off),
@@ -350,12 +401,8 @@ pub fn plan_gpu(
     let mut out = MigOutcome::default();
     let Some(mig) = &gpu.mig else {
         if want.is_some() {
-            out.blocked.push(gpu_blocked(
-                gpu,
-                None,
-                vec![],
-                format!("{} cannot do MIG", gpu.name),
-            ));
+            let why = format!("{} cannot do MIG", gpu.name);
+            out.blocked.push(gpu_blocked(gpu, None, vec![], why));
         }
         return out;
     };
@@ -374,18 +421,14 @@ pub fn plan_gpu(
             }
             if !mig.current {
                 // Enable pending, never took effect: cancelling needs no reset.
-                out.mode.push((
-                    ActionKind::SetMigMode {
-                        gpu: gpu.uuid.clone(),
-                        index: gpu.index,
-                        enable: false,
-                    },
+                out.set_mode(
+                    gpu,
+                    false,
                     format!(
                         "gpu {} is used whole: cancel the pending MIG enable",
                         gpu.index
                     ),
-                ));
-                out.mode_changes = true;
+                );
                 return out;
             }
             // MIG is on: everything goes, then the mode. A busy GPU is left exactly as it is, and
@@ -413,42 +456,25 @@ pub fn plan_gpu(
                 ));
                 return out;
             }
+            let why = format!("gpu {} is used whole: MIG instances must go", gpu.index);
             for gi in &mig.instances {
-                add_drain(&mut out, &gi_procs(gi), gi.owner.as_deref());
-                for c in &gi.compute {
-                    out.removed_devices.insert(c.uuid.clone());
-                }
                 // Destroys run in the MIG-mode phase: the mode cannot change while they exist.
-                destroy_gi_actions(
-                    gpu,
-                    gi,
-                    &format!("gpu {} is used whole: MIG instances must go", gpu.index),
-                    &mut out.mode,
-                );
+                out.destroy_gi(gpu, gi, &why, true);
             }
             add_drain(&mut out, &gpu.processes.iter().collect::<Vec<_>>(), None);
             out.mode_changes = true;
             if mig.pending {
-                out.mode.push((
-                    ActionKind::SetMigMode {
-                        gpu: gpu.uuid.clone(),
-                        index: gpu.index,
-                        enable: false,
-                    },
-                    format!("gpu {} is used whole: turn MIG off", gpu.index),
-                ));
+                let why = format!("gpu {} is used whole: turn MIG off", gpu.index);
+                out.set_mode(gpu, false, why);
             }
             if needs_reset {
-                out.mode.push((
-                    ActionKind::ResetGpu {
-                        gpu: gpu.uuid.clone(),
-                        index: gpu.index,
-                    },
+                out.reset(
+                    gpu,
                     format!(
                         "{} applies a MIG mode change only after a GPU reset",
                         model.nvml_name
                     ),
-                ));
+                );
             }
             out
         }
@@ -456,15 +482,8 @@ pub fn plan_gpu(
             let all_slots = slots(model, specs, gpu, &mut out.blocked);
             if mig.current {
                 if !mig.pending {
-                    out.mode.push((
-                        ActionKind::SetMigMode {
-                            gpu: gpu.uuid.clone(),
-                            index: gpu.index,
-                            enable: true,
-                        },
-                        format!("gpu {} wants MIG: cancel the pending disable", gpu.index),
-                    ));
-                    out.mode_changes = true;
+                    let why = format!("gpu {} wants MIG: cancel the pending disable", gpu.index);
+                    out.set_mode(gpu, true, why);
                 }
                 plan_instances(gpu, model, &mig.instances, all_slots, reconf, &mut out);
                 return out;
@@ -474,15 +493,7 @@ pub fn plan_gpu(
             let gpu_procs: Vec<&GpuProcess> = gpu.processes.iter().collect();
             let idle_ok = drainable(&gpu_procs, reconf);
             if !mig.pending && (idle_ok || needs_reset) {
-                out.mode.push((
-                    ActionKind::SetMigMode {
-                        gpu: gpu.uuid.clone(),
-                        index: gpu.index,
-                        enable: true,
-                    },
-                    format!("gpu {} wants MIG", gpu.index),
-                ));
-                out.mode_changes = true;
+                out.set_mode(gpu, true, format!("gpu {} wants MIG", gpu.index));
             }
             if !idle_ok {
                 let what = if needs_reset {
@@ -501,16 +512,11 @@ pub fn plan_gpu(
             add_drain(&mut out, &gpu_procs, None);
             out.mode_changes = true;
             if needs_reset {
-                out.mode.push((
-                    ActionKind::ResetGpu {
-                        gpu: gpu.uuid.clone(),
-                        index: gpu.index,
-                    },
-                    format!(
-                        "{} enables MIG only after a reset of this GPU",
-                        model.nvml_name
-                    ),
-                ));
+                let why = format!(
+                    "{} enables MIG only after a reset of this GPU",
+                    model.nvml_name
+                );
+                out.reset(gpu, why);
             }
             plan_instances(gpu, model, &[], all_slots, reconf, &mut out);
             out
@@ -657,10 +663,7 @@ fn plan_instances(
     // its holders, rather than a slice count that counts the busy instance twice.
     for &i in immov.iter().filter(|&&i| !procs[i].is_empty()) {
         let gi = &existing[i];
-        let name = format!(
-            "{}@{}+{}",
-            gi.profile, gi.placement.start, gi.placement.size
-        );
+        let name = gi_name(gi);
         let owner = gi.owner.as_deref().unwrap_or("(none)");
         let what = if let Some(s) = slots
             .iter()
@@ -724,8 +727,8 @@ fn rebuild_cis(
 ) {
     let r = gi_ref(gpu, gi.placement);
     let why = format!(
-        "the compute split of {}@{}+{} changes from [{have}] to [{want}]; the GPU instance stays",
-        gi.profile, gi.placement.start, gi.placement.size
+        "the compute split of {} changes from [{have}] to [{want}]; the GPU instance stays",
+        gi_name(gi)
     );
     let wanted: BTreeSet<(u32, Placement)> = slot.cis.iter().map(|(c, p)| (c.id, *p)).collect();
     let kept: BTreeSet<(u32, Placement)> = gi
@@ -746,40 +749,13 @@ fn rebuild_cis(
             gi.owner.as_deref(),
         );
         out.removed_devices.insert(c.uuid.clone());
-        out.instances.push((
-            ActionKind::DestroyCi {
-                ci: CiRef {
-                    gi: r.clone(),
-                    placement: c.placement,
-                },
-                profile: c.profile.clone(),
-            },
-            why.clone(),
-        ));
+        out.instances.push((destroy_ci(&r, c), why.clone()));
     }
     l.cis
         .retain(|c| kept.contains(&(c.profile_id, c.placement)));
-    for (c, p) in &slot.cis {
-        if kept.contains(&(c.id, *p)) {
-            continue;
-        }
-        out.instances.push((
-            ActionKind::CreateCi {
-                ci: CiRef {
-                    gi: r.clone(),
-                    placement: *p,
-                },
-                profile: c.name.clone(),
-                profile_id: c.id,
-            },
-            why.clone(),
-        ));
-        l.cis.push(LayoutCi {
-            profile: c.name.clone(),
-            profile_id: c.id,
-            placement: *p,
-            existing: None,
-        });
+    for &(c, p) in slot.cis.iter().filter(|(c, p)| !kept.contains(&(c.id, *p))) {
+        l.cis
+            .push(create_ci(&mut out.instances, &r, (c, p), why.clone()));
     }
     l.cis.sort_by_key(|c| c.placement);
 }
@@ -804,29 +780,17 @@ fn emit(
         if pool.contains(&i) {
             continue;
         }
-        add_drain(out, &procs[i], gi.owner.as_deref());
-        for c in &gi.compute {
-            out.removed_devices.insert(c.uuid.clone());
-        }
-        let mut acts = Vec::new();
-        destroy_gi_actions(
-            gpu,
-            gi,
-            &format!(
-                "{}@{}+{} on gpu {} is not in the policy's layout",
-                gi.profile, gi.placement.start, gi.placement.size, gpu.index
-            ),
-            &mut acts,
+        let why = format!(
+            "{} on gpu {} is not in the policy's layout",
+            gi_name(gi),
+            gpu.index
         );
-        out.instances.extend(acts);
+        out.destroy_gi(gpu, gi, &why, false);
     }
     for &i in pool {
         let gi = &existing[i];
         let mut l = LayoutGi::from_existing(gi);
-        let name = format!(
-            "{}@{}+{}",
-            gi.profile, gi.placement.start, gi.placement.size
-        );
+        let name = gi_name(gi);
         let holders: Vec<String> = procs[i].iter().map(|p| holder(p)).collect();
         match slot_of.get(&i) {
             Some(&s) => {
@@ -910,30 +874,16 @@ fn emit(
                 slot.owner, slot.gi.name, gpu.index
             ),
         ));
-        let mut cis = Vec::new();
-        for (c, cp) in &slot.cis {
-            out.instances.push((
-                ActionKind::CreateCi {
-                    ci: CiRef {
-                        gi: r.clone(),
-                        placement: *cp,
-                    },
-                    profile: c.name.clone(),
-                    profile_id: c.id,
-                },
-                if slot.cis.len() == 1 {
-                    "one compute instance spanning the GPU instance".to_string()
-                } else {
-                    "compute split from the policy".to_string()
-                },
-            ));
-            cis.push(LayoutCi {
-                profile: c.name.clone(),
-                profile_id: c.id,
-                placement: *cp,
-                existing: None,
-            });
-        }
+        let why = if slot.cis.len() == 1 {
+            "one compute instance spanning the GPU instance"
+        } else {
+            "compute split from the policy"
+        };
+        let cis = slot
+            .cis
+            .iter()
+            .map(|&c| create_ci(&mut out.instances, &r, c, why.into()))
+            .collect();
         out.layout.push(LayoutGi {
             profile: slot.gi.name.clone(),
             profile_id: slot.gi.id,
@@ -988,13 +938,7 @@ mod tests {
         assert_eq!(s.len(), 2);
         // 2c.3g.40gb has one legal placement (0-1), so the 1c listed first goes to slice 2.
         let places: Vec<Placement> = s[0].cis.iter().map(|(_, p)| *p).collect();
-        assert_eq!(
-            places,
-            vec![
-                Placement { start: 2, size: 1 },
-                Placement { start: 0, size: 2 }
-            ]
-        );
+        assert_eq!(places, vec![Placement::new(2, 1), Placement::new(0, 2)]);
 
         let s = slots(m, &[spec("3g.40gb", 1, &["2c", "2c"])], &g, &mut blocked);
         assert!(s.is_empty());

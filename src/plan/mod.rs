@@ -329,10 +329,9 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
             push(&mut actions, Phase::MigInstances, k.clone(), r.clone());
         }
     }
-    let replan_after_mig = !actions.is_empty()
-        && actions
-            .iter()
-            .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
+    let replan_after_mig = actions
+        .iter()
+        .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
 
     // Devices: capability nodes, env files.
     let need: BTreeSet<u32> = d
@@ -349,35 +348,24 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
             "MIG devices of teams need their /dev/nvidia-caps nodes",
         );
     }
-    for t in d.teams.values() {
-        if observed.env_files.get(&*t.name) != Some(&t.env) {
-            push(
-                &mut actions,
-                Phase::Devices,
-                ActionKind::WriteEnv {
-                    team: t.name.clone(),
-                    content: t.env.clone(),
-                },
-                if observed.env_files.contains_key(&*t.name) {
-                    format!("team {}'s device view changed", t.name)
-                } else {
-                    format!("team {} has no env file yet", t.name)
-                },
-            );
-        }
-    }
-    for team in observed.env_files.keys() {
-        if !d.teams.contains_key(team) {
-            push(
-                &mut actions,
-                Phase::Devices,
-                ActionKind::RemoveEnv { team: team.clone() },
-                format!("team {team} is no longer in the policy"),
-            );
-        }
-    }
-
-    cdi_actions(d, observed, &mut actions);
+    team_files(
+        &mut actions,
+        d,
+        &observed.env_files,
+        |t| &t.env,
+        ("device view", "env file"),
+        |team, content| ActionKind::WriteEnv { team, content },
+        |team| ActionKind::RemoveEnv { team },
+    );
+    team_files(
+        &mut actions,
+        d,
+        &observed.cdi_specs,
+        |t| &t.cdi,
+        ("CDI device", "CDI spec"),
+        |team, content| ActionKind::WriteCdi { team, content },
+        |team| ActionKind::RemoveCdi { team },
+    );
 
     // Slices.
     for t in d.teams.values() {
@@ -495,36 +483,33 @@ pub fn slice_drift(have: &SliceSpec, want: &SliceSpec) -> String {
     }
 }
 
-/// CDI specs follow the team view as env files do: written where they differ, removed for teams
-/// gone from the policy (see [`crate::cdi`]).
-fn cdi_actions(d: &Desired, observed: &Observed, actions: &mut Vec<Action>) {
+/// Per-team files (env files, CDI specs, see [`crate::cdi`]) follow the team views: written
+/// where they differ (the reason names what `changed`, or the missing `file`), removed for teams
+/// gone from the policy.
+fn team_files(
+    actions: &mut Vec<Action>,
+    d: &Desired,
+    have: &BTreeMap<TeamName, String>,
+    want: fn(&TeamView) -> &String,
+    (changed, file): (&str, &str),
+    write: fn(TeamName, String) -> ActionKind,
+    remove: fn(TeamName) -> ActionKind,
+) {
     for t in d.teams.values() {
-        if observed.cdi_specs.get(&*t.name) != Some(&t.cdi) {
-            let reason = if observed.cdi_specs.contains_key(&*t.name) {
-                format!("team {}'s CDI device changed", t.name)
+        let content = want(t);
+        if have.get(&*t.name) != Some(content) {
+            let reason = if have.contains_key(&*t.name) {
+                format!("team {}'s {changed} changed", t.name)
             } else {
-                format!("team {} has no CDI spec yet", t.name)
+                format!("team {} has no {file} yet", t.name)
             };
-            push(
-                actions,
-                Phase::Devices,
-                ActionKind::WriteCdi {
-                    team: t.name.clone(),
-                    content: t.cdi.clone(),
-                },
-                reason,
-            );
+            let k = write(t.name.clone(), content.clone());
+            push(actions, Phase::Devices, k, reason);
         }
     }
-    for team in observed.cdi_specs.keys() {
-        if !d.teams.contains_key(team) {
-            push(
-                actions,
-                Phase::Devices,
-                ActionKind::RemoveCdi { team: team.clone() },
-                format!("team {team} is no longer in the policy"),
-            );
-        }
+    for team in have.keys().filter(|t| !d.teams.contains_key(*t)) {
+        let reason = format!("team {team} is no longer in the policy");
+        push(actions, Phase::Devices, remove(team.clone()), reason);
     }
 }
 
@@ -545,18 +530,25 @@ impl fmt::Display for CiRef {
 }
 
 impl ActionKind {
-    /// The GPU index the action concerns, if any.
-    pub fn gpu_index(&self) -> Option<u32> {
+    /// The GPU (UUID and index) the action concerns, if any.
+    pub fn gpu(&self) -> Option<(&str, u32)> {
         match self {
-            ActionKind::SetMigMode { index, .. } | ActionKind::ResetGpu { index, .. } => {
-                Some(*index)
+            ActionKind::SetMigMode { gpu, index, .. } | ActionKind::ResetGpu { gpu, index } => {
+                Some((gpu, *index))
             }
-            ActionKind::DestroyCi { ci, .. } | ActionKind::CreateCi { ci, .. } => Some(ci.gi.index),
+            ActionKind::DestroyCi { ci, .. } | ActionKind::CreateCi { ci, .. } => {
+                Some((&ci.gi.gpu, ci.gi.index))
+            }
             ActionKind::DestroyGi { gi, .. }
             | ActionKind::CreateGi { gi, .. }
-            | ActionKind::SetOwner { gi, .. } => Some(gi.index),
+            | ActionKind::SetOwner { gi, .. } => Some((&gi.gpu, gi.index)),
             _ => None,
         }
+    }
+
+    /// The GPU index the action concerns, if any.
+    pub fn gpu_index(&self) -> Option<u32> {
+        self.gpu().map(|(_, i)| i)
     }
 
     /// The team the action concerns, if any.
