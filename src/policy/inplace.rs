@@ -12,7 +12,7 @@
 //! others their host paths, as plain `gpuctl validate` does.
 
 use super::load::{discover, load_sources, LoadOutcome, Source};
-use super::{Diagnostic, Loc, Severity};
+use super::{Diagnostic, Loc};
 use crate::paths::{Root, POLICY_DIR_ETC, POLICY_DIR_RUN, POLICY_DIR_VENDOR, POLICY_MAIN};
 use std::path::{Path, PathBuf};
 
@@ -90,22 +90,17 @@ pub fn sources_as(
             for higher in &DIRS[dir + 1..] {
                 let host = Path::new(higher).join(name);
                 if root.join(&host).symlink_metadata().is_ok() {
-                    shadowed.push(Diagnostic {
-                        severity: Severity::Error,
-                        loc: Some(Loc {
-                            file: file.to_path_buf(),
-                            line: 1,
-                            col: 1,
-                        }),
-                        key: String::new(),
-                        message: format!(
+                    shadowed.push(Diagnostic::error(
+                        Some(Loc::start(file)),
+                        "",
+                        format!(
                             "installed as {}/{name} it would never be loaded: {} has the same \
                              name and higher precedence",
                             DIRS[*dir],
                             host.display()
                         ),
-                        help: Some(format!("install it as {} instead", host.display())),
-                    });
+                        Some(format!("install it as {} instead", host.display())),
+                    ));
                 }
             }
             let is_fragment_named = |s: &Source, n: &str| {
@@ -134,20 +129,14 @@ pub fn sources_as(
 pub fn load_as(root: &Root, target: &Target, file: &Path) -> LoadOutcome {
     let (sources, unreadable, shadowed) = sources_as(root, target, file);
     let mut outcome = load_sources(&sources);
-    outcome.unreadable.splice(0..0, unreadable);
-    if !shadowed.is_empty() {
-        outcome.diagnostics.splice(0..0, shadowed);
-        outcome.policy = None;
-    }
-    if !outcome.unreadable.is_empty() {
-        outcome.policy = None;
-    }
+    outcome.prepend(unreadable, shadowed);
     outcome
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Severity;
 
     const TEAMS: &str = "version = 1\n[teams.infer]\nmembers = [\"alice\"]\n";
     const GPUS: &str = "version = 1\n[[gpu]]\nindex = [0]\nowner = \"infer\"\n";

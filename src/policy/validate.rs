@@ -14,7 +14,7 @@
 use super::parse::{suggest, At, Fragment, GpuPart, IdlePart, MpsPart, TeamPart, UsagePart};
 use super::{
     Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
-    Policy, Selector, Severity, Size, Team, TeamName,
+    Policy, Selector, Size, Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -22,20 +22,11 @@ use crate::profiles::{Catalog, GiProfile, GpuModel};
 use std::collections::{BTreeMap, BTreeSet};
 
 fn error(loc: &Loc, key: &str, message: String, help: Option<String>) -> Diagnostic {
-    Diagnostic {
-        severity: Severity::Error,
-        loc: Some(loc.clone()),
-        key: key.to_string(),
-        message,
-        help,
-    }
+    Diagnostic::error(Some(loc.clone()), key, message, help)
 }
 
 fn warning(loc: &Loc, key: &str, message: String, help: Option<String>) -> Diagnostic {
-    Diagnostic {
-        severity: Severity::Warning,
-        ..error(loc, key, message, help)
-    }
+    Diagnostic::warning(Some(loc.clone()), key, message, help)
 }
 
 /// Merge `fragments` (in merge order), check the result, and build the policy.
@@ -99,55 +90,52 @@ fn overlay<T: Clone>(base: &mut Option<At<T>>, top: &Option<At<T>>) {
     }
 }
 
+/// A sub-table (`mps`, `idle`) of a later file over the one merged so far: taken whole when
+/// there is none yet, else `keys` merges it per key.
+fn overlay_table<T: Clone>(base: &mut Option<T>, top: &Option<T>, keys: impl FnOnce(&mut T, &T)) {
+    match (base.as_mut(), top) {
+        (_, None) => {}
+        (None, Some(t)) => *base = Some(t.clone()),
+        (Some(b), Some(t)) => keys(b, t),
+    }
+}
+
 fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
     // The team's location follows its latest definition: that is where an admin looks first.
     base.loc = top.loc.clone();
     overlay(&mut base.members, &top.members);
     base.limits.overlay(&top.limits);
-    match (&mut base.mps, &top.mps) {
-        (_, None) => {}
-        (None, Some(m)) => base.mps = Some(m.clone()),
-        (Some(b), Some(m)) => {
-            b.loc = m.loc.clone();
-            overlay(&mut b.active_thread_percentage, &m.active_thread_percentage);
-            overlay(&mut b.pinned_memory_limit, &m.pinned_memory_limit);
-            overlay(&mut b.user, &m.user);
-        }
-    }
-    match (&mut base.idle, &top.idle) {
-        (_, None) => {}
-        (None, Some(i)) => base.idle = Some(i.clone()),
-        (Some(b), Some(i)) => {
-            b.loc = i.loc.clone();
-            overlay(&mut b.after, &i.after);
-            overlay(&mut b.below, &i.below);
-            overlay(&mut b.action, &i.action);
-            overlay(&mut b.grace, &i.grace);
-            overlay(&mut b.exclude, &i.exclude);
-            overlay(&mut b.memory_alarm, &i.memory_alarm);
-        }
-    }
+    overlay_table(&mut base.mps, &top.mps, |b, m| {
+        b.loc = m.loc.clone();
+        overlay(&mut b.active_thread_percentage, &m.active_thread_percentage);
+        overlay(&mut b.pinned_memory_limit, &m.pinned_memory_limit);
+        overlay(&mut b.user, &m.user);
+    });
+    overlay_table(&mut base.idle, &top.idle, |b, i| {
+        b.loc = i.loc.clone();
+        overlay(&mut b.after, &i.after);
+        overlay(&mut b.below, &i.below);
+        overlay(&mut b.action, &i.action);
+        overlay(&mut b.grace, &i.grace);
+        overlay(&mut b.exclude, &i.exclude);
+        overlay(&mut b.memory_alarm, &i.memory_alarm);
+    });
+}
+
+/// The value of a key that may be unset.
+fn value<T: Clone>(a: &Option<At<T>>) -> Option<T> {
+    a.as_ref().map(|a| a.value.clone())
 }
 
 /// The merged idle table as a rule; `None` when `after` is missing (reported by `check_teams`).
 fn to_idle(i: &IdlePart) -> Option<IdleRule> {
     Some(IdleRule {
-        after: i.after.as_ref()?.value,
-        below: i
-            .below
-            .as_ref()
-            .map_or(IdleRule::DEFAULT_BELOW, |a| a.value),
-        action: i.action.as_ref().map(|a| a.value).unwrap_or_default(),
-        grace: i
-            .grace
-            .as_ref()
-            .map_or(IdleRule::DEFAULT_GRACE, |a| a.value),
-        exclude: i
-            .exclude
-            .as_ref()
-            .map(|a| a.value.clone())
-            .unwrap_or_default(),
-        memory_alarm: i.memory_alarm.as_ref().map(|a| a.value),
+        after: value(&i.after)?,
+        below: value(&i.below).unwrap_or(IdleRule::DEFAULT_BELOW),
+        action: value(&i.action).unwrap_or_default(),
+        grace: value(&i.grace).unwrap_or(IdleRule::DEFAULT_GRACE),
+        exclude: value(&i.exclude).unwrap_or_default(),
+        memory_alarm: value(&i.memory_alarm),
     })
 }
 
@@ -160,16 +148,12 @@ fn named(name: &str) -> Option<TeamName> {
 fn to_team(t: &TeamPart) -> Option<Team> {
     Some(Team {
         name: named(&t.name)?,
-        members: t
-            .members
-            .as_ref()
-            .map(|m| m.value.clone())
-            .unwrap_or_default(),
+        members: value(&t.members).unwrap_or_default(),
         limits: t.limits.to_limits(),
         mps: t.mps.as_ref().map(|m: &MpsPart| MpsSettings {
-            active_thread_percentage: m.active_thread_percentage.as_ref().map(|a| a.value),
-            pinned_memory_limit: m.pinned_memory_limit.as_ref().map(|a| a.value),
-            user: m.user.as_ref().map(|a| a.value.clone()),
+            active_thread_percentage: value(&m.active_thread_percentage),
+            pinned_memory_limit: value(&m.pinned_memory_limit),
+            user: value(&m.user),
         }),
         idle: t.idle.as_ref().and_then(to_idle),
         loc: Some(t.loc.clone()),
@@ -237,7 +221,7 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
                     Some("e.g. after = \"2h\"".into()),
                 ));
             }
-            let action = idle.action.as_ref().map(|a| a.value).unwrap_or_default();
+            let action = value(&idle.action).unwrap_or_default();
             if let (Some(g), true) = (&idle.grace, action != super::IdleAction::Stop) {
                 diags.push(warning(
                     &g.loc,
@@ -298,19 +282,15 @@ fn check_drain(
 }
 
 fn check_refs(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Vec<Diagnostic>) {
-    let what = match &g.usage {
-        UsagePart::Owned(_) => format!("{}.owner", g.key),
-        UsagePart::Shared(_) => format!("{}.shared", g.key),
-        UsagePart::Mig(_) => String::new(),
-    };
     let mut seen: BTreeSet<&str> = BTreeSet::new();
     for (i, r) in team_refs(g).into_iter().enumerate() {
         let key = match &g.usage {
+            UsagePart::Owned(_) => format!("{}.owner", g.key),
+            UsagePart::Shared(_) => format!("{}.shared", g.key),
             UsagePart::Mig(ms) => format!("{}.owner", ms[i].key),
-            _ => what.clone(),
         };
         if !teams.contains_key(&r.value) {
-            let mut help = if teams.is_empty() {
+            let help = if teams.is_empty() {
                 format!("no teams are defined; add [teams.{}]", r.value)
             } else {
                 format!(
@@ -318,9 +298,7 @@ fn check_refs(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Vec<D
                     teams.keys().cloned().collect::<Vec<_>>().join(", ")
                 )
             };
-            if let Some(s) = suggest(&r.value, teams.keys().map(String::as_str)) {
-                help = format!("did you mean '{s}'? {help}");
-            }
+            let help = suggest(&r.value, teams.keys().map(String::as_str), help);
             diags.push(error(
                 &r.loc,
                 &key,
@@ -422,21 +400,19 @@ impl Policy {
     pub fn usage_for(&self, gpu: &GpuState) -> Option<GpuUse> {
         let mut matching = self.gpus.iter().filter(|a| a.selector.matches(gpu));
         let first = matching.next()?.usage.clone();
-        match first {
-            GpuUse::Shared(mut teams) => {
-                for a in matching {
-                    if let GpuUse::Shared(more) = &a.usage {
-                        for t in more {
-                            if !teams.contains(t) {
-                                teams.push(t.clone());
-                            }
-                        }
+        let GpuUse::Shared(mut teams) = first else {
+            return Some(first);
+        };
+        for a in matching {
+            if let GpuUse::Shared(more) = &a.usage {
+                for t in more {
+                    if !teams.contains(t) {
+                        teams.push(t.clone());
                     }
                 }
-                Some(GpuUse::Shared(teams))
             }
-            other => Some(other),
         }
+        Some(GpuUse::Shared(teams))
     }
 }
 
@@ -496,13 +472,9 @@ fn check_mig_on_model(model: &GpuModel, specs: &[MigSpec]) -> Vec<MigProblem> {
     let mut wanted: Vec<&GiProfile> = Vec::new();
     for (i, s) in specs.iter().enumerate() {
         let Some(gi) = model.gi_profile(&s.profile) else {
-            let mut help = format!("valid profiles: {}", profiles_help(&[model]));
-            if let Some(sug) = suggest(
-                &s.profile,
-                model.gi_profiles.iter().map(|p| p.name.as_str()),
-            ) {
-                help = format!("did you mean '{sug}'? {help}");
-            }
+            let names = model.gi_profiles.iter().map(|p| p.name.as_str());
+            let help = format!("valid profiles: {}", profiles_help(&[model]));
+            let help = suggest(&s.profile, names, help);
             out.push((
                 Field::Profile(i),
                 format!("no MIG profile '{}'", s.profile),
@@ -570,11 +542,7 @@ fn mig_specs(ms: &[super::parse::MigPart]) -> Option<Vec<MigSpec>> {
                 profile: m.profile.value.clone(),
                 owner: named(&m.owner.value)?,
                 count: m.count,
-                compute: m
-                    .compute
-                    .as_ref()
-                    .map(|c| c.value.clone())
-                    .unwrap_or_default(),
+                compute: value(&m.compute).unwrap_or_default(),
             })
         })
         .collect()
@@ -655,19 +623,16 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
             .any(|m| m.gi_profile(&s.profile).is_some())
         {
             all_known = false;
-            let mut help = format!("known profiles by model: {}", profiles_help(&mig_models));
+            let help = format!("known profiles by model: {}", profiles_help(&mig_models));
             let names: BTreeSet<&str> = mig_models
                 .iter()
                 .flat_map(|m| m.gi_profiles.iter().map(|p| p.name.as_str()))
                 .collect();
-            if let Some(sug) = suggest(&s.profile, names) {
-                help = format!("did you mean '{sug}'? {help}");
-            }
             push(
                 diags,
                 Field::Profile(i),
                 format!("no GPU model has a MIG profile '{}'", s.profile),
-                Some(help),
+                Some(suggest(&s.profile, names, help)),
             );
         }
     }
@@ -883,21 +848,16 @@ fn check_teams_on_host(
 /// entry are reported once, listing the GPUs.
 pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnostic> {
     let mut out = Vec::new();
-    let none = Loc {
-        file: policy.sources.first().cloned().unwrap_or_default(),
-        line: 1,
-        col: 1,
-    };
+    let none = Loc::start(policy.sources.first().cloned().unwrap_or_default());
     check_teams_on_host(policy, observed, &none, &mut out);
     if let Some(why) = &observed.nvml_unavailable {
         if !policy.gpus.is_empty() {
-            out.push(Diagnostic {
-                severity: Severity::Error,
-                loc: None,
-                key: String::new(),
-                message: format!("cannot see the GPUs: {why}"),
-                help: Some("check the NVIDIA driver, or host.nvml-library".into()),
-            });
+            out.push(Diagnostic::error(
+                None,
+                "",
+                format!("cannot see the GPUs: {why}"),
+                Some("check the NVIDIA driver, or host.nvml-library".into()),
+            ));
         }
         return out;
     }

@@ -22,6 +22,17 @@ pub struct Loc {
     pub col: u32,
 }
 
+impl Loc {
+    /// The start of `file`, for a problem with the file as a whole.
+    pub fn start(file: impl Into<PathBuf>) -> Loc {
+        Loc {
+            file: file.into(),
+            line: 1,
+            col: 1,
+        }
+    }
+}
+
 impl fmt::Display for Loc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let file = self.file.to_string_lossy();
