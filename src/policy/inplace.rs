@@ -154,20 +154,13 @@ mod tests {
     #[test]
     fn targets_accepted_and_refused() {
         assert_eq!(target(POLICY_MAIN), Target::Main);
-        assert_eq!(
-            target("/etc/gpuctl/policy.d/50-gpus.toml"),
-            Target::Fragment {
-                dir: 2,
-                name: "50-gpus.toml".into()
-            }
-        );
-        assert_eq!(
-            target("/usr/lib/gpuctl/policy.d/x.toml"),
-            Target::Fragment {
-                dir: 0,
-                name: "x.toml".into()
-            }
-        );
+        for (path, dir, name) in [
+            ("/etc/gpuctl/policy.d/50-gpus.toml", 2, "50-gpus.toml"),
+            ("/usr/lib/gpuctl/policy.d/x.toml", 0, "x.toml"),
+        ] {
+            let name = name.to_string();
+            assert_eq!(target(path), Target::Fragment { dir, name });
+        }
         for bad in [
             "/etc/gpuctl/policy.d/50-gpus.yaml",
             "/etc/gpuctl/policy.d/.50.toml",

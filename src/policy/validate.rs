@@ -421,24 +421,28 @@ fn short_name(name: &str) -> &str {
     name.strip_prefix("NVIDIA ").unwrap_or(name)
 }
 
-/// Profiles of the given models, grouped by identical lists, for "valid profiles are" hints.
-fn profiles_help(models: &[&GpuModel]) -> String {
-    let mut groups: Vec<(Vec<&str>, String)> = Vec::new();
-    for m in models {
-        let names = m
-            .gi_profiles
-            .iter()
-            .map(|p| p.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ");
-        match groups.iter_mut().find(|(_, n)| *n == names) {
-            Some((ms, _)) => ms.push(&m.key),
-            None => groups.push((vec![&m.key], names)),
+/// `(key, first, item)` triples grouped by key, in the order first seen; a group keeps the
+/// `first` of its first triple (the help of a message found on several GPUs or models).
+fn group<K: PartialEq, F, V>(triples: impl IntoIterator<Item = (K, F, V)>) -> Vec<(K, F, Vec<V>)> {
+    let mut groups: Vec<(K, F, Vec<V>)> = Vec::new();
+    for (k, first, v) in triples {
+        match groups.iter_mut().find(|(g, _, _)| *g == k) {
+            Some((_, _, vs)) => vs.push(v),
+            None => groups.push((k, first, vec![v])),
         }
     }
     groups
+}
+
+/// Profiles of the given models, grouped by identical lists, for "valid profiles are" hints.
+fn profiles_help(models: &[&GpuModel]) -> String {
+    let lists = models.iter().map(|m| {
+        let names: Vec<&str> = m.gi_profiles.iter().map(|p| p.name.as_str()).collect();
+        (names.join(", "), (), m.key.as_str())
+    });
+    group(lists)
         .iter()
-        .map(|(ms, names)| format!("{}: {names}", ms.join(", ")))
+        .map(|(names, (), ms)| format!("{}: {names}", ms.join(", ")))
         .collect::<Vec<_>>()
         .join("; ")
 }
@@ -596,9 +600,9 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
         let found = matched.iter().flat_map(|m| {
             check_mig_on_model(m, &specs)
                 .into_iter()
-                .map(move |p| (m.key.as_str(), p))
+                .map(move |(i, msg, help)| ((i, msg), help, m.key.as_str()))
         });
-        for (i, msg, help, models) in merge_by_model(found) {
+        for ((i, msg), help, models) in group(found) {
             push(
                 diags,
                 i,
@@ -676,9 +680,9 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
     let found = results.into_iter().flat_map(|(m, problems)| {
         problems
             .into_iter()
-            .map(move |p| (short_name(&m.nvml_name), p))
+            .map(move |(i, msg, help)| ((i, msg), help, short_name(&m.nvml_name)))
     });
-    for (i, msg, help, models) in merge_by_model(found) {
+    for ((i, msg), help, models) in group(found) {
         push(
             diags,
             i,
@@ -692,44 +696,15 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
     }
 }
 
-/// Problems found on several models, one entry per field and text, naming every model it holds
-/// for (A100-80GB and H100 share profile names and slice counts), in the order first seen.
-fn merge_by_model<'a>(
-    found: impl IntoIterator<Item = (&'a str, MigProblem)>,
-) -> Vec<(Field, String, Option<String>, Vec<&'a str>)> {
-    let mut merged: Vec<(Field, String, Option<String>, Vec<&'a str>)> = Vec::new();
-    for (model, (i, msg, help)) in found {
-        match merged.iter_mut().find(|(j, m, _, _)| *j == i && *m == msg) {
-            Some((_, _, _, ms)) => ms.push(model),
-            None => merged.push((i, msg, help, vec![model])),
-        }
-    }
-    merged
-}
-
 /// Whether two selectors can name the same GPU without knowing the host, and how to say so.
 /// Index/UUID, and model against index/UUID, cannot be decided here (see [`check_against_host`]).
 fn static_overlap(a: &Selector, b: &Selector) -> Option<String> {
     match (a, b) {
         (Selector::All, _) | (_, Selector::All) => Some("every GPU".into()),
         (Selector::Index(x), Selector::Index(y)) => {
-            let ys: BTreeSet<&u32> = y.iter().collect();
-            let both: Vec<String> = x
-                .iter()
-                .filter(|i| ys.contains(i))
-                .map(u32::to_string)
-                .collect();
-            (!both.is_empty()).then(|| format!("gpu {}", both.join(",")))
+            common(x, y, |i| *i).map(|both| format!("gpu {both}"))
         }
-        (Selector::Uuid(x), Selector::Uuid(y)) => {
-            let ys: BTreeSet<String> = y.iter().map(|u| u.to_ascii_lowercase()).collect();
-            let both: Vec<&str> = x
-                .iter()
-                .filter(|u| ys.contains(&u.to_ascii_lowercase()))
-                .map(String::as_str)
-                .collect();
-            (!both.is_empty()).then(|| both.join(","))
-        }
+        (Selector::Uuid(x), Selector::Uuid(y)) => common(x, y, |u| u.to_ascii_lowercase()),
         (Selector::Model(p), Selector::Model(q)) => {
             if p.eq_ignore_ascii_case(q) {
                 return Some(format!("GPUs matching '{p}'"));
@@ -744,6 +719,17 @@ fn static_overlap(a: &Selector, b: &Selector) -> Option<String> {
         }
         _ => None,
     }
+}
+
+/// The items of `x` also in `y` (the same by `key`), comma-separated; `None` when there are none.
+fn common<T: ToString, K: Ord>(x: &[T], y: &[T], key: impl Fn(&T) -> K) -> Option<String> {
+    let ys: BTreeSet<K> = y.iter().map(&key).collect();
+    let both: Vec<String> = x
+        .iter()
+        .filter(|a| ys.contains(&key(a)))
+        .map(T::to_string)
+        .collect();
+    (!both.is_empty()).then(|| both.join(","))
 }
 
 const OVERLAP_HELP: &str = "each GPU may be named by one [[gpu]] entry; only entries that are \
@@ -883,47 +869,36 @@ pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnosti
             .iter()
             .filter(|g| a.selector.matches(g))
             .collect();
-        match &a.selector {
-            Selector::Index(v) => {
-                for i in v
-                    .iter()
-                    .filter(|i| !observed.gpus.iter().any(|g| g.index == **i))
-                {
-                    out.push(error(
-                        loc,
-                        &format!("{}.index", a.key),
-                        format!("gpu {i} does not exist"),
-                        Some(host_gpus()),
-                    ));
-                }
-            }
-            Selector::Uuid(v) => {
-                for u in v
-                    .iter()
-                    .filter(|u| !observed.gpus.iter().any(|g| g.uuid.eq_ignore_ascii_case(u)))
-                {
-                    out.push(error(
-                        loc,
-                        &format!("{}.uuid", a.key),
-                        format!("no GPU has UUID {u}"),
-                        Some(host_gpus()),
-                    ));
-                }
-            }
-            Selector::Model(p) if matched.is_empty() => out.push(warning(
+        let missing: Vec<(&str, String)> = match &a.selector {
+            Selector::Index(v) => v
+                .iter()
+                .filter(|i| !observed.gpus.iter().any(|g| g.index == **i))
+                .map(|i| ("index", format!("gpu {i} does not exist")))
+                .collect(),
+            Selector::Uuid(v) => v
+                .iter()
+                .filter(|u| !observed.gpus.iter().any(|g| g.uuid.eq_ignore_ascii_case(u)))
+                .map(|u| ("uuid", format!("no GPU has UUID {u}")))
+                .collect(),
+            Selector::Model(_) | Selector::All => Vec::new(),
+        };
+        for (field, msg) in missing {
+            let key = format!("{}.{field}", a.key);
+            out.push(error(loc, &key, msg, Some(host_gpus())));
+        }
+        if let (Selector::Model(p), true) = (&a.selector, matched.is_empty()) {
+            out.push(warning(
                 loc,
                 &format!("{}.model", a.key),
                 format!("'{p}' matches no GPU on this host; the entry does nothing here"),
                 Some(host_gpus()),
-            )),
-            _ => {}
+            ));
         }
         let GpuUse::Mig(specs) = &a.usage else {
             continue;
         };
         // Group identical problems across GPUs of one entry.
-        let mut grouped: Vec<(String, Option<String>, Vec<&GpuState>)> = Vec::new();
-        for g in &matched {
+        let found = matched.iter().flat_map(|g| {
             let problems: Vec<(String, Option<String>)> = match model_of(g) {
                 None => vec![(
                     format!("unknown GPU model '{}', so MIG cannot be planned", g.name),
@@ -949,14 +924,9 @@ pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnosti
                     })
                     .collect(),
             };
-            for (msg, help) in problems {
-                match grouped.iter_mut().find(|(m, _, _)| *m == msg) {
-                    Some((_, _, gs)) => gs.push(g),
-                    None => grouped.push((msg, help, vec![g])),
-                }
-            }
-        }
-        for (msg, help, gs) in grouped {
+            problems.into_iter().map(move |(msg, help)| (msg, help, *g))
+        });
+        for (msg, help, gs) in group(found) {
             let names: BTreeSet<&str> = gs.iter().map(|g| short_name(&g.name)).collect();
             let idx: Vec<String> = gs.iter().map(|g| g.index.to_string()).collect();
             let what = format!(
@@ -1077,6 +1047,23 @@ mod tests {
         }
     }
 
+    /// [`check_against_host`]'s diagnostics as display strings.
+    fn on_host(p: &Policy, obs: &Observed) -> Vec<String> {
+        check_against_host(p, obs)
+            .iter()
+            .map(|d| d.to_string())
+            .collect()
+    }
+
+    /// Some diagnostic of `d` contains every one of `parts`.
+    #[track_caller]
+    fn assert_any(d: &[String], parts: &[&str]) {
+        assert!(
+            d.iter().any(|e| parts.iter().all(|p| e.contains(p))),
+            "{parts:?} in {d:#?}"
+        );
+    }
+
     #[test]
     fn team_limits_are_checked_against_the_host() {
         let (p, d) = check(
@@ -1087,10 +1074,7 @@ mod tests {
         let mut obs = host(vec![]);
         obs.host.cpus = 128;
         obs.host.memory_bytes = 1 << 40;
-        let d: Vec<String> = check_against_host(&p, &obs)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
+        let d = on_host(&p, &obs);
         assert_eq!(
             d,
             vec![
@@ -1101,10 +1085,7 @@ mod tests {
         );
         // RAM unknown: percentages cannot become bytes.
         obs.host.memory_bytes = 0;
-        let d: Vec<String> = check_against_host(&p, &obs)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
+        let d = on_host(&p, &obs);
         assert_eq!(d.len(), 3, "{d:#?}");
         assert!(d[1].contains("teams.a.memory-max: 25% of host RAM cannot be resolved"));
         assert!(d[2].contains("teams.b.memory-high: 10% of host RAM cannot be resolved"));
@@ -1120,10 +1101,7 @@ mod tests {
             "{TEAMS}[[gpu]]\nall = true\nowner = \"a\"\n[[gpu]]\nindex = [2]\nowner = \"b\"\n"
         ));
         assert!(p.is_none());
-        assert!(
-            d.iter().any(|e| e.contains(":10:9: error: gpu[1]: every GPU assigned twice: here and at /etc/gpuctl/policy.toml:7:7 (gpu[0])")),
-            "{d:#?}"
-        );
+        assert_any(&d, &[":10:9: error: gpu[1]: every GPU assigned twice: here and at /etc/gpuctl/policy.toml:7:7 (gpu[0])"]);
         let (p, d) = check(&format!(
             "{TEAMS}[[gpu]]\nall = true\nshared = [\"a\"]\n[[gpu]]\nindex = [2]\nshared = [\"b\", \"a\"]\n"
         ));
@@ -1144,11 +1122,7 @@ mod tests {
         let (_, d) = check(&format!(
             "{TEAMS}[[gpu]]\nmodel = \"*H100*\"\nowner = \"a\"\n[[gpu]]\nmodel = \"h100-80gb\"\nowner = \"b\"\n"
         ));
-        assert!(
-            d.iter()
-                .any(|e| e.contains("H100-SXM5-80GB GPUs assigned twice")),
-            "{d:#?}"
-        );
+        assert_any(&d, &["H100-SXM5-80GB GPUs assigned twice"]);
         let (p, _) = check(&format!(
             "{TEAMS}[[gpu]]\nmodel = \"*H100*\"\nowner = \"a\"\n[[gpu]]\nmodel = \"*A100*\"\nowner = \"b\"\n"
         ));
@@ -1171,19 +1145,14 @@ mod tests {
         let (_, d) = check(&format!(
             "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\", compute = [\"2c\", \"2c\"] }}]\n"
         ));
-        assert!(
-            d.iter().any(|e| e.contains("gpu[0].mig[0].compute")
-                && e.contains("needs 4 of 3 compute slices")),
-            "{d:#?}"
+        assert_any(
+            &d,
+            &["gpu[0].mig[0].compute", "needs 4 of 3 compute slices"],
         );
         let (_, d) = check(&format!(
             "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"2g.20gb\", owner = \"a\", compute = [\"3c\"] }}]\n"
         ));
-        assert!(
-            d.iter()
-                .any(|e| e.contains("'3c' is not a compute-instance profile of 2g.20gb")),
-            "{d:#?}"
-        );
+        assert_any(&d, &["'3c' is not a compute-instance profile of 2g.20gb"]);
     }
 
     #[test]
@@ -1191,11 +1160,7 @@ mod tests {
         let (_, d) = check(&format!(
             "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.20gb\", owner = \"a\" }}, {{ profile = \"3g.40gb\", owner = \"b\" }}]\n"
         ));
-        assert!(
-            d.iter()
-                .any(|e| e.contains("no single GPU model has all of these MIG profiles")),
-            "{d:#?}"
-        );
+        assert_any(&d, &["no single GPU model has all of these MIG profiles"]);
     }
 
     #[test]
@@ -1209,20 +1174,14 @@ mod tests {
         // GPU 0 is an A100-40GB, which has no 3g.40gb; GPU 9 does not exist; GPU 1 is an
         // L40S claimed by both the model glob and the UUID entry.
         let obs = host(vec![gpu(0, "A100-SXM4-40GB"), gpu(1, "L40S-48GB")]);
-        let d: Vec<String> = check_against_host(&p, &obs)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
+        let d = on_host(&p, &obs);
         assert_eq!(d.len(), 3, "{d:#?}");
-        assert!(
-            d[0].contains("gpu[0].index: gpu 9 does not exist"),
-            "{d:#?}"
+        assert_any(&d[0..1], &["gpu[0].index: gpu 9 does not exist"]);
+        assert_any(
+            &d[1..2],
+            &["gpu 0 (A100-SXM4-40GB): mig[0]: no MIG profile '3g.40gb'"],
         );
-        assert!(
-            d[1].contains("gpu 0 (A100-SXM4-40GB): mig[0]: no MIG profile '3g.40gb'"),
-            "{d:#?}"
-        );
-        assert!(d[2].contains("gpu 1 (L40S) assigned twice"), "{d:#?}");
+        assert_any(&d[2..3], &["gpu 1 (L40S) assigned twice"]);
     }
 
     #[test]
@@ -1233,10 +1192,9 @@ mod tests {
         let (p, d) = check(&text);
         // Statically this cannot fit on any model (one 4g.40gb per GPU): rejected already.
         assert!(p.is_none());
-        assert!(
-            d.iter().any(|e| e.contains("every GPU (")
-                && e.contains("4g.40gb x2 needs 8 of 7 compute slices")),
-            "{d:#?}"
+        assert_any(
+            &d,
+            &["every GPU (", "4g.40gb x2 needs 8 of 7 compute slices"],
         );
 
         let text = format!(
@@ -1258,16 +1216,10 @@ mod tests {
             gpu(2, "L40S-48GB"),
             gpu(3, "L40S-48GB"),
         ]);
-        let d: Vec<String> = check_against_host(&p, &obs)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
+        let d = on_host(&p, &obs);
         // Existing instances are the planner's business, not a policy error; the L40S pair is.
         assert_eq!(d.len(), 1, "{d:#?}");
-        assert!(
-            d[0].contains("gpus 2,3 (L40S): this GPU has no MIG"),
-            "{d:#?}"
-        );
+        assert_any(&d[0..1], &["gpus 2,3 (L40S): this GPU has no MIG"]);
     }
 
     #[test]
@@ -1291,14 +1243,11 @@ mod tests {
             sources: vec![],
         };
         let obs = host(vec![gpu(0, "H100-SXM5-80GB"), gpu(1, "H100-SXM5-80GB")]);
-        let d: Vec<String> = check_against_host(&p, &obs)
-            .iter()
-            .map(|d| d.to_string())
-            .collect();
+        let d = on_host(&p, &obs);
         assert_eq!(d.len(), 1, "{d:#?}");
-        assert!(
-            d[0].contains("gpus 0,1 (H100 80GB HBM3): 3g.40gb x3 needs 12 of 8 memory slices"),
-            "{d:#?}"
+        assert_any(
+            &d[0..1],
+            &["gpus 0,1 (H100 80GB HBM3): 3g.40gb x3 needs 12 of 8 memory slices"],
         );
     }
 }
