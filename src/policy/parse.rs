@@ -1007,17 +1007,9 @@ mod tests {
             (3, 1)
         );
         assert_eq!(e.key, "teams.infer.memroy-max");
-        assert!(
-            e.help
-                .as_ref()
-                .unwrap()
-                .contains("did you mean 'memory-max'"),
-            "{e}"
-        );
-        assert!(
-            e.help.as_ref().unwrap().contains("members, memory-max"),
-            "{e}"
-        );
+        let help = e.help.as_deref().unwrap();
+        assert!(help.contains("did you mean 'memory-max'"), "{e}");
+        assert!(help.contains("members, memory-max"), "{e}");
     }
 
     #[test]
@@ -1095,15 +1087,13 @@ owner = "c"
         assert_eq!(f.unwrap().gpus.len(), 0);
         let msgs: Vec<_> = d.iter().map(|e| e.to_string()).collect();
         assert_eq!(d.len(), 3, "{msgs:#?}");
-        assert!(
-            msgs[0].contains(":4:1: error: gpu[0].all: several GPU selectors"),
-            "{msgs:#?}"
-        );
-        assert!(
-            msgs[1].contains(":6:1: error: gpu[0].shared: several uses"),
-            "{msgs:#?}"
-        );
-        assert!(msgs[2].contains("gpu[1]: no GPU selector"), "{msgs:#?}");
+        for (m, want) in msgs.iter().zip([
+            ":4:1: error: gpu[0].all: several GPU selectors",
+            ":6:1: error: gpu[0].shared: several uses",
+            "gpu[1]: no GPU selector",
+        ]) {
+            assert!(m.contains(want), "{msgs:#?}");
+        }
     }
 
     #[test]

@@ -11,7 +11,9 @@
 //! host (does GPU 5 exist, which model is GPU 0) live in [`check_against_host`]; without a host,
 //! MIG profiles are checked against every catalog model a selector could match.
 
-use super::parse::{suggest, At, Fragment, GpuPart, IdlePart, MpsPart, TeamPart, UsagePart};
+use super::parse::{
+    suggest, At, Fragment, GpuPart, HostPart, IdlePart, MpsPart, TeamPart, UsagePart,
+};
 use super::{
     Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
     Policy, Selector, Size, Team, TeamName,
@@ -34,36 +36,27 @@ fn warning(loc: &Loc, key: &str, message: String, help: Option<String>) -> Diagn
 /// Problems are appended to `diags`. The returned policy is best effort: the caller must not use
 /// it when `diags` holds an error (see [`super::LoadOutcome`]).
 pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
-    let mut host = HostSettings::default();
+    let mut host = HostPart::default();
     let mut teams: BTreeMap<String, TeamPart> = BTreeMap::new();
     let mut gpus: Vec<&GpuPart> = Vec::new();
-    let mut reconfigure_at = None;
-    let mut drain_timeout_at = None;
     for f in fragments {
-        let h = &f.host;
-        if let Some(v) = &h.reconfigure {
-            host.reconfigure = v.value;
-            reconfigure_at = Some(v);
-        }
-        if let Some(v) = &h.drain_timeout {
-            host.drain_timeout = v.value;
-            drain_timeout_at = Some(v);
-        }
-        if let Some(v) = &h.nvml_library {
-            host.nvml_library = Some(v.value.clone());
-        }
+        overlay(&mut host.reconfigure, &f.host.reconfigure);
+        overlay(&mut host.drain_timeout, &f.host.drain_timeout);
+        overlay(&mut host.nvml_library, &f.host.nvml_library);
         for t in &f.teams {
-            match teams.get_mut(&t.name) {
-                Some(base) => overlay_team(base, t),
-                None => {
-                    teams.insert(t.name.clone(), t.clone());
-                }
-            }
+            teams
+                .entry(t.name.clone())
+                .and_modify(|base| overlay_team(base, t))
+                .or_insert_with(|| t.clone());
         }
         gpus.extend(f.gpus.iter());
     }
 
-    check_drain(reconfigure_at, drain_timeout_at, diags);
+    check_drain(
+        host.reconfigure.as_ref(),
+        host.drain_timeout.as_ref(),
+        diags,
+    );
     check_teams(&teams, &gpus, diags);
     for g in &gpus {
         check_refs(g, &teams, diags);
@@ -73,8 +66,13 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
     }
     check_overlaps_static(&gpus, diags);
 
+    let defaults = HostSettings::default();
     Policy {
-        host,
+        host: HostSettings {
+            reconfigure: value(&host.reconfigure).unwrap_or(defaults.reconfigure),
+            drain_timeout: value(&host.drain_timeout).unwrap_or(defaults.drain_timeout),
+            nvml_library: value(&host.nvml_library),
+        },
         teams: teams
             .values()
             .filter_map(|t| Some((named(&t.name)?, to_team(t)?)))
@@ -927,20 +925,12 @@ pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnosti
             problems.into_iter().map(move |(msg, help)| (msg, help, *g))
         });
         for (msg, help, gs) in group(found) {
+            // `gpu 0` or `gpus 2,3`, as a selector of these indices says it.
+            let gpus = Selector::Index(gs.iter().map(|g| g.index).collect()).describe();
             let names: BTreeSet<&str> = gs.iter().map(|g| short_name(&g.name)).collect();
-            let idx: Vec<String> = gs.iter().map(|g| g.index.to_string()).collect();
-            let what = format!(
-                "{} {} ({})",
-                if gs.len() == 1 { "gpu" } else { "gpus" },
-                idx.join(","),
-                names.into_iter().collect::<Vec<_>>().join(", ")
-            );
-            out.push(error(
-                loc,
-                &format!("{}.mig", a.key),
-                format!("{what}: {msg}"),
-                help,
-            ));
+            let names = names.into_iter().collect::<Vec<_>>().join(", ");
+            let key = format!("{}.mig", a.key);
+            out.push(error(loc, &key, format!("{gpus} ({names}): {msg}"), help));
         }
     }
 

@@ -417,14 +417,12 @@ mod tests {
     fn bandwidths_in_unit_files_and_for_people() {
         let spec = io_spec();
         let lines = spec.unit_lines();
-        assert!(
-            lines.contains(&("IOReadBandwidthMax", "/dev/vda 10000000".into())),
-            "{lines:?}"
-        );
-        assert!(
-            lines.contains(&("IOWriteBandwidthMax", "/dev/vda 2000".into())),
-            "{lines:?}"
-        );
+        for line in [
+            ("IOReadBandwidthMax", "/dev/vda 10000000".into()),
+            ("IOWriteBandwidthMax", "/dev/vda 2000".into()),
+        ] {
+            assert!(lines.contains(&line), "{lines:?}");
+        }
         assert_eq!(
             spec.show(),
             "memory: max - high - · cpu: weight - cpus all · tasks - · io 50 \
