@@ -257,10 +257,10 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
     Some(frag)
 }
 
-/// The elements of `[[x]]` or `x = [{...}, ...]`, each with its span.
 /// A table of an array and its span.
 type Elem<'a> = (&'a dyn TableLike, Option<Range<usize>>);
 
+/// The elements of `[[x]]` or `x = [{...}, ...]`, each with its span.
 fn tables_of(item: &Item) -> Option<Vec<Elem<'_>>> {
     match item {
         Item::ArrayOfTables(a) => Some(a.iter().map(|t| (t as &dyn TableLike, t.span())).collect()),
@@ -825,13 +825,10 @@ impl<'a> Cx<'a> {
                     )
                 })
         });
-        let mut missing = Vec::new();
-        if profile.is_none() && !t.contains_key("profile") {
-            missing.push("profile");
-        }
-        if owner.is_none() && !t.contains_key("owner") {
-            missing.push("owner");
-        }
+        let missing: Vec<&str> = ["profile", "owner"]
+            .into_iter()
+            .filter(|k| !t.contains_key(k))
+            .collect();
         if !missing.is_empty() {
             self.error(
                 sp,
@@ -946,12 +943,9 @@ fn members(i: &Item) -> Result<Vec<Member>, Fail> {
         let Some(s) = v.as_str() else {
             return Err(("every member must be a string".into(), help));
         };
-        let m = match s.strip_prefix('@') {
-            Some(g) => Member::Group(g.to_string()),
-            None => Member::User(s.to_string()),
-        };
-        let name = match &m {
-            Member::Group(g) | Member::User(g) => g,
+        let (name, m) = match s.strip_prefix('@') {
+            Some(g) => (g, Member::Group(g.to_string())),
+            None => (s, Member::User(s.to_string())),
         };
         if !valid_unix_name(name) {
             return Err((format!("invalid member '{s}'"), help));

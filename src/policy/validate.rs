@@ -229,27 +229,25 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
                 ));
             }
         }
-        if let Some(mps) = &t.mps {
-            if mps.user.is_none() {
-                let members: &[Member] = t.members.as_ref().map(|m| &m.value[..]).unwrap_or(&[]);
-                let users = members
-                    .iter()
-                    .filter(|m| matches!(m, Member::User(_)))
-                    .count();
-                let groups = members.len() - users;
-                if users > 1 || groups > 0 {
-                    diags.push(warning(
-                        &mps.loc,
-                        &format!("{key}.mps"),
-                        format!(
-                            "team '{}' runs MPS for several users without a dedicated `mps.user`: \
-                             a legacy MPS server serves one Unix user at a time, so the others' \
-                             jobs wait",
-                            t.name
-                        ),
-                        Some("set user = \"mps-<team>\" in the mps table".into()),
-                    ));
-                }
+        if let Some(mps) = t.mps.as_ref().filter(|m| m.user.is_none()) {
+            let members: &[Member] = t.members.as_ref().map(|m| &m.value[..]).unwrap_or(&[]);
+            let users = members
+                .iter()
+                .filter(|m| matches!(m, Member::User(_)))
+                .count();
+            let groups = members.len() - users;
+            if users > 1 || groups > 0 {
+                diags.push(warning(
+                    &mps.loc,
+                    &format!("{key}.mps"),
+                    format!(
+                        "team '{}' runs MPS for several users without a dedicated `mps.user`: a \
+                         legacy MPS server serves one Unix user at a time, so the others' jobs \
+                         wait",
+                        t.name
+                    ),
+                    Some("set user = \"mps-<team>\" in the mps table".into()),
+                ));
             }
         }
     }
@@ -774,20 +772,18 @@ fn check_teams_on_host(
     for t in policy.teams.values() {
         let loc = t.loc.as_ref().unwrap_or(none);
         let key = format!("teams.{}", t.name);
-        if let Some(cpus) = &t.limits.allowed_cpus {
-            match cpus.max() {
-                Some(max) if host.cpus > 0 && max >= host.cpus => out.push(error(
-                    loc,
-                    &format!("{key}.allowed-cpus"),
-                    format!(
-                        "CPU {max} does not exist: this host has {} CPUs (0-{})",
-                        host.cpus,
-                        host.cpus - 1
-                    ),
-                    Some(format!("use CPU numbers below {}", host.cpus)),
-                )),
-                _ => {}
-            }
+        let max_cpu = t.limits.allowed_cpus.as_ref().and_then(|c| c.max());
+        if let Some(max) = max_cpu.filter(|max| host.cpus > 0 && *max >= host.cpus) {
+            out.push(error(
+                loc,
+                &format!("{key}.allowed-cpus"),
+                format!(
+                    "CPU {max} does not exist: this host has {} CPUs (0-{})",
+                    host.cpus,
+                    host.cpus - 1
+                ),
+                Some(format!("use CPU numbers below {}", host.cpus)),
+            ));
         }
         for (name, size) in [
             ("memory-max", t.limits.memory_max),

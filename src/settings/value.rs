@@ -416,10 +416,8 @@ impl FromStr for CpuSet {
                     .filter(|n| *n < 65536)
                     .ok_or_else(|| format!("{q}: {} is not a CPU number", quote(x)))
             };
-            let (a, b) = match part.split_once('-') {
-                Some((a, b)) => (num(a)?, num(b)?),
-                None => (num(part)?, num(part)?),
-            };
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (a, b) = (num(a)?, num(b)?);
             if a > b {
                 return Err(format!("{q}: range {} runs backwards", quote(part)));
             }
