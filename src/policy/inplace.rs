@@ -151,6 +151,11 @@ mod tests {
         parse_target(Path::new(s)).unwrap()
     }
 
+    /// [`load_as`] with the host under `root` and `file` installed `at` a host path.
+    fn load_at(root: &Path, at: &str, file: &Path) -> LoadOutcome {
+        load_as(&Root::new(root), &target(at), file)
+    }
+
     #[test]
     fn targets_accepted_and_refused() {
         assert_eq!(target(POLICY_MAIN), Target::Main);
@@ -189,11 +194,7 @@ mod tests {
             Some(crate::policy::Rejected::Invalid)
         );
 
-        let o = load_as(
-            &Root::new(root.path()),
-            &target("/etc/gpuctl/policy.d/50-gpus.toml"),
-            &file,
-        );
+        let o = load_at(root.path(), "/etc/gpuctl/policy.d/50-gpus.toml", &file);
         assert!(o.verdict().is_ok(), "{:?}", o.diagnostics);
         assert_eq!(
             o.files,
@@ -217,11 +218,7 @@ mod tests {
             "version = 1\n[[gpu]]\nindex = [0]\nowner = \"infre\"\n",
         )
         .unwrap();
-        let o = load_as(
-            &Root::new(root.path()),
-            &target("/etc/gpuctl/policy.d/50-gpus.toml"),
-            &file,
-        );
+        let o = load_at(root.path(), "/etc/gpuctl/policy.d/50-gpus.toml", &file);
         assert_eq!(o.verdict().err(), Some(crate::policy::Rejected::Invalid));
         let errs: Vec<_> = o
             .diagnostics
@@ -275,11 +272,7 @@ mod tests {
         put(root.path(), "/etc/gpuctl/policy.d/50-gpus.toml", TEAMS);
         let file = root.path().join("new");
         std::fs::write(&file, TEAMS).unwrap();
-        let o = load_as(
-            &Root::new(root.path()),
-            &target("/usr/lib/gpuctl/policy.d/50-gpus.toml"),
-            &file,
-        );
+        let o = load_at(root.path(), "/usr/lib/gpuctl/policy.d/50-gpus.toml", &file);
         assert_eq!(o.verdict().err(), Some(crate::policy::Rejected::Invalid));
         let d = o.diagnostics[0].to_string();
         assert!(

@@ -864,27 +864,22 @@ fn idle_duration(i: &Item) -> Result<Duration, Fail> {
 /// A percentage written `"5%"` (a string; a bare number would be ambiguous between a share and
 /// a fraction): more than 0, at most 100.
 fn percent_item(i: &Item, what: &str) -> Result<f64, Fail> {
-    let help = || {
-        Some(format!(
-            "the {what} is a percentage such as \"5%\" or \"2.5%\" (more than 0, at most 100)"
-        ))
+    let fail = |m: String| {
+        let help = "is a percentage such as \"5%\" or \"2.5%\" (more than 0, at most 100)";
+        (m, Some(format!("the {what} {help}")))
     };
-    let s = i.as_str().ok_or_else(|| {
-        (
-            format!("expected a percentage, found {}", type_name(i)),
-            help(),
-        )
-    })?;
+    let s = i
+        .as_str()
+        .ok_or_else(|| fail(format!("expected a percentage, found {}", type_name(i))))?;
     let v: f64 = s
         .trim()
         .strip_suffix('%')
         .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| (format!("'{s}' is not a percentage"), help()))?;
+        .ok_or_else(|| fail(format!("'{s}' is not a percentage")))?;
     if !(v > 0.0 && v <= 100.0) {
-        return Err((
-            format!("'{s}': a percentage must be more than 0 and at most 100"),
-            help(),
-        ));
+        return Err(fail(format!(
+            "'{s}': a percentage must be more than 0 and at most 100"
+        )));
     }
     Ok(v)
 }
@@ -930,12 +925,8 @@ fn no_dups<T: Eq + std::hash::Hash + std::fmt::Debug>(v: &[T]) -> Result<(), Fai
 fn members(i: &Item) -> Result<Vec<Member>, Fail> {
     let help =
         Some("expected a list of user names and @groups, e.g. [\"alice\", \"@ml-infer\"]".into());
-    let arr = i.as_array().ok_or_else(|| {
-        (
-            format!("expected a list, found {}", type_name(i)),
-            help.clone(),
-        )
-    })?;
+    let found = || format!("expected a list, found {}", type_name(i));
+    let arr = i.as_array().ok_or_else(|| (found(), help.clone()))?;
     within!("members", arr.len(), MAX_MEMBERS).map_err(|m| (m, help.clone()))?;
     let mut out = Vec::new();
     let mut seen = std::collections::BTreeSet::new();

@@ -52,11 +52,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         gpus.extend(f.gpus.iter());
     }
 
-    check_drain(
-        host.reconfigure.as_ref(),
-        host.drain_timeout.as_ref(),
-        diags,
-    );
+    check_drain(&host, diags);
     check_teams(&teams, &gpus, diags);
     for g in &gpus {
         check_refs(g, &teams, diags);
@@ -255,25 +251,24 @@ fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mu
 
 /// `reconfigure = "drain"` with a drain timeout of zero stops nothing gracefully: units would be
 /// killed the moment the drain starts.
-fn check_drain(
-    reconfigure: Option<&At<super::Reconfigure>>,
-    timeout: Option<&At<std::time::Duration>>,
-    diags: &mut Vec<Diagnostic>,
-) {
-    if let (Some(r), Some(t)) = (reconfigure, timeout) {
-        if r.value == super::Reconfigure::Drain && t.value.is_zero() {
-            diags.push(error(
-                &t.loc,
-                "host.drain-timeout",
-                "a drain timeout of 0 with reconfigure = \"drain\" gives the team's units no time \
-                 to stop"
-                    .into(),
-                Some(format!(
-                    "give the units time to stop, e.g. \"5m\" (at most {} h)",
-                    crate::settings::value::MAX_DRAIN_TIMEOUT.as_secs() / 3600
-                )),
-            ));
-        }
+fn check_drain(host: &HostPart, diags: &mut Vec<Diagnostic>) {
+    let drain = value(&host.reconfigure) == Some(super::Reconfigure::Drain);
+    if let Some(t) = host
+        .drain_timeout
+        .as_ref()
+        .filter(|t| drain && t.value.is_zero())
+    {
+        diags.push(error(
+            &t.loc,
+            "host.drain-timeout",
+            "a drain timeout of 0 with reconfigure = \"drain\" gives the team's units no time \
+             to stop"
+                .into(),
+            Some(format!(
+                "give the units time to stop, e.g. \"5m\" (at most {} h)",
+                crate::settings::value::MAX_DRAIN_TIMEOUT.as_secs() / 3600
+            )),
+        ));
     }
 }
 
