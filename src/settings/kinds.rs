@@ -235,14 +235,9 @@ impl Kind for Bandwidth {
     /// An empty array resets the list (systemd merges the entries of an assignment into what
     /// the unit has), so it goes first, then the wanted entries, as with `DeviceAllow`.
     fn to_bus(v: Option<&Self::Live>) -> Vec<Value<'static>> {
-        let empty = Value::from(Vec::<(String, u64)>::new());
-        match v {
-            None => vec![empty],
-            Some(m) => vec![
-                empty,
-                Value::from(m.clone().into_iter().collect::<Vec<_>>()),
-            ],
-        }
+        let reset = Value::from(Vec::<(String, u64)>::new());
+        let set = v.map(|m| Value::from(m.clone().into_iter().collect::<Vec<_>>()));
+        [Some(reset), set].into_iter().flatten().collect()
     }
     fn from_bus(v: &Value<'_>) -> Option<Self::Live> {
         let list = Vec::<(String, u64)>::try_from(v.try_clone().ok()?).ok()?;
