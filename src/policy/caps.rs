@@ -30,6 +30,15 @@ pub const MAX_COMPUTE: usize = 8;
 /// Most diagnostics reported for one load; the rest are counted in one line.
 pub const MAX_DIAGNOSTICS: usize = 500;
 
+/// `within!("teams", n, MAX_TEAMS)`: [`check_len`] of `n` against a cap of this module, naming
+/// the cap by its constant, so the name in the error cannot drift from the constant checked.
+macro_rules! within {
+    ($what:expr, $n:expr, $cap:ident) => {
+        $crate::settings::value::check_len($what, $n, $crate::policy::caps::$cap, stringify!($cap))
+    };
+}
+pub(crate) use within;
+
 /// Re-check a policy that did not come through the parser (the last good policy read back from
 /// `/var/lib/gpuctl/last-good/` after a restart): the value rules and caps that a hand-edited or
 /// corrupted copy could break. The first violation, in words.
@@ -41,12 +50,12 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
             p.host.drain_timeout.as_secs()
         ));
     }
-    check_len("teams", p.teams.len(), MAX_TEAMS, "MAX_TEAMS")?;
+    within!("teams", p.teams.len(), MAX_TEAMS)?;
     for (name, t) in &p.teams {
         if *name != t.name {
             return Err(format!("invalid team name {name:?}"));
         }
-        check_len("members", t.members.len(), MAX_MEMBERS, "MAX_MEMBERS")?;
+        within!("members", t.members.len(), MAX_MEMBERS)?;
         // The host is not known here: the bounds that need its RAM wait for the host check.
         if let Some((key, m)) = t.limits.check(0).into_iter().next() {
             return Err(format!("teams.{name}.{key}: {m}"));
@@ -63,11 +72,9 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
     )?;
     for g in &p.gpus {
         match &g.selector {
-            Selector::Index(v) => {
-                check_len("GPUs", v.len(), MAX_SELECTED_GPUS, "MAX_SELECTED_GPUS")?
-            }
+            Selector::Index(v) => within!("GPUs", v.len(), MAX_SELECTED_GPUS)?,
             Selector::Uuid(v) => {
-                check_len("GPUs", v.len(), MAX_SELECTED_GPUS, "MAX_SELECTED_GPUS")?;
+                within!("GPUs", v.len(), MAX_SELECTED_GPUS)?;
                 if let Some(u) = v.iter().find(|u| !valid_gpu_uuid(u)) {
                     return Err(format!("{u:?} is not a GPU UUID"));
                 }
@@ -77,11 +84,11 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
         let teams: Vec<&TeamName> = match &g.usage {
             GpuUse::Owned(t) => vec![t],
             GpuUse::Shared(ts) => {
-                check_len("teams", ts.len(), MAX_SHARED_TEAMS, "MAX_SHARED_TEAMS")?;
+                within!("teams", ts.len(), MAX_SHARED_TEAMS)?;
                 ts.iter().collect()
             }
             GpuUse::Mig(ms) => {
-                check_len("MIG entries", ms.len(), MAX_MIG_ENTRIES, "MAX_MIG_ENTRIES")?;
+                within!("MIG entries", ms.len(), MAX_MIG_ENTRIES)?;
                 if ms
                     .iter()
                     .any(|m| m.count == 0 || m.count > 7 || m.compute.len() > MAX_COMPUTE)

@@ -12,7 +12,7 @@
 //! others their host paths, as plain `gpuctl validate` does.
 
 use super::load::{discover, load_sources, LoadOutcome, Source};
-use super::{Diagnostic, Loc, Severity};
+use super::{Diagnostic, Loc};
 use crate::paths::{Root, POLICY_DIR_ETC, POLICY_DIR_RUN, POLICY_DIR_VENDOR, POLICY_MAIN};
 use std::path::{Path, PathBuf};
 
@@ -90,22 +90,17 @@ pub fn sources_as(
             for higher in &DIRS[dir + 1..] {
                 let host = Path::new(higher).join(name);
                 if root.join(&host).symlink_metadata().is_ok() {
-                    shadowed.push(Diagnostic {
-                        severity: Severity::Error,
-                        loc: Some(Loc {
-                            file: file.to_path_buf(),
-                            line: 1,
-                            col: 1,
-                        }),
-                        key: String::new(),
-                        message: format!(
+                    shadowed.push(Diagnostic::error(
+                        Some(Loc::start(file)),
+                        "",
+                        format!(
                             "installed as {}/{name} it would never be loaded: {} has the same \
                              name and higher precedence",
                             DIRS[*dir],
                             host.display()
                         ),
-                        help: Some(format!("install it as {} instead", host.display())),
-                    });
+                        Some(format!("install it as {} instead", host.display())),
+                    ));
                 }
             }
             let is_fragment_named = |s: &Source, n: &str| {
@@ -134,20 +129,14 @@ pub fn sources_as(
 pub fn load_as(root: &Root, target: &Target, file: &Path) -> LoadOutcome {
     let (sources, unreadable, shadowed) = sources_as(root, target, file);
     let mut outcome = load_sources(&sources);
-    outcome.unreadable.splice(0..0, unreadable);
-    if !shadowed.is_empty() {
-        outcome.diagnostics.splice(0..0, shadowed);
-        outcome.policy = None;
-    }
-    if !outcome.unreadable.is_empty() {
-        outcome.policy = None;
-    }
+    outcome.prepend(unreadable, shadowed);
     outcome
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::policy::Severity;
 
     const TEAMS: &str = "version = 1\n[teams.infer]\nmembers = [\"alice\"]\n";
     const GPUS: &str = "version = 1\n[[gpu]]\nindex = [0]\nowner = \"infer\"\n";
@@ -162,23 +151,21 @@ mod tests {
         parse_target(Path::new(s)).unwrap()
     }
 
+    /// [`load_as`] with the host under `root` and `file` installed `at` a host path.
+    fn load_at(root: &Path, at: &str, file: &Path) -> LoadOutcome {
+        load_as(&Root::new(root), &target(at), file)
+    }
+
     #[test]
     fn targets_accepted_and_refused() {
         assert_eq!(target(POLICY_MAIN), Target::Main);
-        assert_eq!(
-            target("/etc/gpuctl/policy.d/50-gpus.toml"),
-            Target::Fragment {
-                dir: 2,
-                name: "50-gpus.toml".into()
-            }
-        );
-        assert_eq!(
-            target("/usr/lib/gpuctl/policy.d/x.toml"),
-            Target::Fragment {
-                dir: 0,
-                name: "x.toml".into()
-            }
-        );
+        for (path, dir, name) in [
+            ("/etc/gpuctl/policy.d/50-gpus.toml", 2, "50-gpus.toml"),
+            ("/usr/lib/gpuctl/policy.d/x.toml", 0, "x.toml"),
+        ] {
+            let name = name.to_string();
+            assert_eq!(target(path), Target::Fragment { dir, name });
+        }
         for bad in [
             "/etc/gpuctl/policy.d/50-gpus.yaml",
             "/etc/gpuctl/policy.d/.50.toml",
@@ -207,11 +194,7 @@ mod tests {
             Some(crate::policy::Rejected::Invalid)
         );
 
-        let o = load_as(
-            &Root::new(root.path()),
-            &target("/etc/gpuctl/policy.d/50-gpus.toml"),
-            &file,
-        );
+        let o = load_at(root.path(), "/etc/gpuctl/policy.d/50-gpus.toml", &file);
         assert!(o.verdict().is_ok(), "{:?}", o.diagnostics);
         assert_eq!(
             o.files,
@@ -235,11 +218,7 @@ mod tests {
             "version = 1\n[[gpu]]\nindex = [0]\nowner = \"infre\"\n",
         )
         .unwrap();
-        let o = load_as(
-            &Root::new(root.path()),
-            &target("/etc/gpuctl/policy.d/50-gpus.toml"),
-            &file,
-        );
+        let o = load_at(root.path(), "/etc/gpuctl/policy.d/50-gpus.toml", &file);
         assert_eq!(o.verdict().err(), Some(crate::policy::Rejected::Invalid));
         let errs: Vec<_> = o
             .diagnostics
@@ -293,11 +272,7 @@ mod tests {
         put(root.path(), "/etc/gpuctl/policy.d/50-gpus.toml", TEAMS);
         let file = root.path().join("new");
         std::fs::write(&file, TEAMS).unwrap();
-        let o = load_as(
-            &Root::new(root.path()),
-            &target("/usr/lib/gpuctl/policy.d/50-gpus.toml"),
-            &file,
-        );
+        let o = load_at(root.path(), "/usr/lib/gpuctl/policy.d/50-gpus.toml", &file);
         assert_eq!(o.verdict().err(), Some(crate::policy::Rejected::Invalid));
         let d = o.diagnostics[0].to_string();
         assert!(

@@ -43,19 +43,16 @@ pub fn read_policy_file(path: &Path) -> Result<Vec<u8>, String> {
     let meta = f.metadata().map_err(|e| e.to_string())?;
     let ft = meta.file_type();
     if !ft.is_file() {
-        let what = if ft.is_fifo() {
-            "a FIFO"
-        } else if ft.is_char_device() {
-            "a character device"
-        } else if ft.is_block_device() {
-            "a block device"
-        } else if ft.is_socket() {
-            "a socket"
-        } else if ft.is_dir() {
-            "a directory"
-        } else {
-            "not a regular file"
-        };
+        let what = [
+            (ft.is_fifo(), "a FIFO"),
+            (ft.is_char_device(), "a character device"),
+            (ft.is_block_device(), "a block device"),
+            (ft.is_socket(), "a socket"),
+            (ft.is_dir(), "a directory"),
+        ]
+        .into_iter()
+        .find_map(|(is, what)| is.then_some(what))
+        .unwrap_or("not a regular file");
         return Err(format!(
             "{what}, not a regular file: policy files must be regular files"
         ));
@@ -113,6 +110,20 @@ impl LoadOutcome {
         match &self.policy {
             Some(p) if !self.has_errors() => Ok(p),
             _ => Err(Rejected::Invalid),
+        }
+    }
+
+    /// Put what was found before loading (directories that cannot be listed, problems with the
+    /// set of files) first, and drop the policy when that rejects it.
+    pub(crate) fn prepend(
+        &mut self,
+        unreadable: Vec<(PathBuf, String)>,
+        diagnostics: Vec<Diagnostic>,
+    ) {
+        self.unreadable.splice(0..0, unreadable);
+        self.diagnostics.splice(0..0, diagnostics);
+        if !self.unreadable.is_empty() || self.has_errors() {
+            self.policy = None;
         }
     }
 }
@@ -186,17 +197,15 @@ pub fn discover_all(root: &Root) -> (Vec<Source>, Vec<(PathBuf, String)>, Vec<Di
             };
             let Some(name) = entry.file_name().to_str().map(str::to_string) else {
                 let raw = entry.file_name();
-                skipped.push(Diagnostic {
-                    severity: Severity::Warning,
-                    loc: None,
-                    key: String::new(),
-                    message: format!(
-                        "{}/{}: skipped: the file name is not UTF-8",
-                        dir,
+                skipped.push(Diagnostic::warning(
+                    None,
+                    "",
+                    format!(
+                        "{dir}/{}: skipped: the file name is not UTF-8",
                         raw.to_string_lossy()
                     ),
-                    help: Some("rename it to a UTF-8 name ending in .toml".into()),
-                });
+                    Some("rename it to a UTF-8 name ending in .toml".into()),
+                ));
                 continue;
             };
             // Hidden files are editor backups and package-manager temporaries, never policy.
@@ -219,22 +228,17 @@ pub fn discover_all(root: &Root) -> (Vec<Source>, Vec<(PathBuf, String)>, Vec<Di
 pub fn load(root: &Root) -> LoadOutcome {
     let (sources, unreadable, skipped) = discover_all(root);
     let mut outcome = load_sources(&sources);
-    outcome.unreadable.splice(0..0, unreadable);
-    outcome.diagnostics.splice(0..0, skipped);
+    outcome.prepend(unreadable, skipped);
     if sources.is_empty() && outcome.unreadable.is_empty() {
-        outcome.diagnostics.push(Diagnostic {
-            severity: Severity::Warning,
-            loc: None,
-            key: String::new(),
-            message: format!(
+        outcome.diagnostics.push(Diagnostic::warning(
+            None,
+            "",
+            format!(
                 "no policy files found ({POLICY_MAIN}, {POLICY_DIR_ETC}/*.toml, \
                  {POLICY_DIR_RUN}/*.toml, {POLICY_DIR_VENDOR}/*.toml)"
             ),
-            help: Some("with an empty policy gpuctl leaves every GPU untouched".into()),
-        });
-    }
-    if !outcome.unreadable.is_empty() {
-        outcome.policy = None;
+            Some("with an empty policy gpuctl leaves every GPU untouched".into()),
+        ));
     }
     outcome
 }
@@ -263,17 +267,12 @@ pub fn load_sources(sources: &[Source]) -> LoadOutcome {
             Ok(bytes) => match String::from_utf8(bytes) {
                 Ok(t) => t,
                 Err(e) => {
-                    diagnostics.push(Diagnostic {
-                        severity: Severity::Error,
-                        loc: Some(Loc {
-                            file: s.host.clone(),
-                            line: 1,
-                            col: 1,
-                        }),
-                        key: String::new(),
-                        message: format!("not UTF-8 text: {e}"),
-                        help: Some("policy files are UTF-8 TOML".into()),
-                    });
+                    diagnostics.push(Diagnostic::error(
+                        Some(Loc::start(&s.host)),
+                        "",
+                        format!("not UTF-8 text: {e}"),
+                        Some("policy files are UTF-8 TOML".into()),
+                    ));
                     continue;
                 }
             },
@@ -301,20 +300,20 @@ pub fn load_sources(sources: &[Source]) -> LoadOutcome {
             .iter()
             .any(|d| d.severity == Severity::Error);
         diagnostics.truncate(super::caps::MAX_DIAGNOSTICS);
-        diagnostics.push(Diagnostic {
-            severity: if errors_dropped {
-                Severity::Error
-            } else {
-                Severity::Warning
-            },
-            loc: None,
-            key: String::new(),
-            message: format!(
+        let report = if errors_dropped {
+            Diagnostic::error
+        } else {
+            Diagnostic::warning
+        };
+        diagnostics.push(report(
+            None,
+            "",
+            format!(
                 "{more} more diagnostic(s) not shown (MAX_DIAGNOSTICS = {})",
                 super::caps::MAX_DIAGNOSTICS
             ),
-            help: None,
-        });
+            None,
+        ));
     }
     let files = sources.iter().map(|s| s.host.clone()).collect();
     let ok = unreadable.is_empty() && !diagnostics.iter().any(|d| d.severity == Severity::Error);

@@ -51,6 +51,27 @@ pub struct Diagnostic {
     pub help: Option<String>,
 }
 
+impl Diagnostic {
+    /// An error about `key` (empty: none) at `loc`.
+    pub fn error(loc: Option<Loc>, key: &str, message: String, help: Option<String>) -> Self {
+        Diagnostic {
+            severity: Severity::Error,
+            loc,
+            key: key.to_string(),
+            message,
+            help,
+        }
+    }
+
+    /// A warning about `key` (empty: none) at `loc`.
+    pub fn warning(loc: Option<Loc>, key: &str, message: String, help: Option<String>) -> Self {
+        Diagnostic {
+            severity: Severity::Warning,
+            ..Self::error(loc, key, message, help)
+        }
+    }
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(loc) = &self.loc {

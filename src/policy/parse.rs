@@ -7,13 +7,11 @@
 //! team name is legal) happen here; checks that need the merged policy (a team exists, a device is
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
-use super::caps;
-use super::{
-    valid_team_name, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Severity, Size,
-};
+use super::caps::{self, within};
+use super::{valid_team_name, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Size};
 use crate::settings::value::{
-    check_len, duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str,
-    Fail, DURATION_HELP, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
+    duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str, Fail,
+    DURATION_HELP, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
 };
 pub use crate::settings::value::{parse_cpus, parse_duration, parse_size, At};
 use crate::settings::{LimitsPart, KEYS as LIMIT_KEYS};
@@ -259,10 +257,10 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
     Some(frag)
 }
 
-/// The elements of `[[x]]` or `x = [{...}, ...]`, each with its span.
 /// A table of an array and its span.
 type Elem<'a> = (&'a dyn TableLike, Option<Range<usize>>);
 
+/// The elements of `[[x]]` or `x = [{...}, ...]`, each with its span.
 fn tables_of(item: &Item) -> Option<Vec<Elem<'_>>> {
     match item {
         Item::ArrayOfTables(a) => Some(a.iter().map(|t| (t as &dyn TableLike, t.span())).collect()),
@@ -302,21 +300,26 @@ pub(crate) fn distance(a: &str, b: &str) -> usize {
     prev[b.len()]
 }
 
-/// The closest candidate within a small edit distance.
+/// `help`, led by "did you mean 'X'?" when X is the closest candidate within a small edit
+/// distance of `word`.
 pub(crate) fn suggest<'a>(
     word: &str,
     candidates: impl IntoIterator<Item = &'a str>,
-) -> Option<&'a str> {
+    help: String,
+) -> String {
     // Distance is quadratic in length: a long word is no typo of a short name anyway.
     if word.len() > 64 {
-        return None;
+        return help;
     }
-    candidates
+    let closest = candidates
         .into_iter()
         .map(|c| (distance(word, c), c))
         .filter(|(d, c)| *d <= 2.max(c.len() / 4) && *d > 0)
-        .min()
-        .map(|(_, c)| c)
+        .min();
+    match closest {
+        Some((_, c)) => format!("did you mean '{c}'? {help}"),
+        None => help,
+    }
 }
 
 /// Parsing context: the file, its line starts, and the diagnostics sink.
@@ -359,17 +362,8 @@ impl<'a> Cx<'a> {
         help: Option<String>,
     ) {
         let loc = self.loc(sp);
-        self.error_at(loc, key, message, help);
-    }
-
-    fn error_at(&mut self, loc: Loc, key: &str, message: String, help: Option<String>) {
-        self.diags.push(Diagnostic {
-            severity: Severity::Error,
-            loc: Some(loc),
-            key: key.to_string(),
-            message,
-            help,
-        });
+        self.diags
+            .push(Diagnostic::error(Some(loc), key, message, help));
     }
 
     fn type_error(&mut self, k: &Key, item: &Item, key: &str, expected: &str) {
@@ -387,10 +381,8 @@ impl<'a> Cx<'a> {
                 continue;
             }
             let sp = t.key(name).and_then(Key::span);
-            let mut help = format!("expected one of: {}", allowed.join(", "));
-            if let Some(s) = suggest(name, allowed.iter().copied()) {
-                help = format!("did you mean '{s}'? {help}");
-            }
+            let help = format!("expected one of: {}", allowed.join(", "));
+            let help = suggest(name, allowed.iter().copied(), help);
             self.error(
                 sp,
                 &join(path, name),
@@ -493,7 +485,8 @@ impl<'a> Cx<'a> {
         let mut errors = Vec::new();
         let limits = LimitsPart::parse(t, &|k, i| self.loc(span(k, i)), &mut errors);
         for (key, loc, (msg, help)) in errors {
-            self.error_at(loc, &join(p, key), msg, help);
+            self.diags
+                .push(Diagnostic::error(Some(loc), &join(p, key), msg, help));
         }
         let team = TeamPart {
             name: name.to_string(),
@@ -528,12 +521,9 @@ impl<'a> Cx<'a> {
         self.check_keys(t, path, MPS_KEYS);
         MpsPart {
             loc: self.loc(sp),
-            active_thread_percentage: self
-                .field(t, path, "active-thread-percentage", |i| int_in(i, 1, 100))
-                .map(|a| At {
-                    value: a.value as u32,
-                    loc: a.loc,
-                }),
+            active_thread_percentage: self.field(t, path, "active-thread-percentage", |i| {
+                int_in(i, 1, 100).map(|n| n as u32)
+            }),
             pinned_memory_limit: self.field(t, path, "pinned-memory-limit", |i| {
                 match size_item(i, false)? {
                     Some(Size::Bytes(b)) if b > 0 => Ok(b),
@@ -674,13 +664,7 @@ impl<'a> Cx<'a> {
     fn selector(&mut self, t: &dyn TableLike, path: &str, which: &str) -> Option<At<Selector>> {
         self.field(t, path, which, |i| {
             if let Some(a) = i.as_array() {
-                check_len(
-                    "GPUs",
-                    a.len(),
-                    caps::MAX_SELECTED_GPUS,
-                    "MAX_SELECTED_GPUS",
-                )
-                .map_err(|m| (m, None))?;
+                within!("GPUs", a.len(), MAX_SELECTED_GPUS).map_err(|m| (m, None))?;
             }
             Self::selector_value(i, which)
         })
@@ -750,13 +734,17 @@ impl<'a> Cx<'a> {
                     self.type_error(k, item, &key, "a list of team names");
                     return None;
                 };
-                if let Err(m) = check_len(
-                    "teams",
-                    arr.len(),
-                    caps::MAX_SHARED_TEAMS,
-                    "MAX_SHARED_TEAMS",
-                ) {
+                if let Err(m) = within!("teams", arr.len(), MAX_SHARED_TEAMS) {
                     self.error(span(k, item), &key, m, None);
+                    return None;
+                }
+                if arr.is_empty() {
+                    self.error(
+                        span(k, item),
+                        &key,
+                        "no teams to share with".into(),
+                        Some("list at least one team".into()),
+                    );
                     return None;
                 }
                 let mut out = Vec::new();
@@ -769,19 +757,7 @@ impl<'a> Cx<'a> {
                         None => self.error(v.span(), &key, "expected a team name".into(), None),
                     }
                 }
-                if out.is_empty() && !arr.is_empty() {
-                    return None;
-                }
-                if out.is_empty() {
-                    self.error(
-                        span(k, item),
-                        &key,
-                        "no teams to share with".into(),
-                        Some("list at least one team".into()),
-                    );
-                    return None;
-                }
-                Some(UsagePart::Shared(out))
+                (!out.is_empty()).then_some(UsagePart::Shared(out))
             }
             _ => {
                 let (k, item) = t.get_key_value("mig")?;
@@ -795,12 +771,7 @@ impl<'a> Cx<'a> {
                     );
                     return None;
                 };
-                if let Err(m) = check_len(
-                    "MIG entries",
-                    elems.len(),
-                    caps::MAX_MIG_ENTRIES,
-                    "MAX_MIG_ENTRIES",
-                ) {
+                if let Err(m) = within!("MIG entries", elems.len(), MAX_MIG_ENTRIES) {
                     self.error(span(k, item), &key, m, None);
                     return None;
                 }
@@ -843,13 +814,7 @@ impl<'a> Cx<'a> {
         };
         let compute = self.field(t, key, "compute", |i| {
             if let Some(a) = i.as_array() {
-                check_len(
-                    "compute instances",
-                    a.len(),
-                    caps::MAX_COMPUTE,
-                    "MAX_COMPUTE",
-                )
-                .map_err(|m| (m, None))?;
+                within!("compute instances", a.len(), MAX_COMPUTE).map_err(|m| (m, None))?;
             }
             list_of(i, |v| v.as_str().map(str::to_string))
                 .filter(|v| !v.is_empty())
@@ -860,13 +825,10 @@ impl<'a> Cx<'a> {
                     )
                 })
         });
-        let mut missing = Vec::new();
-        if profile.is_none() && !t.contains_key("profile") {
-            missing.push("profile");
-        }
-        if owner.is_none() && !t.contains_key("owner") {
-            missing.push("owner");
-        }
+        let missing: Vec<&str> = ["profile", "owner"]
+            .into_iter()
+            .filter(|k| !t.contains_key(k))
+            .collect();
         if !missing.is_empty() {
             self.error(
                 sp,
@@ -902,27 +864,22 @@ fn idle_duration(i: &Item) -> Result<Duration, Fail> {
 /// A percentage written `"5%"` (a string; a bare number would be ambiguous between a share and
 /// a fraction): more than 0, at most 100.
 fn percent_item(i: &Item, what: &str) -> Result<f64, Fail> {
-    let help = || {
-        Some(format!(
-            "the {what} is a percentage such as \"5%\" or \"2.5%\" (more than 0, at most 100)"
-        ))
+    let fail = |m: String| {
+        let help = "is a percentage such as \"5%\" or \"2.5%\" (more than 0, at most 100)";
+        (m, Some(format!("the {what} {help}")))
     };
-    let s = i.as_str().ok_or_else(|| {
-        (
-            format!("expected a percentage, found {}", type_name(i)),
-            help(),
-        )
-    })?;
+    let s = i
+        .as_str()
+        .ok_or_else(|| fail(format!("expected a percentage, found {}", type_name(i))))?;
     let v: f64 = s
         .trim()
         .strip_suffix('%')
         .and_then(|n| n.trim().parse().ok())
-        .ok_or_else(|| (format!("'{s}' is not a percentage"), help()))?;
+        .ok_or_else(|| fail(format!("'{s}' is not a percentage")))?;
     if !(v > 0.0 && v <= 100.0) {
-        return Err((
-            format!("'{s}': a percentage must be more than 0 and at most 100"),
-            help(),
-        ));
+        return Err(fail(format!(
+            "'{s}': a percentage must be more than 0 and at most 100"
+        )));
     }
     Ok(v)
 }
@@ -968,26 +925,18 @@ fn no_dups<T: Eq + std::hash::Hash + std::fmt::Debug>(v: &[T]) -> Result<(), Fai
 fn members(i: &Item) -> Result<Vec<Member>, Fail> {
     let help =
         Some("expected a list of user names and @groups, e.g. [\"alice\", \"@ml-infer\"]".into());
-    let arr = i.as_array().ok_or_else(|| {
-        (
-            format!("expected a list, found {}", type_name(i)),
-            help.clone(),
-        )
-    })?;
-    check_len("members", arr.len(), caps::MAX_MEMBERS, "MAX_MEMBERS")
-        .map_err(|m| (m, help.clone()))?;
+    let found = || format!("expected a list, found {}", type_name(i));
+    let arr = i.as_array().ok_or_else(|| (found(), help.clone()))?;
+    within!("members", arr.len(), MAX_MEMBERS).map_err(|m| (m, help.clone()))?;
     let mut out = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
     for v in arr.iter() {
         let Some(s) = v.as_str() else {
             return Err(("every member must be a string".into(), help));
         };
-        let m = match s.strip_prefix('@') {
-            Some(g) => Member::Group(g.to_string()),
-            None => Member::User(s.to_string()),
-        };
-        let name = match &m {
-            Member::Group(g) | Member::User(g) => g,
+        let (name, m) = match s.strip_prefix('@') {
+            Some(g) => (g, Member::Group(g.to_string())),
+            None => (s, Member::User(s.to_string())),
         };
         if !valid_unix_name(name) {
             return Err((format!("invalid member '{s}'"), help));
@@ -1043,17 +992,9 @@ mod tests {
             (3, 1)
         );
         assert_eq!(e.key, "teams.infer.memroy-max");
-        assert!(
-            e.help
-                .as_ref()
-                .unwrap()
-                .contains("did you mean 'memory-max'"),
-            "{e}"
-        );
-        assert!(
-            e.help.as_ref().unwrap().contains("members, memory-max"),
-            "{e}"
-        );
+        let help = e.help.as_deref().unwrap();
+        assert!(help.contains("did you mean 'memory-max'"), "{e}");
+        assert!(help.contains("members, memory-max"), "{e}");
     }
 
     #[test]
@@ -1131,15 +1072,13 @@ owner = "c"
         assert_eq!(f.unwrap().gpus.len(), 0);
         let msgs: Vec<_> = d.iter().map(|e| e.to_string()).collect();
         assert_eq!(d.len(), 3, "{msgs:#?}");
-        assert!(
-            msgs[0].contains(":4:1: error: gpu[0].all: several GPU selectors"),
-            "{msgs:#?}"
-        );
-        assert!(
-            msgs[1].contains(":6:1: error: gpu[0].shared: several uses"),
-            "{msgs:#?}"
-        );
-        assert!(msgs[2].contains("gpu[1]: no GPU selector"), "{msgs:#?}");
+        for (m, want) in msgs.iter().zip([
+            ":4:1: error: gpu[0].all: several GPU selectors",
+            ":6:1: error: gpu[0].shared: several uses",
+            "gpu[1]: no GPU selector",
+        ]) {
+            assert!(m.contains(want), "{msgs:#?}");
+        }
     }
 
     #[test]

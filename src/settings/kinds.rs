@@ -9,12 +9,19 @@ use std::collections::BTreeMap;
 use toml_edit::Item;
 use zbus::zvariant::Value;
 
-fn u64_to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
-    vec![Value::from(v.copied().unwrap_or(UNSET))]
-}
-
-fn u64_from_bus(v: &Value<'_>) -> Option<u64> {
-    u64::try_from(v).ok().filter(|n| *n != UNSET)
+/// The [`Kind`] methods of a setting that systemd holds as a `t`, [`UNSET`] meaning none.
+macro_rules! live_u64 {
+    () => {
+        fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
+            vec![Value::from(v.copied().unwrap_or(UNSET))]
+        }
+        fn from_bus(v: &Value<'_>) -> Option<u64> {
+            u64::try_from(v).ok().filter(|n| *n != UNSET)
+        }
+        fn unit_values(v: &u64) -> Vec<String> {
+            vec![v.to_string()]
+        }
+    };
 }
 
 fn dash_or(v: Option<String>) -> Option<String> {
@@ -67,15 +74,7 @@ impl Kind for Memory {
         }
         Ok(())
     }
-    fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
-        u64_to_bus(v)
-    }
-    fn from_bus(v: &Value<'_>) -> Option<u64> {
-        u64_from_bus(v)
-    }
-    fn unit_values(v: &u64) -> Vec<String> {
-        vec![v.to_string()]
-    }
+    live_u64!();
     fn show(v: Option<&u64>) -> Option<String> {
         dash_or(v.map(|b| human_bytes(*b)))
     }
@@ -146,15 +145,7 @@ impl<const LO: u64, const HI: u64, const INFINITY: bool> Kind for Int<LO, HI, IN
             Err(format!("{v} is out of range {LO} to {HI}"))
         }
     }
-    fn to_bus(v: Option<&u64>) -> Vec<Value<'static>> {
-        u64_to_bus(v)
-    }
-    fn from_bus(v: &Value<'_>) -> Option<u64> {
-        u64_from_bus(v)
-    }
-    fn unit_values(v: &u64) -> Vec<String> {
-        vec![v.to_string()]
-    }
+    live_u64!();
     fn show(v: Option<&u64>) -> Option<String> {
         dash_or(v.map(u64::to_string))
     }
@@ -244,14 +235,9 @@ impl Kind for Bandwidth {
     /// An empty array resets the list (systemd merges the entries of an assignment into what
     /// the unit has), so it goes first, then the wanted entries, as with `DeviceAllow`.
     fn to_bus(v: Option<&Self::Live>) -> Vec<Value<'static>> {
-        let empty = Value::from(Vec::<(String, u64)>::new());
-        match v {
-            None => vec![empty],
-            Some(m) => vec![
-                empty,
-                Value::from(m.clone().into_iter().collect::<Vec<_>>()),
-            ],
-        }
+        let reset = Value::from(Vec::<(String, u64)>::new());
+        let set = v.map(|m| Value::from(m.clone().into_iter().collect::<Vec<_>>()));
+        [Some(reset), set].into_iter().flatten().collect()
     }
     fn from_bus(v: &Value<'_>) -> Option<Self::Live> {
         let list = Vec::<(String, u64)>::try_from(v.try_clone().ok()?).ok()?;
@@ -426,14 +412,12 @@ mod tests {
     fn bandwidths_in_unit_files_and_for_people() {
         let spec = io_spec();
         let lines = spec.unit_lines();
-        assert!(
-            lines.contains(&("IOReadBandwidthMax", "/dev/vda 10000000".into())),
-            "{lines:?}"
-        );
-        assert!(
-            lines.contains(&("IOWriteBandwidthMax", "/dev/vda 2000".into())),
-            "{lines:?}"
-        );
+        for line in [
+            ("IOReadBandwidthMax", "/dev/vda 10000000".into()),
+            ("IOWriteBandwidthMax", "/dev/vda 2000".into()),
+        ] {
+            assert!(lines.contains(&line), "{lines:?}");
+        }
         assert_eq!(
             spec.show(),
             "memory: max - high - · cpu: weight - cpus all · tasks - · io 50 \

@@ -22,6 +22,17 @@ pub struct Loc {
     pub col: u32,
 }
 
+impl Loc {
+    /// The start of `file`, for a problem with the file as a whole.
+    pub fn start(file: impl Into<PathBuf>) -> Loc {
+        Loc {
+            file: file.into(),
+            line: 1,
+            col: 1,
+        }
+    }
+}
+
 impl fmt::Display for Loc {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let file = self.file.to_string_lossy();
@@ -123,16 +134,11 @@ pub fn want_str(i: &Item) -> Result<&str, Fail> {
 
 /// An integer in `lo..=hi`.
 pub fn int_in(i: &Item, lo: u64, hi: u64) -> Result<u64, Fail> {
+    let fail = |m: String| (m, Some(format!("expected an integer from {lo} to {hi}")));
     match i.as_integer() {
         Some(n) if n >= 0 && (lo..=hi).contains(&(n as u64)) => Ok(n as u64),
-        Some(n) => Err((
-            format!("{n} is out of range"),
-            Some(format!("expected an integer from {lo} to {hi}")),
-        )),
-        None => Err((
-            format!("expected an integer, found {}", type_name(i)),
-            Some(format!("expected an integer from {lo} to {hi}")),
-        )),
+        Some(n) => Err(fail(format!("{n} is out of range"))),
+        None => Err(fail(format!("expected an integer, found {}", type_name(i)))),
     }
 }
 
@@ -144,28 +150,25 @@ pub fn size_item(i: &Item, allow_percent: bool) -> Result<Option<Size>, Fail> {
     } else {
         SIZE_HELP_BYTES
     };
+    let fail = |m: String| (m, Some(help.to_string()));
     if let Some(n) = i.as_integer() {
         return if n >= 0 {
             Ok(Some(Size::Bytes(n as u64)))
         } else {
-            Err((format!("negative size {n}"), Some(help.into())))
+            Err(fail(format!("negative size {n}")))
         };
     }
-    let s = i.as_str().ok_or_else(|| {
-        (
-            format!("expected a size, found {}", type_name(i)),
-            Some(help.into()),
-        )
-    })?;
+    let s = i
+        .as_str()
+        .ok_or_else(|| fail(format!("expected a size, found {}", type_name(i))))?;
     let q = quote(s);
     match parse_size(s) {
-        Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err((
-            format!("{q}: a percentage of host RAM makes no sense here"),
-            Some(help.into()),
-        )),
-        Ok(None) if !allow_percent => Err((format!("{q} is not a size"), Some(help.into()))),
+        Ok(Some(Size::PercentOfRam(_))) if !allow_percent => Err(fail(format!(
+            "{q}: a percentage of host RAM makes no sense here"
+        ))),
+        Ok(None) if !allow_percent => Err(fail(format!("{q} is not a size"))),
         Ok(v) => Ok(v),
-        Err(m) => Err((m, Some(help.into()))),
+        Err(m) => Err(fail(m)),
     }
 }
 
@@ -263,20 +266,17 @@ pub const MAX_DRAIN_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 /// A duration written as whole seconds or a string ([`parse_duration`]), at most `max`
 /// (`max_name` is the bound's name, so the error says which limit it met).
 pub fn duration_item(i: &Item, max: Duration, max_name: &str) -> Result<Duration, Fail> {
+    let fail = |m: String| (m, Some(DURATION_HELP.into()));
     let d = match i.as_integer() {
         Some(n) if n >= 0 => Duration::from_secs(n as u64),
-        Some(n) => return Err((format!("negative duration {n}"), Some(DURATION_HELP.into()))),
-        None => parse_duration(want_str(i)?).map_err(|m| (m, Some(DURATION_HELP.into())))?,
+        Some(n) => return Err(fail(format!("negative duration {n}"))),
+        None => parse_duration(want_str(i)?).map_err(fail)?,
     };
     if d > max {
-        return Err((
-            format!(
-                "{} s is over the maximum of {} ({max_name})",
-                d.as_secs(),
-                human_duration(max)
-            ),
-            Some(DURATION_HELP.into()),
-        ));
+        let (secs, max) = (d.as_secs(), human_duration(max));
+        return Err(fail(format!(
+            "{secs} s is over the maximum of {max} ({max_name})"
+        )));
     }
     Ok(d)
 }
@@ -416,10 +416,8 @@ impl FromStr for CpuSet {
                     .filter(|n| *n < 65536)
                     .ok_or_else(|| format!("{q}: {} is not a CPU number", quote(x)))
             };
-            let (a, b) = match part.split_once('-') {
-                Some((a, b)) => (num(a)?, num(b)?),
-                None => (num(part)?, num(part)?),
-            };
+            let (a, b) = part.split_once('-').unwrap_or((part, part));
+            let (a, b) = (num(a)?, num(b)?);
             if a > b {
                 return Err(format!("{q}: range {} runs backwards", quote(part)));
             }
