@@ -27,9 +27,9 @@ const SYSTEMD_LIB_DIRS: &[&str] = &[
     "/usr/lib/aarch64-linux-gnu/systemd",
 ];
 
-fn check(id: &str, status: Status, summary: impl Into<String>) -> Check {
+pub(super) fn check(id: impl Into<String>, status: Status, summary: impl Into<String>) -> Check {
     Check {
-        id: id.to_string(),
+        id: id.into(),
         status,
         summary: summary.into(),
     }
@@ -52,16 +52,14 @@ pub fn cgroup(root: &Root) -> (Check, bool) {
         return (check("cgroup", Status::Fail, why), false);
     };
     let have: Vec<&str> = text.split_whitespace().collect();
-    let missing: Vec<&str> = REQUIRED_CONTROLLERS
-        .iter()
-        .copied()
-        .filter(|c| !have.contains(c))
-        .collect();
-    let optional: Vec<&str> = OPTIONAL_CONTROLLERS
-        .iter()
-        .copied()
-        .filter(|c| !have.contains(c))
-        .collect();
+    let absent = |wanted: &[&'static str]| -> Vec<&str> {
+        wanted
+            .iter()
+            .copied()
+            .filter(|c| !have.contains(c))
+            .collect()
+    };
+    let (missing, optional) = (absent(REQUIRED_CONTROLLERS), absent(OPTIONAL_CONTROLLERS));
     let list = have.join(" ");
     let c = if !missing.is_empty() {
         check(
@@ -255,39 +253,34 @@ pub fn majors(root: &Root, mig_on: bool, out: &mut Vec<Check>) -> Majors {
         .copied();
     let uvm = m.get("nvidia-uvm").copied();
     let caps = m.get("nvidia-caps").copied();
-    out.push(match nvidia {
-        Some(n) => check("majors.nvidia", Status::Ok, format!("nvidia major {n}")),
-        None => check(
-            "majors.nvidia",
+    let table = [
+        (
+            "nvidia",
+            nvidia,
             Status::Fail,
             "no nvidia (nvidia-frontend) character device in /proc/devices: the kernel module \
              is not loaded",
         ),
-    });
-    out.push(match uvm {
-        Some(n) => check(
-            "majors.nvidia-uvm",
-            Status::Ok,
-            format!("nvidia-uvm major {n}"),
-        ),
-        None => check(
-            "majors.nvidia-uvm",
+        (
+            "nvidia-uvm",
+            uvm,
             Status::Warn,
             "nvidia-uvm not loaded (CUDA needs it; `nvidia-modprobe -u -c=0` loads it)",
         ),
-    });
-    out.push(match caps {
-        Some(n) => check(
-            "majors.nvidia-caps",
-            Status::Ok,
-            format!("nvidia-caps major {n}"),
-        ),
-        None => check(
-            "majors.nvidia-caps",
+        (
+            "nvidia-caps",
+            caps,
             if mig_on { Status::Fail } else { Status::Warn },
             "no nvidia-caps character device: MIG devices cannot be opened",
         ),
-    });
+    ];
+    for (name, major, absent, why) in table {
+        let id = format!("majors.{name}");
+        out.push(match major {
+            Some(n) => check(&id, Status::Ok, format!("{name} major {n}")),
+            None => check(&id, absent, why),
+        });
+    }
     Majors { nvidia, uvm, caps }
 }
 
@@ -317,64 +310,33 @@ fn node_check(
     match node(&root.join(host_path)) {
         Err("absent") => check(&id, absent, format!("{host_path} absent")),
         Err(why) => check(&id, Status::Warn, format!("{host_path}: {why}")),
-        Ok((ma, mi)) => {
-            if major.is_some_and(|m| m != ma) {
-                check(
-                    &id,
-                    Status::Fail,
-                    format!(
-                        "{host_path} is {ma}:{mi}, but the driver's major is {}",
-                        major.unwrap_or(0)
-                    ),
-                )
-            } else if minor.is_some_and(|m| m != mi) {
-                check(
-                    &id,
-                    Status::Fail,
-                    format!(
-                        "{host_path} is {ma}:{mi}, expected minor {}",
-                        minor.unwrap_or(0)
-                    ),
-                )
-            } else {
-                check(&id, Status::Ok, format!("{host_path} {ma}:{mi}"))
-            }
-        }
+        Ok((ma, mi)) => match (major.filter(|&m| m != ma), minor.filter(|&m| m != mi)) {
+            (Some(m), _) => check(
+                &id,
+                Status::Fail,
+                format!("{host_path} is {ma}:{mi}, but the driver's major is {m}"),
+            ),
+            (None, Some(m)) => check(
+                &id,
+                Status::Fail,
+                format!("{host_path} is {ma}:{mi}, expected minor {m}"),
+            ),
+            (None, None) => check(&id, Status::Ok, format!("{host_path} {ma}:{mi}")),
+        },
     }
 }
 
 /// `node.*`: the control nodes and `/dev/nvidiaN` of each GPU minor.
 pub fn nodes(root: &Root, m: Majors, gpu_minors: &[u32], out: &mut Vec<Check>) {
-    out.push(node_check(
-        root,
-        "/dev/nvidiactl",
-        m.nvidia,
-        None,
-        Status::Fail,
-    ));
-    for minor in gpu_minors {
-        out.push(node_check(
-            root,
-            &format!("/dev/nvidia{minor}"),
-            m.nvidia,
-            Some(*minor),
-            Status::Fail,
-        ));
+    let gpus = gpu_minors
+        .iter()
+        .map(|n| (format!("/dev/nvidia{n}"), m.nvidia, Some(*n), Status::Fail));
+    let ctl = ("/dev/nvidiactl".to_string(), m.nvidia, None, Status::Fail);
+    let uvm = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        .map(|p| (p.to_string(), m.uvm, None, Status::Warn));
+    for (path, major, minor, absent) in std::iter::once(ctl).chain(gpus).chain(uvm) {
+        out.push(node_check(root, &path, major, minor, absent));
     }
-    out.push(node_check(
-        root,
-        "/dev/nvidia-uvm",
-        m.uvm,
-        None,
-        Status::Warn,
-    ));
-    out.push(node_check(
-        root,
-        "/dev/nvidia-uvm-tools",
-        m.uvm,
-        None,
-        Status::Warn,
-    ));
 }
 
 /// Parsed `mig-minors`: `gpu0/gi1/ci0/access` → minor (the parser the cap-node effector uses).
@@ -387,81 +349,80 @@ pub fn mig_minors(root: &Root) -> Option<BTreeMap<String, u32>> {
 /// the `/dev/nvidia-caps/nvidia-capN` nodes present are of the caps major with minor N.
 /// `live` are the mig-minors keys of live instances (`gpu0/gi1/access`, `gpu0/gi1/ci0/access`).
 pub fn caps(root: &Root, m: Majors, mig_on: bool, live: &[String], out: &mut Vec<Check>) {
-    match mig_minors(root) {
-        None => out.push(check(
+    let Some(t) = mig_minors(root) else {
+        out.push(check(
             "mig-minors",
             if mig_on { Status::Fail } else { Status::Warn },
             format!("{MIG_MINORS} absent: MIG capability minors unknown"),
-        )),
-        Some(t) => {
-            let missing: Vec<&String> = live.iter().filter(|k| !t.contains_key(*k)).collect();
-            out.push(if missing.is_empty() {
-                check(
-                    "mig-minors",
-                    Status::Ok,
-                    format!(
-                        "{} entries, every live instance listed ({})",
-                        t.len(),
-                        live.len()
-                    ),
-                )
-            } else {
-                check(
-                    "mig-minors",
-                    Status::Fail,
-                    format!(
-                        "{} entries, live instances missing: {}",
-                        t.len(),
-                        missing
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                )
-            });
-            let dir = root.join("/dev/nvidia-caps");
-            let mut bad = vec![];
-            let mut count = 0;
-            let mut present = std::collections::BTreeSet::new();
-            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Some(n) = name
-                    .strip_prefix("nvidia-cap")
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                count += 1;
-                present.insert(n);
-                match node(&e.path()) {
-                    Ok((ma, mi)) if m.caps.is_none_or(|c| c == ma) && mi == n => {}
-                    Ok((ma, mi)) => bad.push(format!("{name} is {ma}:{mi}")),
-                    Err(why) => bad.push(format!("{name}: {why}")),
-                }
-            }
-            let live_minors: Vec<u32> = live.iter().filter_map(|k| t.get(k).copied()).collect();
-            let without = live_minors.iter().filter(|n| !present.contains(n)).count();
-            out.push(if bad.is_empty() {
-                check(
-                    "cap-nodes",
-                    Status::Ok,
-                    format!(
-                        "/dev/nvidia-caps: {count} nodes, all of the caps major with the minor of \
-                         their name; {without} of {} live instance nodes absent (gpuctl apply \
-                         creates those of team instances)",
-                        live_minors.len()
-                    ),
-                )
-            } else {
-                check(
-                    "cap-nodes",
-                    Status::Fail,
-                    format!("/dev/nvidia-caps: {}", bad.join("; ")),
-                )
-            });
+        ));
+        return;
+    };
+    let missing: Vec<&str> = live
+        .iter()
+        .filter(|k| !t.contains_key(*k))
+        .map(String::as_str)
+        .collect();
+    out.push(if missing.is_empty() {
+        check(
+            "mig-minors",
+            Status::Ok,
+            format!(
+                "{} entries, every live instance listed ({})",
+                t.len(),
+                live.len()
+            ),
+        )
+    } else {
+        check(
+            "mig-minors",
+            Status::Fail,
+            format!(
+                "{} entries, live instances missing: {}",
+                t.len(),
+                missing.join(", ")
+            ),
+        )
+    });
+    let dir = root.join("/dev/nvidia-caps");
+    let mut bad = vec![];
+    let mut count = 0;
+    let mut present = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(n) = name
+            .strip_prefix("nvidia-cap")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        count += 1;
+        present.insert(n);
+        match node(&e.path()) {
+            Ok((ma, mi)) if m.caps.is_none_or(|c| c == ma) && mi == n => {}
+            Ok((ma, mi)) => bad.push(format!("{name} is {ma}:{mi}")),
+            Err(why) => bad.push(format!("{name}: {why}")),
         }
     }
+    let live_minors: Vec<u32> = live.iter().filter_map(|k| t.get(k).copied()).collect();
+    let without = live_minors.iter().filter(|n| !present.contains(n)).count();
+    out.push(if bad.is_empty() {
+        check(
+            "cap-nodes",
+            Status::Ok,
+            format!(
+                "/dev/nvidia-caps: {count} nodes, all of the caps major with the minor of \
+                 their name; {without} of {} live instance nodes absent (gpuctl apply \
+                 creates those of team instances)",
+                live_minors.len()
+            ),
+        )
+    } else {
+        check(
+            "cap-nodes",
+            Status::Fail,
+            format!("/dev/nvidia-caps: {}", bad.join("; ")),
+        )
+    });
 }
 
 /// `mps`: `nvidia-cuda-mps-control` at the policy's path, and `nvidia-cuda-mps-server` next to

@@ -118,11 +118,7 @@ pub struct Options {
 }
 
 fn push(out: &mut Vec<Check>, id: impl Into<String>, status: Status, summary: impl Into<String>) {
-    out.push(Check {
-        id: id.into(),
-        status,
-        summary: summary.into(),
-    });
+    out.push(host::check(id, status, summary));
 }
 
 /// Run every check.
@@ -262,29 +258,21 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
         return;
     };
     let on = |b: bool| if b { "on" } else { "off" };
-    if mig.current != mig.pending {
-        push(
-            out,
-            format!("{p}.mig"),
-            Status::Warn,
-            format!(
-                "MIG capable, current {}, pending {}: the change waits for a GPU reset or reboot",
-                on(mig.current),
-                on(mig.pending)
-            ),
-        );
+    let (status, tail) = if mig.current != mig.pending {
+        (Status::Warn, ": the change waits for a GPU reset or reboot")
     } else {
-        push(
-            out,
-            format!("{p}.mig"),
-            Status::Ok,
-            format!(
-                "MIG capable, current {}, pending {}",
-                on(mig.current),
-                on(mig.pending)
-            ),
-        );
-    }
+        (Status::Ok, "")
+    };
+    push(
+        out,
+        format!("{p}.mig"),
+        status,
+        format!(
+            "MIG capable, current {}, pending {}{tail}",
+            on(mig.current),
+            on(mig.pending)
+        ),
+    );
     match (&mig.gi_profiles, model) {
         (Err(e), _) if !mig.current => push(
             out,
