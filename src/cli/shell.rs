@@ -169,6 +169,27 @@ pub fn with_agent<T>(
     })
 }
 
+/// gpuctld's JSON reply to a call, as sent and parsed; `Err` is the exit code, the failure
+/// printed.
+pub fn reply<T: serde::de::DeserializeOwned>(
+    text: Result<String, Failure>,
+) -> Result<(String, T), i32> {
+    let text = text.map_err(|f| f.report())?;
+    match serde_json::from_str(&text) {
+        Ok(r) => Ok((text, r)),
+        Err(e) => {
+            eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
+            Err(exit::UNREADABLE)
+        }
+    }
+}
+
+/// Print a reply's document as the daemon sent it (keys sorted, as they always were).
+pub fn print_json(text: String) {
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
+}
+
 /// Ask gpuctld to place this process in `team`'s slice; returns the environment to set (the
 /// daemon's, plus `GPUCTL_SCOPE`). The name was checked where it came in (a [`TeamName`]), so a
 /// hostile name never even travels to the daemon.
