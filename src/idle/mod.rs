@@ -392,19 +392,13 @@ impl Tracker {
             }
         }
         // Forget holders not in this sample (or whose team lost its rule).
-        let gone: Vec<Key> = self
-            .tracks
-            .keys()
-            .filter(|k| !seen.contains_key(*k))
-            .cloned()
-            .collect();
-        for k in gone {
-            if let Some(t) = self.tracks.remove(&k) {
-                if t.reported {
-                    if let Some(rule) = self.rules.get(&k.0) {
-                        events.push(Event::Gone(view(&t, rule)));
-                    }
-                }
+        let (kept, gone): (BTreeMap<Key, Track>, _) = std::mem::take(&mut self.tracks)
+            .into_iter()
+            .partition(|(k, _)| seen.contains_key(k));
+        self.tracks = kept;
+        for ((team, _, _), t) in gone {
+            if let (true, Some(rule)) = (t.reported, self.rules.get(&team)) {
+                events.push(Event::Gone(view(&t, rule)));
             }
         }
         // Stops: per unit, when every holder of it is due.
@@ -519,21 +513,18 @@ pub fn mark(usage: &mut crate::usage::Usage, holders: &[IdleHolder]) {
                 let h = holders
                     .iter()
                     .find(|h| h.device == dev && h.pids.contains(&p.pid));
-                p.idle = h.and_then(|h| {
-                    Some(match h.phase {
-                        Phase::Idle => "idle".to_string(),
-                        Phase::Warned => "warned".to_string(),
-                        Phase::Stopping => "stopping".to_string(),
-                        _ if h.activity_unknown => "activity unknown".to_string(),
-                        _ => return None,
-                    })
+                p.idle = h.and_then(|h| match h.phase {
+                    Phase::Idle => Some("idle".to_string()),
+                    Phase::Warned => Some("warned".to_string()),
+                    Phase::Stopping => Some("stopping".to_string()),
+                    _ if h.activity_unknown => Some("activity unknown".to_string()),
+                    _ => None,
                 });
             }
         };
         mark_all(&mut g.processes, &dev);
         for m in &mut g.mig_devices {
-            let uuid = m.uuid.clone();
-            mark_all(&mut m.processes, &uuid);
+            mark_all(&mut m.processes, &m.uuid);
         }
     }
 }
