@@ -187,11 +187,9 @@ impl Observer for RealHost {
             Ok(b) => obs.gpus = b.observe_gpus()?,
             Err(why) => obs.nvml_unavailable = Some(why.to_string()),
         }
-        let mut gpus = std::mem::take(&mut obs.gpus);
-        for g in &mut gpus {
+        for g in &mut obs.gpus {
             self.resolve_pids(g);
         }
-        obs.gpus = gpus;
         self.observe_rest(&mut obs)?;
         Ok(obs)
     }
