@@ -74,14 +74,12 @@ impl GpmPrev {
 }
 
 fn opt<T>(what: &str, r: Result<T, NvmlError>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(NvmlError::NotSupported) => None,
-        Err(e) => {
+    r.inspect_err(|e| {
+        if !matches!(e, NvmlError::NotSupported) {
             tracing::debug!("usage: {what}: {e}");
-            None
         }
-    }
+    })
+    .ok()
 }
 
 fn memory_of(p: &ProcessInfo) -> Option<u64> {
