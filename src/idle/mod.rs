@@ -41,16 +41,17 @@ use std::collections::BTreeMap;
 pub mod sample;
 
 /// Activity of a holder's device over the span that ends at the sample.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub enum Activity {
     /// Percent (GPM SM activity, or GPU utilisation).
     Percent(f64),
     /// The driver offers no activity for this device.
+    #[default]
     Unknown,
 }
 
 /// One holder in one sample.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HolderSample {
     /// Team whose slice the unit runs in.
     pub team: String,
@@ -226,7 +227,7 @@ const GAP_FACTOR_DEN: u64 = 2;
 
 type Key = (String, String, String);
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Track {
     last: HolderSample,
     last_ms: u64,
@@ -314,14 +315,7 @@ impl Tracker {
             let t = self.tracks.entry(key).or_insert_with(|| Track {
                 last: h.clone(),
                 last_ms: now,
-                idle_ms: 0,
-                idle_since_ms: None,
-                unknown_ms: 0,
-                unknown_reported: false,
-                reported: false,
-                reason: None,
-                warned_at_ms: None,
-                stopping: false,
+                ..Default::default()
             });
             // Only a span both ends of which saw this holder, and no longer than a gap, counts.
             let dt = match prev_at {
