@@ -142,28 +142,21 @@ pub fn device_control(root: &Root, cgroup2: bool, systemd: Option<u32>) -> Check
             "no cgroup v2: systemd cannot restrict devices per slice",
         );
     }
-    match systemd {
-        Some(v) if v < SYSTEMD_BPF_DEVICES => {
-            return check(
-                id,
-                Status::Fail,
-                format!("systemd {v} < {SYSTEMD_BPF_DEVICES}: no BPF device control on cgroup v2"),
-            )
-        }
-        _ => {}
+    if let Some(v) = systemd.filter(|v| *v < SYSTEMD_BPF_DEVICES) {
+        return check(
+            id,
+            Status::Fail,
+            format!("systemd {v} < {SYSTEMD_BPF_DEVICES}: no BPF device control on cgroup v2"),
+        );
     }
     let release = std::fs::read_to_string(root.join("/proc/sys/kernel/osrelease"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let config_path = root.join(format!("/boot/config-{release}"));
-    let config = if release.is_empty() {
-        None
-    } else {
-        std::fs::read_to_string(&config_path).ok()
-    };
-    let bpf = config
-        .as_deref()
-        .map(|c| c.lines().any(|l| l.trim() == "CONFIG_CGROUP_BPF=y"));
+    let config = (!release.is_empty())
+        .then(|| std::fs::read_to_string(&config_path).ok())
+        .flatten();
+    let bpf = config.map(|c| c.lines().any(|l| l.trim() == "CONFIG_CGROUP_BPF=y"));
     let sd = systemd.map_or("systemd version unknown".to_string(), |v| {
         format!("systemd {v}")
     });

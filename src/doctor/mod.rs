@@ -77,15 +77,11 @@ impl Report {
 
     /// The text form: one line per check, then a tally.
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        for c in &self.checks {
-            s.push_str(&format!(
-                "{:<4} {}: {}\n",
-                c.status.to_string(),
-                c.id,
-                c.summary
-            ));
-        }
+        let mut s: String = self
+            .checks
+            .iter()
+            .map(|c| format!("{:<4} {}: {}\n", c.status.to_string(), c.id, c.summary))
+            .collect();
         s.push_str(&format!(
             "{} OK, {} WARN, {} FAIL\n",
             self.count(Status::Ok),
@@ -138,24 +134,19 @@ pub fn run(opts: &Options) -> Report {
                 .cuda
                 .map(|c| format!("{}.{}", c / 1000, (c % 1000) / 10))
                 .unwrap_or_else(|| "unknown".into());
-            push(
-                &mut out,
-                "nvml",
-                if d.error.is_some() {
-                    Status::Fail
-                } else {
-                    Status::Ok
-                },
-                match &d.error {
-                    Some(e) => format!("loaded, but {e}"),
-                    None => format!(
+            let (status, summary) = match &d.error {
+                Some(e) => (Status::Fail, format!("loaded, but {e}")),
+                None => (
+                    Status::Ok,
+                    format!(
                         "driver {}, NVML {}, CUDA {cuda}, {} GPU(s)",
                         or_unknown(&v.driver),
                         or_unknown(&v.nvml),
                         d.gpus.len()
                     ),
-                },
-            );
+                ),
+            };
+            push(&mut out, "nvml", status, summary);
             Some(d)
         }
         Err(e) => {

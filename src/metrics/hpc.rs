@@ -18,7 +18,9 @@ pub const ENV_DIR: &str = "GPUCTL_HPC_JOB_MAPPING_DIR";
 
 /// File name (GPU index) → content, for GPUs with an unambiguous team set.
 pub fn files(owners: &Owners, mig_gpu_of: &BTreeMap<String, u32>) -> BTreeMap<String, String> {
-    let mut out: BTreeMap<String, String> = (owners.gpus.iter())
+    let mut out: BTreeMap<String, String> = owners
+        .gpus
+        .iter()
         .map(|(idx, teams)| (idx.to_string(), lines(teams)))
         .collect();
     let mut mig_gpus: BTreeMap<u32, BTreeSet<&String>> = BTreeMap::new();
