@@ -125,8 +125,7 @@ fn attributed(
                     unit: info.unit,
                     team: info.team,
                     team_unit: info.team_unit,
-                    idle: None,
-                    stray: false,
+                    ..Default::default()
                 },
             ))
         })
@@ -264,16 +263,14 @@ fn collect_all(nvml: &Nvml, gpm: &mut GpmPrev, root: &Root, dir: &dyn Directory)
         }
     };
     (0..count)
-        .filter_map(|i| match collect_gpu(nvml, i, gpm, root, &mut users) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                tracing::warn!("usage: {e}");
-                None
-            }
+        .filter_map(|i| {
+            let g = collect_gpu(nvml, i, gpm, root, &mut users);
+            g.inspect_err(|e| tracing::warn!("usage: {e}")).ok()
         })
         .collect()
 }
 
+#[derive(Default)]
 struct Inner {
     nvml: Option<Nvml>,
     gpm: GpmPrev,
@@ -312,12 +309,7 @@ impl Collector {
         Collector {
             interval,
             lib,
-            inner: Mutex::new(Inner {
-                nvml: None,
-                gpm: GpmPrev::default(),
-                last: None,
-                collections: 0,
-            }),
+            inner: Mutex::new(Inner::default()),
         }
     }
 
