@@ -61,33 +61,23 @@ pub fn cgroup(root: &Root) -> (Check, bool) {
     };
     let (missing, optional) = (absent(REQUIRED_CONTROLLERS), absent(OPTIONAL_CONTROLLERS));
     let list = have.join(" ");
-    let c = if !missing.is_empty() {
-        check(
-            "cgroup",
+    let (status, tail) = if !missing.is_empty() {
+        let why = "team limits would not be enforced";
+        (
             Status::Fail,
-            format!(
-                "cgroup v2, controllers [{list}]: missing {}: team limits would not be enforced",
-                missing.join(", ")
-            ),
+            format!(": missing {}: {why}", missing.join(", ")),
         )
     } else if !optional.is_empty() {
-        check(
-            "cgroup",
+        let why = "(io-weight / cpus settings have no effect)";
+        (
             Status::Warn,
-            format!(
-                "cgroup v2, controllers [{list}]: missing {} (io-weight / cpus settings have \
-                 no effect)",
-                optional.join(", ")
-            ),
+            format!(": missing {} {why}", optional.join(", ")),
         )
     } else {
-        check(
-            "cgroup",
-            Status::Ok,
-            format!("cgroup v2, controllers [{list}]"),
-        )
+        (Status::Ok, String::new())
     };
-    (c, true)
+    let summary = format!("cgroup v2, controllers [{list}]{tail}");
+    (check("cgroup", status, summary), true)
 }
 
 /// The systemd version from the name of `libsystemd-shared-<N>[.x].so` under the root.
@@ -110,23 +100,21 @@ pub fn systemd_version(root: &Root) -> Option<u32> {
 pub fn systemd(root: &Root) -> (Check, Option<u32>) {
     let booted = root.join("/run/systemd/system").is_dir();
     let version = systemd_version(root);
-    let c = match (booted, version) {
-        (false, _) => check(
-            "systemd",
+    let (status, summary) = match (booted, version) {
+        (false, _) => (
             Status::Fail,
-            "/run/systemd/system absent: systemd is not the init system; gpuctl needs it",
+            "/run/systemd/system absent: systemd is not the init system; gpuctl needs it".into(),
         ),
-        (true, None) => check(
-            "systemd",
+        (true, None) => (
             Status::Warn,
             format!(
                 "running, version unknown (no libsystemd-shared-N.so in {})",
                 SYSTEMD_LIB_DIRS.join(", ")
             ),
         ),
-        (true, Some(v)) => check("systemd", Status::Ok, format!("running, version {v}")),
+        (true, Some(v)) => (Status::Ok, format!("running, version {v}")),
     };
-    (c, version)
+    (check("systemd", status, summary), version)
 }
 
 /// `device-control`: whether `DevicePolicy=closed` + `DeviceAllow=` can be enforced. On cgroup
@@ -427,26 +415,16 @@ pub fn mps(root: &Root, control: &Path) -> Check {
             .unwrap_or(false)
     };
     let server = control.with_file_name("nvidia-cuda-mps-server");
-    match (exec(control), exec(&server)) {
-        (true, true) => check(
-            "mps",
-            Status::Ok,
-            format!("{} and {}", control.display(), server.display()),
-        ),
-        (true, false) => check(
-            "mps",
+    let (c, s) = (control.display(), server.display());
+    let (status, summary) = match (exec(control), exec(&server)) {
+        (true, true) => (Status::Ok, format!("{c} and {s}")),
+        (true, false) => (Status::Warn, format!("{c} present, {s} absent")),
+        _ => (
             Status::Warn,
-            format!("{} present, {} absent", control.display(), server.display()),
+            format!("{c} absent or not executable: teams with `mps` cannot start their daemon"),
         ),
-        _ => check(
-            "mps",
-            Status::Warn,
-            format!(
-                "{} absent or not executable: teams with `mps` cannot start their daemon",
-                control.display()
-            ),
-        ),
-    }
+    };
+    check("mps", status, summary)
 }
 
 /// `kernel-module`: `/proc/driver/nvidia/version` against the library's driver version (a
@@ -465,23 +443,15 @@ pub fn kernel_module(root: &Root, library_driver: Option<&str>) -> Check {
     let version = first
         .split_whitespace()
         .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'));
-    match (version, library_driver) {
-        (Some(k), Some(l)) if k != l => check(
-            "kernel-module",
+    let (status, summary) = match (version, library_driver) {
+        (Some(k), Some(l)) if k != l => (
             Status::Fail,
             format!("kernel module {k}, library {l}: driver/library version mismatch"),
         ),
-        (Some(k), _) => check(
-            "kernel-module",
-            Status::Ok,
-            format!("nvidia kernel module {k}"),
-        ),
-        (None, _) => check(
-            "kernel-module",
-            Status::Warn,
-            format!("{path}: no version in {first:?}"),
-        ),
-    }
+        (Some(k), _) => (Status::Ok, format!("nvidia kernel module {k}")),
+        (None, _) => (Status::Warn, format!("{path}: no version in {first:?}")),
+    };
+    check("kernel-module", status, summary)
 }
 
 #[cfg(test)]

@@ -224,24 +224,21 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
         g.minor.map_or("?".into(), |m| m.to_string()),
         g.memory_mib.map_or("?".into(), |m| m.to_string())
     );
-    if !g.errors.is_empty() {
-        push(
+    match model {
+        _ if !g.errors.is_empty() => push(
             out,
             &p,
             Status::Fail,
             format!("{ident}: {}", g.errors.join("; ")),
-        );
-    } else {
-        match model {
-            Some(m) => push(out, &p, Status::Ok, format!("{ident} ({} in {REFERENCE})", m.key)),
-            None if g.mig.is_some() => push(
-                out,
-                &p,
-                Status::Warn,
-                format!("{ident}: MIG-capable but not in {REFERENCE}: MIG layouts cannot be validated or planned"),
-            ),
-            None => push(out, &p, Status::Ok, format!("{ident} (not in {REFERENCE}; whole-GPU use only)")),
-        }
+        ),
+        Some(m) => push(out, &p, Status::Ok, format!("{ident} ({} in {REFERENCE})", m.key)),
+        None if g.mig.is_some() => push(
+            out,
+            &p,
+            Status::Warn,
+            format!("{ident}: MIG-capable but not in {REFERENCE}: MIG layouts cannot be validated or planned"),
+        ),
+        None => push(out, &p, Status::Ok, format!("{ident} (not in {REFERENCE}; whole-GPU use only)")),
     }
     let Some(mig) = &g.mig else {
         push(out, format!("{p}.mig"), Status::Ok, "not MIG-capable");
@@ -301,34 +298,32 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             }
         }
     }
-    if let (Ok(t), Some(m)) = (&mig.gi_profiles, model) {
-        if mig.current {
-            let mut matched = vec![];
-            let mut unread = vec![];
-            for gp in t {
-                match mig.ci_profiles.get(&gp.id) {
-                    Some(ct) => {
-                        let d = compare::ci_differences(&gp.name, ct, m);
-                        if d.is_empty() {
-                            matched.push(gp.name.clone());
-                        }
-                        diff_checks(&p, d, out);
+    if let (Ok(t), Some(m), true) = (&mig.gi_profiles, model, mig.current) {
+        let mut matched = vec![];
+        let mut unread = vec![];
+        for gp in t {
+            match mig.ci_profiles.get(&gp.id) {
+                Some(ct) => {
+                    let d = compare::ci_differences(&gp.name, ct, m);
+                    if d.is_empty() {
+                        matched.push(gp.name.clone());
                     }
-                    None => unread.push(gp.name.clone()),
+                    diff_checks(&p, d, out);
                 }
+                None => unread.push(gp.name.clone()),
             }
-            push(
-                out,
-                format!("{p}.ci-profiles"),
-                Status::Ok,
-                format!(
-                    "match {REFERENCE} in [{}]; not read in [{}] (a CI table is read through a \
-                     live GI of that profile, and doctor creates none)",
-                    matched.join(", "),
-                    unread.join(", ")
-                ),
-            );
         }
+        push(
+            out,
+            format!("{p}.ci-profiles"),
+            Status::Ok,
+            format!(
+                "match {REFERENCE} in [{}]; not read in [{}] (a CI table is read through a \
+                 live GI of that profile, and doctor creates none)",
+                matched.join(", "),
+                unread.join(", ")
+            ),
+        );
     }
     if mig.current {
         let names = |pid: u32| {
