@@ -68,21 +68,15 @@ fn run(
 }
 
 fn kinds(evs: &[(u64, Event)]) -> Vec<(u64, &'static str)> {
-    evs.iter()
-        .map(|(ms, e)| {
-            (
-                *ms,
-                match e {
-                    Event::Idle(_) => "idle",
-                    Event::Unknown(_) => "unknown",
-                    Event::Warn(_) => "warn",
-                    Event::Stop(_) => "stop",
-                    Event::Woke(_) => "woke",
-                    Event::Gone(_) => "gone",
-                },
-            )
-        })
-        .collect()
+    let kind = |e: &Event| match e {
+        Event::Idle(_) => "idle",
+        Event::Unknown(_) => "unknown",
+        Event::Warn(_) => "warn",
+        Event::Stop(_) => "stop",
+        Event::Woke(_) => "woke",
+        Event::Gone(_) => "gone",
+    };
+    evs.iter().map(|(ms, e)| (*ms, kind(e))).collect()
 }
 
 #[test]
