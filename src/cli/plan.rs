@@ -486,17 +486,13 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
         human_bytes(obs.host.memory_bytes),
         obs.host.cpus
     );
-    let _ = writeln!(
-        out,
-        "Plan: {} actions, {} blocked{}",
-        pl.actions.len(),
-        pl.blocked.len(),
-        if pl.is_converged() {
-            " (converged)"
-        } else {
-            ""
-        }
-    );
+    let converged = if pl.is_converged() {
+        " (converged)"
+    } else {
+        ""
+    };
+    let (actions, blocked) = (pl.actions.len(), pl.blocked.len());
+    let _ = writeln!(out, "Plan: {actions} actions, {blocked} blocked{converged}");
     if pl.replan_after_mig {
         let _ = writeln!(
             out,
@@ -550,15 +546,10 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
                 m.gpu_index, m.gi_profile, m.gi_placement.start, m.gi_placement.size, m.ci_profile
             )
         }));
-        let _ = writeln!(
-            out,
-            "    gets: {}",
-            if gets.is_empty() {
-                "no GPUs".to_string()
-            } else {
-                gets.join("; ")
-            }
-        );
+        if gets.is_empty() {
+            gets.push("no GPUs".into());
+        }
+        let _ = writeln!(out, "    gets: {}", gets.join("; "));
         let s = &t.slice;
         let _ = writeln!(out, "    {}", s.show());
         if !s.device_allow.is_empty() {

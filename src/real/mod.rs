@@ -135,9 +135,7 @@ impl RealHost {
             message: why.to_string(),
         })
     }
-}
 
-impl RealHost {
     /// Cgroup and unit of every process of `g`, from `/proc/<pid>/cgroup` under the root.
     fn resolve_pids(&self, g: &mut GpuState) {
         let procs = g.processes.iter_mut().chain(
