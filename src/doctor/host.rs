@@ -148,9 +148,8 @@ pub fn device_control(root: &Root, cgroup2: bool, systemd: Option<u32>) -> Check
     let sd = systemd.map_or("systemd version unknown".to_string(), |v| {
         format!("systemd {v}")
     });
-    match bpf {
-        Some(false) => check(
-            id,
+    let (status, summary) = match (bpf, systemd) {
+        (Some(false), _) => (
             Status::Fail,
             format!(
                 "kernel {release} built without CONFIG_CGROUP_BPF ({}): DeviceAllow= cannot be \
@@ -158,29 +157,25 @@ pub fn device_control(root: &Root, cgroup2: bool, systemd: Option<u32>) -> Check
                 config_path.display()
             ),
         ),
-        None => check(
-            id,
+        (None, _) => (
             Status::Warn,
             format!(
                 "cgroup v2 and {sd}, but CONFIG_CGROUP_BPF unverified (no /boot/config-{release}); \
                  DeviceAllow= needs it"
             ),
         ),
-        Some(true) => match systemd {
-            Some(v) if v >= SYSTEMD_SETTLED => check(
-                id,
-                Status::Ok,
-                format!("cgroup v2, {sd} (BPF device control), kernel {release} CONFIG_CGROUP_BPF=y"),
+        (Some(true), Some(v)) if v >= SYSTEMD_SETTLED => (
+            Status::Ok,
+            format!("cgroup v2, {sd} (BPF device control), kernel {release} CONFIG_CGROUP_BPF=y"),
+        ),
+        (Some(true), _) => (
+            Status::Warn,
+            format!(
+                "cgroup v2 and CONFIG_CGROUP_BPF=y, but {sd} (doctor expects ≥ {SYSTEMD_SETTLED})"
             ),
-            _ => check(
-                id,
-                Status::Warn,
-                format!(
-                    "cgroup v2 and CONFIG_CGROUP_BPF=y, but {sd} (doctor expects ≥ {SYSTEMD_SETTLED})"
-                ),
-            ),
-        },
-    }
+        ),
+    };
+    check(id, status, summary)
 }
 
 /// Character-device majors by name, from the `Character devices:` section of `/proc/devices`.
@@ -271,11 +266,8 @@ fn node(path: &Path) -> Result<(u32, u32), &'static str> {
     if !md.file_type().is_char_device() {
         return Err("not a character device");
     }
-    let rdev = md.rdev();
-    Ok((
-        nix::sys::stat::major(rdev) as u32,
-        nix::sys::stat::minor(rdev) as u32,
-    ))
+    use nix::sys::stat::{major, minor};
+    Ok((major(md.rdev()) as u32, minor(md.rdev()) as u32))
 }
 
 /// Check one device node: it exists, is a character device of `major` and (when given) has
