@@ -11,7 +11,7 @@
 use super::exit;
 use crate::dbus_api::client::Agent1Proxy;
 use crate::dbus_api::wire;
-use crate::join::{self, check_team_name, compose_env, Refusal};
+use crate::join::{self, compose_env, Refusal};
 use crate::policy::TeamName;
 use clap::Args;
 use std::collections::BTreeMap;
@@ -254,15 +254,9 @@ fn login_shell() -> Result<OsString, Failure> {
 
 /// Run `gpuctl shell`.
 pub fn run(args: &ShellArgs) -> i32 {
-    let (team, shell) = match check_team_name(&args.team)
-        .map_err(Failure::from)
-        .and_then(|t| Ok((t, login_shell()?)))
-    {
-        Ok(s) => s,
-        Err(f) => return f.report(),
-    };
-    let env = match join_team(&team) {
-        Ok(e) => e,
+    let joined = checked_team(&args.team).and_then(|t| Ok((login_shell()?, join_team(&t)?)));
+    let (shell, env) = match joined {
+        Ok(x) => x,
         Err(f) => return f.report(),
     };
     eprintln!(
