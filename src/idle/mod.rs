@@ -349,15 +349,12 @@ impl Tracker {
                 t.idle_ms = 0;
                 t.idle_since_ms = None;
             }
-            let idle_due = t.idle_ms >= rule.after.as_millis() as u64;
-            let reason = if idle_due {
-                Some(Reason::Idle)
-            } else {
-                alarm.map(Reason::MemoryAlarm)
-            };
-            let stopping = t.stopping;
+            let after = rule.after.as_millis() as u64;
+            let reason = (t.idle_ms >= after)
+                .then_some(Reason::Idle)
+                .or(alarm.map(Reason::MemoryAlarm));
             match reason {
-                None if t.reported && !stopping => {
+                None if t.reported && !t.stopping => {
                     t.reported = false;
                     t.reason = None;
                     t.warned_at_ms = None;
@@ -379,7 +376,7 @@ impl Tracker {
             }
             if matches!(h.activity, Activity::Unknown)
                 && !t.unknown_reported
-                && t.unknown_ms >= rule.after.as_millis() as u64
+                && t.unknown_ms >= after
             {
                 t.unknown_reported = true;
                 events.push(Event::Unknown(view(t, &rule)));
@@ -411,10 +408,7 @@ impl Tracker {
                 .and_modify(|d| *d &= ok)
                 .or_insert(ok);
         }
-        for ((team, unit), ok) in due {
-            if !ok {
-                continue;
-            }
+        for ((team, unit), _) in due.into_iter().filter(|(_, ok)| *ok) {
             let rule = self.rules[&team].clone();
             let mut first = None;
             for ((_, _, _), t) in self

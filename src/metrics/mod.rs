@@ -419,8 +419,8 @@ fn register_idle(r: &mut Registry, holders: &[crate::idle::IdleHolder]) {
             Some(Reason::MemoryAlarm(_)) => "memory-runaway",
             _ => "idle",
         };
-        let mut fl = with(with(base, "state", state), "reason", reason);
-        fl.push(("excluded".into(), h.excluded.to_string()));
+        let fl = with(with(base, "state", state), "reason", reason);
+        let fl = with(fl, "excluded", &h.excluded.to_string());
         flagged.get_or_create(&fl).set(1);
     }
     r.register(
