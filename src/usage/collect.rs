@@ -244,10 +244,7 @@ fn collect_gpu(
                 .iter_mut()
                 .find(|m| m.gi_id == gi && m.ci_id == ci)
         });
-        match slot {
-            Some(m) => m.processes.push(p),
-            None => g.processes.push(p),
-        }
+        slot.map_or(&mut g.processes, |m| &mut m.processes).push(p);
     }
     Ok(g)
 }
