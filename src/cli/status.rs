@@ -31,8 +31,7 @@ fn count(v: Option<u64>) -> String {
 
 /// Human rendering of the `Status` reply.
 pub fn render(s: &StatusReply) -> String {
-    let mut o = String::new();
-    o.push_str(&format!("gpuctld: {}\n", s.status));
+    let mut o = format!("gpuctld: {}\n", s.status);
     if let Some(e) = &s.policy_error {
         o.push_str(&format!("policy error: {e}\n"));
     }

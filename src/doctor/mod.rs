@@ -261,30 +261,27 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             on(mig.pending)
         ),
     );
+    let gi_check = format!("{p}.gi-profiles");
     match (&mig.gi_profiles, model) {
         (Err(e), _) if !mig.current => push(
             out,
-            format!("{p}.gi-profiles"),
+            gi_check,
             Status::Ok,
             format!("not readable while MIG is off ({e}); run doctor again with MIG on to compare"),
         ),
-        (Err(e), _) => push(out, format!("{p}.gi-profiles"), Status::Fail, e.clone()),
-        (Ok(t), None) => push(
-            out,
-            format!("{p}.gi-profiles"),
-            Status::Warn,
-            format!(
-                "{} GI profiles read; no {REFERENCE} entry to compare with",
-                t.len()
-            ),
-        ),
+        (Err(e), _) => push(out, gi_check, Status::Fail, e.clone()),
+        (Ok(t), None) => {
+            let n = t.len();
+            let why = format!("{n} GI profiles read; no {REFERENCE} entry to compare with");
+            push(out, gi_check, Status::Warn, why)
+        }
         (Ok(t), Some(m)) => {
             let d = compare::gi_differences(t, m);
             if d.is_empty() {
                 let ids: Vec<String> = t.iter().map(|p| format!("{} {}", p.id, p.name)).collect();
                 push(
                     out,
-                    format!("{p}.gi-profiles"),
+                    gi_check,
                     Status::Ok,
                     format!(
                         "{} GI profiles [{}] with placements match {REFERENCE} {}",
@@ -354,10 +351,9 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             out,
             format!("{p}.instances"),
             Status::Ok,
-            if list.is_empty() {
-                "no GPU instances".to_string()
-            } else {
-                format!("{}: {}", list.len(), list.join(", "))
+            match list.len() {
+                0 => "no GPU instances".to_string(),
+                n => format!("{n}: {}", list.join(", ")),
             },
         );
     }
