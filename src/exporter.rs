@@ -220,28 +220,25 @@ mod tests {
 
     #[test]
     fn request_lines() {
-        assert_eq!(
-            parse_request(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"),
-            Request::Metrics { head: false }
-        );
-        assert_eq!(
-            parse_request(b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n"),
-            Request::Metrics { head: true }
-        );
-        assert_eq!(parse_request(b"GET / HTTP/1.1\r\n\r\n"), Request::NotFound);
-        assert_eq!(
-            parse_request(b"POST /metrics HTTP/1.1\r\n\r\n"),
-            Request::BadMethod
-        );
-        assert_eq!(parse_request(b"\x00\xff garbage"), Request::Malformed);
-        assert_eq!(parse_request(b"GET /metrics\r\n\r\n"), Request::Malformed);
-        assert_eq!(
-            parse_request(b"GET metrics HTTP/1.1\r\n\r\n"),
-            Request::Malformed
-        );
-        assert_eq!(
-            parse_request(b"GET /metrics SMTP/1 extra\r\n\r\n"),
-            Request::Malformed
-        );
+        let cases: [(&[u8], Request); 8] = [
+            (
+                b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+                Request::Metrics { head: false },
+            ),
+            (
+                b"HEAD /metrics?x=1 HTTP/1.0\r\n\r\n",
+                Request::Metrics { head: true },
+            ),
+            (b"GET / HTTP/1.1\r\n\r\n", Request::NotFound),
+            (b"POST /metrics HTTP/1.1\r\n\r\n", Request::BadMethod),
+            (b"\x00\xff garbage", Request::Malformed),
+            (b"GET /metrics\r\n\r\n", Request::Malformed),
+            (b"GET metrics HTTP/1.1\r\n\r\n", Request::Malformed),
+            (b"GET /metrics SMTP/1 extra\r\n\r\n", Request::Malformed),
+        ];
+        for (head, want) in cases {
+            let line = String::from_utf8_lossy(head);
+            assert_eq!(parse_request(head), want, "{line:?}");
+        }
     }
 }

@@ -150,10 +150,9 @@ mod tests {
             uid: Some(1001),
             device: dev.into(),
             pids: vec![1],
-            memory: None,
-            capacity: None,
             activity: a,
             sharing: 1,
+            ..Default::default()
         };
         let mut last = 0;
         for i in 0..8 {

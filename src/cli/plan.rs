@@ -346,20 +346,15 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
 /// `gpuctl apply` on the real host without `--local`: the daemon applies (its `Apply` method,
 /// root only, checked by the daemon against the caller's bus credentials) and reports.
 fn apply_by_daemon(_a: &ApplyArgs) -> i32 {
-    let json = match super::shell::with_agent("Apply", async |p| p.apply().await) {
-        Ok(j) => j,
-        Err(f) if f.code == exit::NO_DAEMON => {
-            let code = f.report();
-            eprintln!("gpuctl: without the daemon, as root: gpuctl apply --local");
+    let text = super::shell::with_agent("Apply", async |p| p.apply().await);
+    let no_daemon = matches!(&text, Err(f) if f.code == exit::NO_DAEMON);
+    let (_, reply): (_, crate::dbus_api::reply::ReportReply) = match super::shell::reply(text) {
+        Ok(r) => r,
+        Err(code) => {
+            if no_daemon {
+                eprintln!("gpuctl: without the daemon, as root: gpuctl apply --local");
+            }
             return code;
-        }
-        Err(f) => return f.report(),
-    };
-    let reply: crate::dbus_api::reply::ReportReply = match serde_json::from_str(&json) {
-        Ok(v) => v,
-        Err(e) => {
-            eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
-            return exit::UNREADABLE;
         }
     };
     let r = &reply.report;
@@ -491,17 +486,13 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
         human_bytes(obs.host.memory_bytes),
         obs.host.cpus
     );
-    let _ = writeln!(
-        out,
-        "Plan: {} actions, {} blocked{}",
-        pl.actions.len(),
-        pl.blocked.len(),
-        if pl.is_converged() {
-            " (converged)"
-        } else {
-            ""
-        }
-    );
+    let converged = if pl.is_converged() {
+        " (converged)"
+    } else {
+        ""
+    };
+    let (actions, blocked) = (pl.actions.len(), pl.blocked.len());
+    let _ = writeln!(out, "Plan: {actions} actions, {blocked} blocked{converged}");
     if pl.replan_after_mig {
         let _ = writeln!(
             out,
@@ -555,15 +546,10 @@ pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
                 m.gpu_index, m.gi_profile, m.gi_placement.start, m.gi_placement.size, m.ci_profile
             )
         }));
-        let _ = writeln!(
-            out,
-            "    gets: {}",
-            if gets.is_empty() {
-                "no GPUs".to_string()
-            } else {
-                gets.join("; ")
-            }
-        );
+        if gets.is_empty() {
+            gets.push("no GPUs".into());
+        }
+        let _ = writeln!(out, "    gets: {}", gets.join("; "));
         let s = &t.slice;
         let _ = writeln!(out, "    {}", s.show());
         if !s.device_allow.is_empty() {

@@ -129,14 +129,9 @@ mod tests {
     fn a_team_name_that_is_not_utf8_is_an_invalid_team_not_a_usage_error() {
         use std::os::unix::ffi::OsStringExt;
         let bad = OsString::from_vec(b"\xff\xfe".to_vec());
-        let a = vec![
-            OsString::from("gpuctl"),
-            OsString::from("run"),
-            OsString::from("--team"),
-            bad,
-            OsString::from("--"),
-            OsString::from("true"),
-        ];
+        let mut a = argv(&["run", "--team"]);
+        a.push(bad);
+        a.extend(["--", "true"].map(OsString::from));
         let Some(Fast::Run(r)) = parse_fast(&a) else {
             panic!("not taken by the fast path");
         };

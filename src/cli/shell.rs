@@ -11,7 +11,7 @@
 use super::exit;
 use crate::dbus_api::client::Agent1Proxy;
 use crate::dbus_api::wire;
-use crate::join::{self, check_team_name, compose_env, Refusal};
+use crate::join::{self, compose_env, Refusal};
 use crate::policy::TeamName;
 use clap::Args;
 use std::collections::BTreeMap;
@@ -169,6 +169,27 @@ pub fn with_agent<T>(
     })
 }
 
+/// gpuctld's JSON reply to a call, as sent and parsed; `Err` is the exit code, the failure
+/// printed.
+pub fn reply<T: serde::de::DeserializeOwned>(
+    text: Result<String, Failure>,
+) -> Result<(String, T), i32> {
+    let text = text.map_err(|f| f.report())?;
+    match serde_json::from_str(&text) {
+        Ok(r) => Ok((text, r)),
+        Err(e) => {
+            eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
+            Err(exit::UNREADABLE)
+        }
+    }
+}
+
+/// Print a reply's document as the daemon sent it (keys sorted, as they always were).
+pub fn print_json(text: String) {
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+    println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
+}
+
 /// Ask gpuctld to place this process in `team`'s slice; returns the environment to set (the
 /// daemon's, plus `GPUCTL_SCOPE`). The name was checked where it came in (a [`TeamName`]), so a
 /// hostile name never even travels to the daemon.
@@ -233,15 +254,9 @@ fn login_shell() -> Result<OsString, Failure> {
 
 /// Run `gpuctl shell`.
 pub fn run(args: &ShellArgs) -> i32 {
-    let (team, shell) = match check_team_name(&args.team)
-        .map_err(Failure::from)
-        .and_then(|t| Ok((t, login_shell()?)))
-    {
-        Ok(s) => s,
-        Err(f) => return f.report(),
-    };
-    let env = match join_team(&team) {
-        Ok(e) => e,
+    let joined = checked_team(&args.team).and_then(|t| Ok((login_shell()?, join_team(&t)?)));
+    let (shell, env) = match joined {
+        Ok(x) => x,
         Err(f) => return f.report(),
     };
     eprintln!(

@@ -1,6 +1,6 @@
 //! `gpuctl status [--json]`: what gpuctld reports (`Status` on the system bus).
 
-use super::shell::with_agent;
+use super::shell::{print_json, reply, with_agent};
 use crate::dbus_api::reply::StatusReply;
 use crate::settings::value::compact_bytes;
 use clap::Args;
@@ -31,8 +31,7 @@ fn count(v: Option<u64>) -> String {
 
 /// Human rendering of the `Status` reply.
 pub fn render(s: &StatusReply) -> String {
-    let mut o = String::new();
-    o.push_str(&format!("gpuctld: {}\n", s.status));
+    let mut o = format!("gpuctld: {}\n", s.status);
     if let Some(e) = &s.policy_error {
         o.push_str(&format!("policy error: {e}\n"));
     }
@@ -96,29 +95,20 @@ pub fn render(s: &StatusReply) -> String {
 
 /// Run `gpuctl status`.
 pub fn run(args: &StatusArgs) -> i32 {
-    match with_agent("Status", async |p| p.status().await) {
-        Ok(text) => {
-            let reply: StatusReply = match serde_json::from_str(&text) {
-                Ok(r) => r,
-                Err(e) => {
-                    eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
-                    return super::exit::UNREADABLE;
-                }
-            };
-            if args.json {
-                // The document as the daemon sent it (keys sorted, as they always were).
-                let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
-            } else {
-                print!("{}", render(&reply));
-            }
-            if reply.healthy() {
-                super::exit::OK
-            } else {
-                super::exit::INVALID
-            }
-        }
-        Err(f) => f.report(),
+    let (text, reply): (_, StatusReply) =
+        match reply(with_agent("Status", async |p| p.status().await)) {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
+    if args.json {
+        print_json(text);
+    } else {
+        print!("{}", render(&reply));
+    }
+    if reply.healthy() {
+        super::exit::OK
+    } else {
+        super::exit::INVALID
     }
 }
 

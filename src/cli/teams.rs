@@ -1,6 +1,6 @@
 //! `gpuctl teams [--json]`: the teams the caller may use, and what each gives.
 
-use super::shell::with_agent;
+use super::shell::{print_json, reply, with_agent};
 use crate::dbus_api::reply::TeamInfo;
 use clap::Args;
 use serde_json::Value;
@@ -69,26 +69,17 @@ pub fn render(list: &[TeamInfo]) -> String {
 
 /// Run `gpuctl teams`.
 pub fn run(args: &TeamsArgs) -> i32 {
-    match with_agent("Teams", async |p| p.teams().await) {
-        Ok(text) => {
-            let list: Vec<TeamInfo> = match serde_json::from_str(&text) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("gpuctl: unreadable reply from gpuctld: {e}");
-                    return super::exit::UNREADABLE;
-                }
-            };
-            if args.json {
-                // The array as the daemon sent it (keys sorted, as they always were).
-                let v: Value = serde_json::from_str(&text).unwrap_or_default();
-                println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
-            } else {
-                print!("{}", render(&list));
-            }
-            super::exit::OK
-        }
-        Err(f) => f.report(),
+    let (text, list): (_, Vec<TeamInfo>) =
+        match reply(with_agent("Teams", async |p| p.teams().await)) {
+            Ok(r) => r,
+            Err(code) => return code,
+        };
+    if args.json {
+        print_json(text);
+    } else {
+        print!("{}", render(&list));
     }
+    super::exit::OK
 }
 
 #[cfg(test)]

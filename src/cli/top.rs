@@ -75,15 +75,12 @@ fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
 }
 
 fn gpu_line(g: &GpuUsage) -> String {
-    let util = if g.mig {
-        "n/a (MIG)".to_string()
-    } else {
-        match (g.utilization_gpu, g.activity) {
-            (Some(u), Some(a)) => format!("{u}% (sm {a:.0}%)"),
-            (Some(u), None) => format!("{u}%"),
-            (None, Some(a)) => format!("sm {a:.0}%"),
-            (None, None) => "n/a".into(),
-        }
+    let util = match (g.mig, g.utilization_gpu, g.activity) {
+        (true, _, _) => "n/a (MIG)".to_string(),
+        (_, Some(u), Some(a)) => format!("{u}% (sm {a:.0}%)"),
+        (_, Some(u), None) => format!("{u}%"),
+        (_, None, Some(a)) => format!("sm {a:.0}%"),
+        (_, None, None) => "n/a".into(),
     };
     format!(
         "GPU {:<2} {:<28} {:<14} mem {:<17} util {:<14} {:>5} {:>5}\n",

@@ -39,6 +39,7 @@ fn places(p: &[Placement]) -> String {
     format!("[{}]", v.join(" "))
 }
 
+#[derive(Default)]
 struct Fields {
     out: Vec<Difference>,
     id: String,
@@ -94,11 +95,7 @@ fn gi_fields(f: &mut Fields, d: &GiProfile, r: &GiProfile) {
 /// Differences between the driver's GI profile table and the reference model's, matched by
 /// published profile id.
 pub fn gi_differences(driver: &[GiProfile], model: &GpuModel) -> Vec<Difference> {
-    let mut f = Fields {
-        out: vec![],
-        id: String::new(),
-        subject: String::new(),
-    };
+    let mut f = Fields::default();
     for d in driver {
         f.id = format!("gi-profile.{}", d.id);
         f.subject = format!("GI profile {} ({})", d.id, d.name);
@@ -154,11 +151,7 @@ fn ci_fields(f: &mut Fields, d: &CiProfile, r: &CiProfile) {
 /// `gi_name` and the reference model's, matched by CI profile id.
 pub fn ci_differences(gi_name: &str, driver: &[CiProfile], model: &GpuModel) -> Vec<Difference> {
     let reference = model.ci_profiles(gi_name);
-    let mut f = Fields {
-        out: vec![],
-        id: String::new(),
-        subject: String::new(),
-    };
+    let mut f = Fields::default();
     for d in driver {
         f.id = format!("ci-profile.{gi_name}.{}", d.id);
         f.subject = format!("CI profile {} ({}) in {gi_name}", d.id, d.name);

@@ -210,17 +210,14 @@ pub fn read(nvml: &Nvml) -> DriverRead {
         nvml: nvml.sys_nvml_version().ok(),
         cuda: nvml.sys_cuda_driver_version().ok(),
     };
-    match nvml.device_count() {
-        Ok(n) => DriverRead {
-            versions,
-            gpus: (0..n).map(|i| read_gpu(nvml, i)).collect(),
-            error: None,
-        },
-        Err(e) => DriverRead {
-            versions,
-            gpus: vec![],
-            error: Some(format!("nvmlDeviceGetCount: {e}")),
-        },
+    let (gpus, error) = match nvml.device_count() {
+        Ok(n) => ((0..n).map(|i| read_gpu(nvml, i)).collect(), None),
+        Err(e) => (vec![], Some(format!("nvmlDeviceGetCount: {e}"))),
+    };
+    DriverRead {
+        versions,
+        gpus,
+        error,
     }
 }
 
@@ -244,30 +241,14 @@ fn read_gpu(nvml: &Nvml, index: u32) -> GpuRead {
             return g;
         }
     };
-    let note = g_err;
-    match dev.uuid() {
-        Ok(u) => g.uuid = u,
-        Err(e) => g.errors.push(note("nvmlDeviceGetUUID", e)),
-    }
-    match dev.name() {
-        Ok(n) => g.name = n,
-        Err(e) => g.errors.push(note("nvmlDeviceGetName", e)),
-    }
-    match dev.minor_number() {
-        Ok(m) => g.minor = Some(m),
-        Err(e) => g.errors.push(note("nvmlDeviceGetMinorNumber", e)),
-    }
-    match dev.pci_info() {
-        Ok(p) => {
-            g.pci_bus = Some(p.bus);
-            g.pci_device_id = Some(p.pci_device_id);
-        }
-        Err(e) => g.errors.push(note("nvmlDeviceGetPciInfo", e)),
-    }
-    match dev.memory_info() {
-        Ok(m) => g.memory_mib = Some(m.total >> 20),
-        Err(e) => g.errors.push(note("nvmlDeviceGetMemoryInfo", e)),
-    }
+    let e = &mut g.errors;
+    g.uuid = note(e, "nvmlDeviceGetUUID", dev.uuid()).unwrap_or_default();
+    g.name = note(e, "nvmlDeviceGetName", dev.name()).unwrap_or_default();
+    g.minor = note(e, "nvmlDeviceGetMinorNumber", dev.minor_number());
+    let pci = note(e, "nvmlDeviceGetPciInfo", dev.pci_info());
+    g.pci_bus = pci.as_ref().map(|p| p.bus);
+    g.pci_device_id = pci.map(|p| p.pci_device_id);
+    g.memory_mib = note(e, "nvmlDeviceGetMemoryInfo", dev.memory_info()).map(|m| m.total >> 20);
     g.processes = dev
         .running_compute_processes()
         .map(|ps| {
@@ -283,7 +264,7 @@ fn read_gpu(nvml: &Nvml, index: u32) -> GpuRead {
                 })
                 .collect()
         })
-        .map_err(|e| note("nvmlDeviceGetComputeRunningProcesses", e));
+        .map_err(|e| g_err("nvmlDeviceGetComputeRunningProcesses", e));
     match dev.mig_mode() {
         Ok(m) => {
             // SAFETY: the handle lives as long as `nvml`, which outlives this function.
@@ -291,13 +272,18 @@ fn read_gpu(nvml: &Nvml, index: u32) -> GpuRead {
             g.mig = Some(read_mig(nvml.lib(), d, m.current != 0, m.pending != 0));
         }
         Err(NvmlError::NotSupported) => {}
-        Err(e) => g.errors.push(note("nvmlDeviceGetMigMode", e)),
+        Err(e) => g.errors.push(g_err("nvmlDeviceGetMigMode", e)),
     }
     g
 }
 
 fn g_err(what: &str, e: NvmlError) -> String {
     format!("{what}: {e}")
+}
+
+/// `r`'s value, or `None` with the failed call noted in `errors`.
+fn note<T>(errors: &mut Vec<String>, call: &str, r: Result<T, NvmlError>) -> Option<T> {
+    r.map_err(|e| errors.push(g_err(call, e))).ok()
 }
 
 fn read_mig(lib: &NvmlLib, d: nvmlDevice_t, current: bool, pending: bool) -> MigRead {
@@ -315,12 +301,9 @@ fn read_mig(lib: &NvmlLib, d: nvmlDevice_t, current: bool, pending: bool) -> Mig
         ci_profiles: BTreeMap::new(),
         instances: vec![],
     };
-    let Ok(table) = &m.gi_profiles else {
+    let (Ok(table), true) = (&m.gi_profiles, current) else {
         return m;
     };
-    if !current {
-        return m;
-    }
     let uuids: BTreeMap<(u32, u32), String> = raw::mig_devices(lib, d)
         .unwrap_or_default()
         .into_iter()

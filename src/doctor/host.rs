@@ -27,9 +27,9 @@ const SYSTEMD_LIB_DIRS: &[&str] = &[
     "/usr/lib/aarch64-linux-gnu/systemd",
 ];
 
-fn check(id: &str, status: Status, summary: impl Into<String>) -> Check {
+pub(super) fn check(id: impl Into<String>, status: Status, summary: impl Into<String>) -> Check {
     Check {
-        id: id.to_string(),
+        id: id.into(),
         status,
         summary: summary.into(),
     }
@@ -52,44 +52,32 @@ pub fn cgroup(root: &Root) -> (Check, bool) {
         return (check("cgroup", Status::Fail, why), false);
     };
     let have: Vec<&str> = text.split_whitespace().collect();
-    let missing: Vec<&str> = REQUIRED_CONTROLLERS
-        .iter()
-        .copied()
-        .filter(|c| !have.contains(c))
-        .collect();
-    let optional: Vec<&str> = OPTIONAL_CONTROLLERS
-        .iter()
-        .copied()
-        .filter(|c| !have.contains(c))
-        .collect();
+    let absent = |wanted: &[&'static str]| -> Vec<&str> {
+        wanted
+            .iter()
+            .copied()
+            .filter(|c| !have.contains(c))
+            .collect()
+    };
+    let (missing, optional) = (absent(REQUIRED_CONTROLLERS), absent(OPTIONAL_CONTROLLERS));
     let list = have.join(" ");
-    let c = if !missing.is_empty() {
-        check(
-            "cgroup",
+    let (status, tail) = if !missing.is_empty() {
+        let why = "team limits would not be enforced";
+        (
             Status::Fail,
-            format!(
-                "cgroup v2, controllers [{list}]: missing {}: team limits would not be enforced",
-                missing.join(", ")
-            ),
+            format!(": missing {}: {why}", missing.join(", ")),
         )
     } else if !optional.is_empty() {
-        check(
-            "cgroup",
+        let why = "(io-weight / cpus settings have no effect)";
+        (
             Status::Warn,
-            format!(
-                "cgroup v2, controllers [{list}]: missing {} (io-weight / cpus settings have \
-                 no effect)",
-                optional.join(", ")
-            ),
+            format!(": missing {} {why}", optional.join(", ")),
         )
     } else {
-        check(
-            "cgroup",
-            Status::Ok,
-            format!("cgroup v2, controllers [{list}]"),
-        )
+        (Status::Ok, String::new())
     };
-    (c, true)
+    let summary = format!("cgroup v2, controllers [{list}]{tail}");
+    (check("cgroup", status, summary), true)
 }
 
 /// The systemd version from the name of `libsystemd-shared-<N>[.x].so` under the root.
@@ -112,23 +100,21 @@ pub fn systemd_version(root: &Root) -> Option<u32> {
 pub fn systemd(root: &Root) -> (Check, Option<u32>) {
     let booted = root.join("/run/systemd/system").is_dir();
     let version = systemd_version(root);
-    let c = match (booted, version) {
-        (false, _) => check(
-            "systemd",
+    let (status, summary) = match (booted, version) {
+        (false, _) => (
             Status::Fail,
-            "/run/systemd/system absent: systemd is not the init system; gpuctl needs it",
+            "/run/systemd/system absent: systemd is not the init system; gpuctl needs it".into(),
         ),
-        (true, None) => check(
-            "systemd",
+        (true, None) => (
             Status::Warn,
             format!(
                 "running, version unknown (no libsystemd-shared-N.so in {})",
                 SYSTEMD_LIB_DIRS.join(", ")
             ),
         ),
-        (true, Some(v)) => check("systemd", Status::Ok, format!("running, version {v}")),
+        (true, Some(v)) => (Status::Ok, format!("running, version {v}")),
     };
-    (c, version)
+    (check("systemd", status, summary), version)
 }
 
 /// `device-control`: whether `DevicePolicy=closed` + `DeviceAllow=` can be enforced. On cgroup
@@ -144,34 +130,26 @@ pub fn device_control(root: &Root, cgroup2: bool, systemd: Option<u32>) -> Check
             "no cgroup v2: systemd cannot restrict devices per slice",
         );
     }
-    match systemd {
-        Some(v) if v < SYSTEMD_BPF_DEVICES => {
-            return check(
-                id,
-                Status::Fail,
-                format!("systemd {v} < {SYSTEMD_BPF_DEVICES}: no BPF device control on cgroup v2"),
-            )
-        }
-        _ => {}
+    if let Some(v) = systemd.filter(|v| *v < SYSTEMD_BPF_DEVICES) {
+        return check(
+            id,
+            Status::Fail,
+            format!("systemd {v} < {SYSTEMD_BPF_DEVICES}: no BPF device control on cgroup v2"),
+        );
     }
     let release = std::fs::read_to_string(root.join("/proc/sys/kernel/osrelease"))
         .map(|s| s.trim().to_string())
         .unwrap_or_default();
     let config_path = root.join(format!("/boot/config-{release}"));
-    let config = if release.is_empty() {
-        None
-    } else {
-        std::fs::read_to_string(&config_path).ok()
-    };
-    let bpf = config
-        .as_deref()
-        .map(|c| c.lines().any(|l| l.trim() == "CONFIG_CGROUP_BPF=y"));
+    let config = (!release.is_empty())
+        .then(|| std::fs::read_to_string(&config_path).ok())
+        .flatten();
+    let bpf = config.map(|c| c.lines().any(|l| l.trim() == "CONFIG_CGROUP_BPF=y"));
     let sd = systemd.map_or("systemd version unknown".to_string(), |v| {
         format!("systemd {v}")
     });
-    match bpf {
-        Some(false) => check(
-            id,
+    let (status, summary) = match (bpf, systemd) {
+        (Some(false), _) => (
             Status::Fail,
             format!(
                 "kernel {release} built without CONFIG_CGROUP_BPF ({}): DeviceAllow= cannot be \
@@ -179,29 +157,25 @@ pub fn device_control(root: &Root, cgroup2: bool, systemd: Option<u32>) -> Check
                 config_path.display()
             ),
         ),
-        None => check(
-            id,
+        (None, _) => (
             Status::Warn,
             format!(
                 "cgroup v2 and {sd}, but CONFIG_CGROUP_BPF unverified (no /boot/config-{release}); \
                  DeviceAllow= needs it"
             ),
         ),
-        Some(true) => match systemd {
-            Some(v) if v >= SYSTEMD_SETTLED => check(
-                id,
-                Status::Ok,
-                format!("cgroup v2, {sd} (BPF device control), kernel {release} CONFIG_CGROUP_BPF=y"),
+        (Some(true), Some(v)) if v >= SYSTEMD_SETTLED => (
+            Status::Ok,
+            format!("cgroup v2, {sd} (BPF device control), kernel {release} CONFIG_CGROUP_BPF=y"),
+        ),
+        (Some(true), _) => (
+            Status::Warn,
+            format!(
+                "cgroup v2 and CONFIG_CGROUP_BPF=y, but {sd} (doctor expects ≥ {SYSTEMD_SETTLED})"
             ),
-            _ => check(
-                id,
-                Status::Warn,
-                format!(
-                    "cgroup v2 and CONFIG_CGROUP_BPF=y, but {sd} (doctor expects ≥ {SYSTEMD_SETTLED})"
-                ),
-            ),
-        },
-    }
+        ),
+    };
+    check(id, status, summary)
 }
 
 /// Character-device majors by name, from the `Character devices:` section of `/proc/devices`.
@@ -255,39 +229,34 @@ pub fn majors(root: &Root, mig_on: bool, out: &mut Vec<Check>) -> Majors {
         .copied();
     let uvm = m.get("nvidia-uvm").copied();
     let caps = m.get("nvidia-caps").copied();
-    out.push(match nvidia {
-        Some(n) => check("majors.nvidia", Status::Ok, format!("nvidia major {n}")),
-        None => check(
-            "majors.nvidia",
+    let table = [
+        (
+            "nvidia",
+            nvidia,
             Status::Fail,
             "no nvidia (nvidia-frontend) character device in /proc/devices: the kernel module \
              is not loaded",
         ),
-    });
-    out.push(match uvm {
-        Some(n) => check(
-            "majors.nvidia-uvm",
-            Status::Ok,
-            format!("nvidia-uvm major {n}"),
-        ),
-        None => check(
-            "majors.nvidia-uvm",
+        (
+            "nvidia-uvm",
+            uvm,
             Status::Warn,
             "nvidia-uvm not loaded (CUDA needs it; `nvidia-modprobe -u -c=0` loads it)",
         ),
-    });
-    out.push(match caps {
-        Some(n) => check(
-            "majors.nvidia-caps",
-            Status::Ok,
-            format!("nvidia-caps major {n}"),
-        ),
-        None => check(
-            "majors.nvidia-caps",
+        (
+            "nvidia-caps",
+            caps,
             if mig_on { Status::Fail } else { Status::Warn },
             "no nvidia-caps character device: MIG devices cannot be opened",
         ),
-    });
+    ];
+    for (name, major, absent, why) in table {
+        let id = format!("majors.{name}");
+        out.push(match major {
+            Some(n) => check(&id, Status::Ok, format!("{name} major {n}")),
+            None => check(&id, absent, why),
+        });
+    }
     Majors { nvidia, uvm, caps }
 }
 
@@ -297,11 +266,8 @@ fn node(path: &Path) -> Result<(u32, u32), &'static str> {
     if !md.file_type().is_char_device() {
         return Err("not a character device");
     }
-    let rdev = md.rdev();
-    Ok((
-        nix::sys::stat::major(rdev) as u32,
-        nix::sys::stat::minor(rdev) as u32,
-    ))
+    use nix::sys::stat::{major, minor};
+    Ok((major(md.rdev()) as u32, minor(md.rdev()) as u32))
 }
 
 /// Check one device node: it exists, is a character device of `major` and (when given) has
@@ -317,64 +283,33 @@ fn node_check(
     match node(&root.join(host_path)) {
         Err("absent") => check(&id, absent, format!("{host_path} absent")),
         Err(why) => check(&id, Status::Warn, format!("{host_path}: {why}")),
-        Ok((ma, mi)) => {
-            if major.is_some_and(|m| m != ma) {
-                check(
-                    &id,
-                    Status::Fail,
-                    format!(
-                        "{host_path} is {ma}:{mi}, but the driver's major is {}",
-                        major.unwrap_or(0)
-                    ),
-                )
-            } else if minor.is_some_and(|m| m != mi) {
-                check(
-                    &id,
-                    Status::Fail,
-                    format!(
-                        "{host_path} is {ma}:{mi}, expected minor {}",
-                        minor.unwrap_or(0)
-                    ),
-                )
-            } else {
-                check(&id, Status::Ok, format!("{host_path} {ma}:{mi}"))
-            }
-        }
+        Ok((ma, mi)) => match (major.filter(|&m| m != ma), minor.filter(|&m| m != mi)) {
+            (Some(m), _) => check(
+                &id,
+                Status::Fail,
+                format!("{host_path} is {ma}:{mi}, but the driver's major is {m}"),
+            ),
+            (None, Some(m)) => check(
+                &id,
+                Status::Fail,
+                format!("{host_path} is {ma}:{mi}, expected minor {m}"),
+            ),
+            (None, None) => check(&id, Status::Ok, format!("{host_path} {ma}:{mi}")),
+        },
     }
 }
 
 /// `node.*`: the control nodes and `/dev/nvidiaN` of each GPU minor.
 pub fn nodes(root: &Root, m: Majors, gpu_minors: &[u32], out: &mut Vec<Check>) {
-    out.push(node_check(
-        root,
-        "/dev/nvidiactl",
-        m.nvidia,
-        None,
-        Status::Fail,
-    ));
-    for minor in gpu_minors {
-        out.push(node_check(
-            root,
-            &format!("/dev/nvidia{minor}"),
-            m.nvidia,
-            Some(*minor),
-            Status::Fail,
-        ));
+    let gpus = gpu_minors
+        .iter()
+        .map(|n| (format!("/dev/nvidia{n}"), m.nvidia, Some(*n), Status::Fail));
+    let ctl = ("/dev/nvidiactl".to_string(), m.nvidia, None, Status::Fail);
+    let uvm = ["/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+        .map(|p| (p.to_string(), m.uvm, None, Status::Warn));
+    for (path, major, minor, absent) in std::iter::once(ctl).chain(gpus).chain(uvm) {
+        out.push(node_check(root, &path, major, minor, absent));
     }
-    out.push(node_check(
-        root,
-        "/dev/nvidia-uvm",
-        m.uvm,
-        None,
-        Status::Warn,
-    ));
-    out.push(node_check(
-        root,
-        "/dev/nvidia-uvm-tools",
-        m.uvm,
-        None,
-        Status::Warn,
-    ));
 }
 
 /// Parsed `mig-minors`: `gpu0/gi1/ci0/access` → minor (the parser the cap-node effector uses).
@@ -387,81 +322,80 @@ pub fn mig_minors(root: &Root) -> Option<BTreeMap<String, u32>> {
 /// the `/dev/nvidia-caps/nvidia-capN` nodes present are of the caps major with minor N.
 /// `live` are the mig-minors keys of live instances (`gpu0/gi1/access`, `gpu0/gi1/ci0/access`).
 pub fn caps(root: &Root, m: Majors, mig_on: bool, live: &[String], out: &mut Vec<Check>) {
-    match mig_minors(root) {
-        None => out.push(check(
+    let Some(t) = mig_minors(root) else {
+        out.push(check(
             "mig-minors",
             if mig_on { Status::Fail } else { Status::Warn },
             format!("{MIG_MINORS} absent: MIG capability minors unknown"),
-        )),
-        Some(t) => {
-            let missing: Vec<&String> = live.iter().filter(|k| !t.contains_key(*k)).collect();
-            out.push(if missing.is_empty() {
-                check(
-                    "mig-minors",
-                    Status::Ok,
-                    format!(
-                        "{} entries, every live instance listed ({})",
-                        t.len(),
-                        live.len()
-                    ),
-                )
-            } else {
-                check(
-                    "mig-minors",
-                    Status::Fail,
-                    format!(
-                        "{} entries, live instances missing: {}",
-                        t.len(),
-                        missing
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                )
-            });
-            let dir = root.join("/dev/nvidia-caps");
-            let mut bad = vec![];
-            let mut count = 0;
-            let mut present = std::collections::BTreeSet::new();
-            for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let Some(n) = name
-                    .strip_prefix("nvidia-cap")
-                    .and_then(|n| n.parse::<u32>().ok())
-                else {
-                    continue;
-                };
-                count += 1;
-                present.insert(n);
-                match node(&e.path()) {
-                    Ok((ma, mi)) if m.caps.is_none_or(|c| c == ma) && mi == n => {}
-                    Ok((ma, mi)) => bad.push(format!("{name} is {ma}:{mi}")),
-                    Err(why) => bad.push(format!("{name}: {why}")),
-                }
-            }
-            let live_minors: Vec<u32> = live.iter().filter_map(|k| t.get(k).copied()).collect();
-            let without = live_minors.iter().filter(|n| !present.contains(n)).count();
-            out.push(if bad.is_empty() {
-                check(
-                    "cap-nodes",
-                    Status::Ok,
-                    format!(
-                        "/dev/nvidia-caps: {count} nodes, all of the caps major with the minor of \
-                         their name; {without} of {} live instance nodes absent (gpuctl apply \
-                         creates those of team instances)",
-                        live_minors.len()
-                    ),
-                )
-            } else {
-                check(
-                    "cap-nodes",
-                    Status::Fail,
-                    format!("/dev/nvidia-caps: {}", bad.join("; ")),
-                )
-            });
+        ));
+        return;
+    };
+    let missing: Vec<&str> = live
+        .iter()
+        .filter(|k| !t.contains_key(*k))
+        .map(String::as_str)
+        .collect();
+    out.push(if missing.is_empty() {
+        check(
+            "mig-minors",
+            Status::Ok,
+            format!(
+                "{} entries, every live instance listed ({})",
+                t.len(),
+                live.len()
+            ),
+        )
+    } else {
+        check(
+            "mig-minors",
+            Status::Fail,
+            format!(
+                "{} entries, live instances missing: {}",
+                t.len(),
+                missing.join(", ")
+            ),
+        )
+    });
+    let dir = root.join("/dev/nvidia-caps");
+    let mut bad = vec![];
+    let mut count = 0;
+    let mut present = std::collections::BTreeSet::new();
+    for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(n) = name
+            .strip_prefix("nvidia-cap")
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        count += 1;
+        present.insert(n);
+        match node(&e.path()) {
+            Ok((ma, mi)) if m.caps.is_none_or(|c| c == ma) && mi == n => {}
+            Ok((ma, mi)) => bad.push(format!("{name} is {ma}:{mi}")),
+            Err(why) => bad.push(format!("{name}: {why}")),
         }
     }
+    let live_minors: Vec<u32> = live.iter().filter_map(|k| t.get(k).copied()).collect();
+    let without = live_minors.iter().filter(|n| !present.contains(n)).count();
+    out.push(if bad.is_empty() {
+        check(
+            "cap-nodes",
+            Status::Ok,
+            format!(
+                "/dev/nvidia-caps: {count} nodes, all of the caps major with the minor of \
+                 their name; {without} of {} live instance nodes absent (gpuctl apply \
+                 creates those of team instances)",
+                live_minors.len()
+            ),
+        )
+    } else {
+        check(
+            "cap-nodes",
+            Status::Fail,
+            format!("/dev/nvidia-caps: {}", bad.join("; ")),
+        )
+    });
 }
 
 /// `mps`: `nvidia-cuda-mps-control` at the policy's path, and `nvidia-cuda-mps-server` next to
@@ -473,26 +407,16 @@ pub fn mps(root: &Root, control: &Path) -> Check {
             .unwrap_or(false)
     };
     let server = control.with_file_name("nvidia-cuda-mps-server");
-    match (exec(control), exec(&server)) {
-        (true, true) => check(
-            "mps",
-            Status::Ok,
-            format!("{} and {}", control.display(), server.display()),
-        ),
-        (true, false) => check(
-            "mps",
+    let (c, s) = (control.display(), server.display());
+    let (status, summary) = match (exec(control), exec(&server)) {
+        (true, true) => (Status::Ok, format!("{c} and {s}")),
+        (true, false) => (Status::Warn, format!("{c} present, {s} absent")),
+        _ => (
             Status::Warn,
-            format!("{} present, {} absent", control.display(), server.display()),
+            format!("{c} absent or not executable: teams with `mps` cannot start their daemon"),
         ),
-        _ => check(
-            "mps",
-            Status::Warn,
-            format!(
-                "{} absent or not executable: teams with `mps` cannot start their daemon",
-                control.display()
-            ),
-        ),
-    }
+    };
+    check("mps", status, summary)
 }
 
 /// `kernel-module`: `/proc/driver/nvidia/version` against the library's driver version (a
@@ -511,23 +435,15 @@ pub fn kernel_module(root: &Root, library_driver: Option<&str>) -> Check {
     let version = first
         .split_whitespace()
         .find(|w| w.contains('.') && w.chars().all(|c| c.is_ascii_digit() || c == '.'));
-    match (version, library_driver) {
-        (Some(k), Some(l)) if k != l => check(
-            "kernel-module",
+    let (status, summary) = match (version, library_driver) {
+        (Some(k), Some(l)) if k != l => (
             Status::Fail,
             format!("kernel module {k}, library {l}: driver/library version mismatch"),
         ),
-        (Some(k), _) => check(
-            "kernel-module",
-            Status::Ok,
-            format!("nvidia kernel module {k}"),
-        ),
-        (None, _) => check(
-            "kernel-module",
-            Status::Warn,
-            format!("{path}: no version in {first:?}"),
-        ),
-    }
+        (Some(k), _) => (Status::Ok, format!("nvidia kernel module {k}")),
+        (None, _) => (Status::Warn, format!("{path}: no version in {first:?}")),
+    };
+    check("kernel-module", status, summary)
 }
 
 #[cfg(test)]

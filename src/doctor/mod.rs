@@ -77,15 +77,11 @@ impl Report {
 
     /// The text form: one line per check, then a tally.
     pub fn render(&self) -> String {
-        let mut s = String::new();
-        for c in &self.checks {
-            s.push_str(&format!(
-                "{:<4} {}: {}\n",
-                c.status.to_string(),
-                c.id,
-                c.summary
-            ));
-        }
+        let mut s: String = self
+            .checks
+            .iter()
+            .map(|c| format!("{:<4} {}: {}\n", c.status.to_string(), c.id, c.summary))
+            .collect();
         s.push_str(&format!(
             "{} OK, {} WARN, {} FAIL\n",
             self.count(Status::Ok),
@@ -118,11 +114,7 @@ pub struct Options {
 }
 
 fn push(out: &mut Vec<Check>, id: impl Into<String>, status: Status, summary: impl Into<String>) {
-    out.push(Check {
-        id: id.into(),
-        status,
-        summary: summary.into(),
-    });
+    out.push(host::check(id, status, summary));
 }
 
 /// Run every check.
@@ -142,24 +134,19 @@ pub fn run(opts: &Options) -> Report {
                 .cuda
                 .map(|c| format!("{}.{}", c / 1000, (c % 1000) / 10))
                 .unwrap_or_else(|| "unknown".into());
-            push(
-                &mut out,
-                "nvml",
-                if d.error.is_some() {
-                    Status::Fail
-                } else {
-                    Status::Ok
-                },
-                match &d.error {
-                    Some(e) => format!("loaded, but {e}"),
-                    None => format!(
+            let (status, summary) = match &d.error {
+                Some(e) => (Status::Fail, format!("loaded, but {e}")),
+                None => (
+                    Status::Ok,
+                    format!(
                         "driver {}, NVML {}, CUDA {cuda}, {} GPU(s)",
                         or_unknown(&v.driver),
                         or_unknown(&v.nvml),
                         d.gpus.len()
                     ),
-                },
-            );
+                ),
+            };
+            push(&mut out, "nvml", status, summary);
             Some(d)
         }
         Err(e) => {
@@ -237,24 +224,21 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
         g.minor.map_or("?".into(), |m| m.to_string()),
         g.memory_mib.map_or("?".into(), |m| m.to_string())
     );
-    if !g.errors.is_empty() {
-        push(
+    match model {
+        _ if !g.errors.is_empty() => push(
             out,
             &p,
             Status::Fail,
             format!("{ident}: {}", g.errors.join("; ")),
-        );
-    } else {
-        match model {
-            Some(m) => push(out, &p, Status::Ok, format!("{ident} ({} in {REFERENCE})", m.key)),
-            None if g.mig.is_some() => push(
-                out,
-                &p,
-                Status::Warn,
-                format!("{ident}: MIG-capable but not in {REFERENCE}: MIG layouts cannot be validated or planned"),
-            ),
-            None => push(out, &p, Status::Ok, format!("{ident} (not in {REFERENCE}; whole-GPU use only)")),
-        }
+        ),
+        Some(m) => push(out, &p, Status::Ok, format!("{ident} ({} in {REFERENCE})", m.key)),
+        None if g.mig.is_some() => push(
+            out,
+            &p,
+            Status::Warn,
+            format!("{ident}: MIG-capable but not in {REFERENCE}: MIG layouts cannot be validated or planned"),
+        ),
+        None => push(out, &p, Status::Ok, format!("{ident} (not in {REFERENCE}; whole-GPU use only)")),
     }
     let Some(mig) = &g.mig else {
         push(out, format!("{p}.mig"), Status::Ok, "not MIG-capable");
@@ -262,53 +246,42 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
         return;
     };
     let on = |b: bool| if b { "on" } else { "off" };
-    if mig.current != mig.pending {
-        push(
-            out,
-            format!("{p}.mig"),
-            Status::Warn,
-            format!(
-                "MIG capable, current {}, pending {}: the change waits for a GPU reset or reboot",
-                on(mig.current),
-                on(mig.pending)
-            ),
-        );
+    let (status, tail) = if mig.current != mig.pending {
+        (Status::Warn, ": the change waits for a GPU reset or reboot")
     } else {
-        push(
-            out,
-            format!("{p}.mig"),
-            Status::Ok,
-            format!(
-                "MIG capable, current {}, pending {}",
-                on(mig.current),
-                on(mig.pending)
-            ),
-        );
-    }
+        (Status::Ok, "")
+    };
+    push(
+        out,
+        format!("{p}.mig"),
+        status,
+        format!(
+            "MIG capable, current {}, pending {}{tail}",
+            on(mig.current),
+            on(mig.pending)
+        ),
+    );
+    let gi_check = format!("{p}.gi-profiles");
     match (&mig.gi_profiles, model) {
         (Err(e), _) if !mig.current => push(
             out,
-            format!("{p}.gi-profiles"),
+            gi_check,
             Status::Ok,
             format!("not readable while MIG is off ({e}); run doctor again with MIG on to compare"),
         ),
-        (Err(e), _) => push(out, format!("{p}.gi-profiles"), Status::Fail, e.clone()),
-        (Ok(t), None) => push(
-            out,
-            format!("{p}.gi-profiles"),
-            Status::Warn,
-            format!(
-                "{} GI profiles read; no {REFERENCE} entry to compare with",
-                t.len()
-            ),
-        ),
+        (Err(e), _) => push(out, gi_check, Status::Fail, e.clone()),
+        (Ok(t), None) => {
+            let n = t.len();
+            let why = format!("{n} GI profiles read; no {REFERENCE} entry to compare with");
+            push(out, gi_check, Status::Warn, why)
+        }
         (Ok(t), Some(m)) => {
             let d = compare::gi_differences(t, m);
             if d.is_empty() {
                 let ids: Vec<String> = t.iter().map(|p| format!("{} {}", p.id, p.name)).collect();
                 push(
                     out,
-                    format!("{p}.gi-profiles"),
+                    gi_check,
                     Status::Ok,
                     format!(
                         "{} GI profiles [{}] with placements match {REFERENCE} {}",
@@ -322,34 +295,32 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             }
         }
     }
-    if let (Ok(t), Some(m)) = (&mig.gi_profiles, model) {
-        if mig.current {
-            let mut matched = vec![];
-            let mut unread = vec![];
-            for gp in t {
-                match mig.ci_profiles.get(&gp.id) {
-                    Some(ct) => {
-                        let d = compare::ci_differences(&gp.name, ct, m);
-                        if d.is_empty() {
-                            matched.push(gp.name.clone());
-                        }
-                        diff_checks(&p, d, out);
+    if let (Ok(t), Some(m), true) = (&mig.gi_profiles, model, mig.current) {
+        let mut matched = vec![];
+        let mut unread = vec![];
+        for gp in t {
+            match mig.ci_profiles.get(&gp.id) {
+                Some(ct) => {
+                    let d = compare::ci_differences(&gp.name, ct, m);
+                    if d.is_empty() {
+                        matched.push(gp.name.clone());
                     }
-                    None => unread.push(gp.name.clone()),
+                    diff_checks(&p, d, out);
                 }
+                None => unread.push(gp.name.clone()),
             }
-            push(
-                out,
-                format!("{p}.ci-profiles"),
-                Status::Ok,
-                format!(
-                    "match {REFERENCE} in [{}]; not read in [{}] (a CI table is read through a \
-                     live GI of that profile, and doctor creates none)",
-                    matched.join(", "),
-                    unread.join(", ")
-                ),
-            );
         }
+        push(
+            out,
+            format!("{p}.ci-profiles"),
+            Status::Ok,
+            format!(
+                "match {REFERENCE} in [{}]; not read in [{}] (a CI table is read through a \
+                 live GI of that profile, and doctor creates none)",
+                matched.join(", "),
+                unread.join(", ")
+            ),
+        );
     }
     if mig.current {
         let names = |pid: u32| {
@@ -380,10 +351,9 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             out,
             format!("{p}.instances"),
             Status::Ok,
-            if list.is_empty() {
-                "no GPU instances".to_string()
-            } else {
-                format!("{}: {}", list.len(), list.join(", "))
+            match list.len() {
+                0 => "no GPU instances".to_string(),
+                n => format!("{n}: {}", list.join(", ")),
             },
         );
     }

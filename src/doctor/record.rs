@@ -242,19 +242,14 @@ impl Recording {
         for (index, g) in self.gpus.iter().enumerate() {
             let def = self.models.get(&g.model);
             let builtin = Catalog::get().by_key(&g.model);
-            let name = match (def, builtin) {
-                (Some(d), _) => d.nvml_name.clone(),
-                (None, Some(b)) => b.nvml_name.clone(),
-                (None, None) => String::new(),
+            let (name, memory_mib) = match (def, builtin) {
+                (Some(d), _) => (d.nvml_name.clone(), d.memory_total_mib),
+                (None, Some(b)) => (b.nvml_name.clone(), b.memory_total_mib),
+                (None, None) => (String::new(), 0),
             };
             let model = Catalog::get().by_nvml_name(&name);
             let mig_capable =
                 def.map_or(builtin.is_some_and(|b| b.mig_capable()), |d| d.mig_capable);
-            let memory_mib = match (def, builtin) {
-                (Some(d), _) => d.memory_total_mib,
-                (None, Some(b)) => b.memory_total_mib,
-                (None, None) => 0,
-            };
             let mig = mig_capable.then(|| MigState {
                 current: g.mig.current != 0,
                 pending: g.mig.pending != 0,

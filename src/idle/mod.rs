@@ -41,16 +41,17 @@ use std::collections::BTreeMap;
 pub mod sample;
 
 /// Activity of a holder's device over the span that ends at the sample.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub enum Activity {
     /// Percent (GPM SM activity, or GPU utilisation).
     Percent(f64),
     /// The driver offers no activity for this device.
+    #[default]
     Unknown,
 }
 
 /// One holder in one sample.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HolderSample {
     /// Team whose slice the unit runs in.
     pub team: String,
@@ -226,7 +227,7 @@ const GAP_FACTOR_DEN: u64 = 2;
 
 type Key = (String, String, String);
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Track {
     last: HolderSample,
     last_ms: u64,
@@ -314,14 +315,7 @@ impl Tracker {
             let t = self.tracks.entry(key).or_insert_with(|| Track {
                 last: h.clone(),
                 last_ms: now,
-                idle_ms: 0,
-                idle_since_ms: None,
-                unknown_ms: 0,
-                unknown_reported: false,
-                reported: false,
-                reason: None,
-                warned_at_ms: None,
-                stopping: false,
+                ..Default::default()
             });
             // Only a span both ends of which saw this holder, and no longer than a gap, counts.
             let dt = match prev_at {
@@ -355,15 +349,12 @@ impl Tracker {
                 t.idle_ms = 0;
                 t.idle_since_ms = None;
             }
-            let idle_due = t.idle_ms >= rule.after.as_millis() as u64;
-            let reason = if idle_due {
-                Some(Reason::Idle)
-            } else {
-                alarm.map(Reason::MemoryAlarm)
-            };
-            let stopping = t.stopping;
+            let after = rule.after.as_millis() as u64;
+            let reason = (t.idle_ms >= after)
+                .then_some(Reason::Idle)
+                .or(alarm.map(Reason::MemoryAlarm));
             match reason {
-                None if t.reported && !stopping => {
+                None if t.reported && !t.stopping => {
                     t.reported = false;
                     t.reason = None;
                     t.warned_at_ms = None;
@@ -385,26 +376,20 @@ impl Tracker {
             }
             if matches!(h.activity, Activity::Unknown)
                 && !t.unknown_reported
-                && t.unknown_ms >= rule.after.as_millis() as u64
+                && t.unknown_ms >= after
             {
                 t.unknown_reported = true;
                 events.push(Event::Unknown(view(t, &rule)));
             }
         }
         // Forget holders not in this sample (or whose team lost its rule).
-        let gone: Vec<Key> = self
-            .tracks
-            .keys()
-            .filter(|k| !seen.contains_key(*k))
-            .cloned()
-            .collect();
-        for k in gone {
-            if let Some(t) = self.tracks.remove(&k) {
-                if t.reported {
-                    if let Some(rule) = self.rules.get(&k.0) {
-                        events.push(Event::Gone(view(&t, rule)));
-                    }
-                }
+        let (kept, gone): (BTreeMap<Key, Track>, _) = std::mem::take(&mut self.tracks)
+            .into_iter()
+            .partition(|(k, _)| seen.contains_key(k));
+        self.tracks = kept;
+        for ((team, _, _), t) in gone {
+            if let (true, Some(rule)) = (t.reported, self.rules.get(&team)) {
+                events.push(Event::Gone(view(&t, rule)));
             }
         }
         // Stops: per unit, when every holder of it is due.
@@ -423,10 +408,7 @@ impl Tracker {
                 .and_modify(|d| *d &= ok)
                 .or_insert(ok);
         }
-        for ((team, unit), ok) in due {
-            if !ok {
-                continue;
-            }
+        for ((team, unit), _) in due.into_iter().filter(|(_, ok)| *ok) {
             let rule = self.rules[&team].clone();
             let mut first = None;
             for ((_, _, _), t) in self
@@ -519,21 +501,18 @@ pub fn mark(usage: &mut crate::usage::Usage, holders: &[IdleHolder]) {
                 let h = holders
                     .iter()
                     .find(|h| h.device == dev && h.pids.contains(&p.pid));
-                p.idle = h.and_then(|h| {
-                    Some(match h.phase {
-                        Phase::Idle => "idle".to_string(),
-                        Phase::Warned => "warned".to_string(),
-                        Phase::Stopping => "stopping".to_string(),
-                        _ if h.activity_unknown => "activity unknown".to_string(),
-                        _ => return None,
-                    })
+                p.idle = h.and_then(|h| match h.phase {
+                    Phase::Idle => Some("idle".to_string()),
+                    Phase::Warned => Some("warned".to_string()),
+                    Phase::Stopping => Some("stopping".to_string()),
+                    _ if h.activity_unknown => Some("activity unknown".to_string()),
+                    _ => None,
                 });
             }
         };
         mark_all(&mut g.processes, &dev);
         for m in &mut g.mig_devices {
-            let uuid = m.uuid.clone();
-            mark_all(&mut m.processes, &uuid);
+            mark_all(&mut m.processes, &m.uuid);
         }
     }
 }

@@ -17,35 +17,27 @@ use std::collections::{BTreeMap, BTreeSet};
 pub fn from_usage(usage: &Usage, rules: &BTreeMap<String, IdleRule>) -> Sample {
     let mut holders = Vec::new();
     for g in &usage.gpus {
-        let whole = if g.mig {
-            Activity::Unknown
-        } else {
-            match (g.activity, g.utilization_gpu) {
-                (Some(a), _) => Activity::Percent(a),
-                (None, Some(u)) => Activity::Percent(u as f64),
-                (None, None) => Activity::Unknown,
-            }
-        };
-        device(
-            &mut holders,
-            rules,
-            &g.index.to_string(),
+        // No activity for a whole GPU in MIG mode; GPM, else utilisation, otherwise.
+        let whole = g.activity.or(g.utilization_gpu.map(f64::from));
+        let gpu = (
+            g.index.to_string(),
             &g.teams,
             &g.processes,
             g.memory_total,
-            whole,
+            whole.filter(|_| !g.mig),
         );
-        for m in &g.mig_devices {
-            let a = m.activity.map_or(Activity::Unknown, Activity::Percent);
-            device(
-                &mut holders,
-                rules,
-                &m.uuid,
+        let mig = g.mig_devices.iter().map(|m| {
+            (
+                m.uuid.clone(),
                 &m.teams,
                 &m.processes,
                 m.memory_total,
-                a,
-            );
+                m.activity,
+            )
+        });
+        for (id, owners, procs, capacity, a) in std::iter::once(gpu).chain(mig) {
+            let a = a.map_or(Activity::Unknown, Activity::Percent);
+            device(&mut holders, rules, &id, owners, procs, capacity, a);
         }
     }
     Sample {

@@ -68,21 +68,15 @@ fn run(
 }
 
 fn kinds(evs: &[(u64, Event)]) -> Vec<(u64, &'static str)> {
-    evs.iter()
-        .map(|(ms, e)| {
-            (
-                *ms,
-                match e {
-                    Event::Idle(_) => "idle",
-                    Event::Unknown(_) => "unknown",
-                    Event::Warn(_) => "warn",
-                    Event::Stop(_) => "stop",
-                    Event::Woke(_) => "woke",
-                    Event::Gone(_) => "gone",
-                },
-            )
-        })
-        .collect()
+    let kind = |e: &Event| match e {
+        Event::Idle(_) => "idle",
+        Event::Unknown(_) => "unknown",
+        Event::Warn(_) => "warn",
+        Event::Stop(_) => "stop",
+        Event::Woke(_) => "woke",
+        Event::Gone(_) => "gone",
+    };
+    evs.iter().map(|(ms, e)| (*ms, kind(e))).collect()
 }
 
 #[test]
@@ -368,7 +362,7 @@ fn memory_runaway_is_reported_like_idle_and_clears() {
 fn memory_alarm_works_without_activity_and_without_knowing_capacity_does_nothing() {
     let mut r = rule(IdleAction::Report);
     r.memory_alarm = Some(50.0);
-    let mut t = tracker("research", r);
+    let mut t = tracker("research", r.clone());
     let mut h = holder("a.service", "MIG-x", Activity::Unknown);
     h.memory = Some(30 << 30);
     h.capacity = Some(40 << 30);
@@ -376,11 +370,7 @@ fn memory_alarm_works_without_activity_and_without_knowing_capacity_does_nothing
         t.observe(&at(0, vec![h.clone()])).as_slice(),
         [Event::Idle(_)]
     ));
-    let mut t = tracker("research", {
-        let mut r = rule(IdleAction::Report);
-        r.memory_alarm = Some(50.0);
-        r
-    });
+    let mut t = tracker("research", r);
     h.capacity = None;
     assert!(t.observe(&at(0, vec![h])).is_empty());
 }

@@ -18,36 +18,27 @@ pub const ENV_DIR: &str = "GPUCTL_HPC_JOB_MAPPING_DIR";
 
 /// File name (GPU index) → content, for GPUs with an unambiguous team set.
 pub fn files(owners: &Owners, mig_gpu_of: &BTreeMap<String, u32>) -> BTreeMap<String, String> {
-    let mut per_gpu: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-    let mut mig_gpus: BTreeMap<u32, BTreeSet<&str>> = BTreeMap::new();
-    for (idx, teams) in &owners.gpus {
-        per_gpu
-            .entry(*idx)
-            .or_default()
-            .extend(teams.iter().map(String::as_str));
-    }
+    let mut out: BTreeMap<String, String> = owners
+        .gpus
+        .iter()
+        .map(|(idx, teams)| (idx.to_string(), lines(teams)))
+        .collect();
+    let mut mig_gpus: BTreeMap<u32, BTreeSet<&String>> = BTreeMap::new();
     for (uuid, teams) in &owners.mig {
         if let Some(idx) = mig_gpu_of.get(uuid) {
-            mig_gpus
-                .entry(*idx)
-                .or_default()
-                .extend(teams.iter().map(String::as_str));
+            mig_gpus.entry(*idx).or_default().extend(teams);
         }
     }
-    let mut out = BTreeMap::new();
-    for (idx, teams) in per_gpu {
-        out.insert(idx.to_string(), lines(&teams));
-    }
-    for (idx, teams) in mig_gpus {
-        if teams.len() == 1 && !out.contains_key(&idx.to_string()) {
-            out.insert(idx.to_string(), lines(&teams));
-        }
+    for (idx, teams) in mig_gpus.into_iter().filter(|(_, t)| t.len() == 1) {
+        out.entry(idx.to_string()).or_insert_with(|| lines(teams));
     }
     out
 }
 
-fn lines(teams: &BTreeSet<&str>) -> String {
-    teams.iter().map(|t| format!("{t}\n")).collect()
+/// One line per team, sorted and unique.
+fn lines<'a>(teams: impl IntoIterator<Item = &'a String>) -> String {
+    let unique: BTreeSet<&String> = teams.into_iter().collect();
+    unique.iter().map(|t| format!("{t}\n")).collect()
 }
 
 /// Make `dir` hold exactly `files` among its integer-named files (others are left alone);

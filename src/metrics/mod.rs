@@ -143,11 +143,26 @@ fn device_labels(g: &GpuUsage, m: Option<&MigUsage>) -> Labels {
     ])
 }
 
+/// A gauge already set to `v`.
+fn gauge(v: i64) -> Gauge {
+    let g = Gauge::default();
+    g.set(v);
+    g
+}
+
+/// Set the series `l` of `f` when the value is known (no series otherwise, never 0).
+fn set_known(f: &Family<Labels, Gauge>, l: &Labels, v: Option<u64>) {
+    if let Some(v) = v {
+        f.get_or_create(l).set(v as i64);
+    }
+}
+
 fn with(mut base: Labels, k: &str, v: &str) -> Labels {
     base.push((k.into(), v.into()));
     base
 }
 
+#[derive(Default)]
 struct Families {
     info: Family<Labels, Gauge>,
     mem_used: Family<Labels, Gauge>,
@@ -163,24 +178,11 @@ struct Families {
 /// The registry for one scrape.
 pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     let mut r = Registry::with_prefix("gpuctl");
-    let up: Gauge = Gauge::default();
-    up.set(1);
-    r.register("up", "gpuctld answered this scrape", up);
-    let nvml_up: Gauge = Gauge::default();
-    nvml_up.set(i64::from(s.usage.nvml_unavailable.is_none()));
-    r.register("nvml_up", "NVML could be read", nvml_up);
+    r.register("up", "gpuctld answered this scrape", gauge(1));
+    let nvml_up = i64::from(s.usage.nvml_unavailable.is_none());
+    r.register("nvml_up", "NVML could be read", gauge(nvml_up));
 
-    let f = Families {
-        info: Family::default(),
-        mem_used: Family::default(),
-        mem_total: Family::default(),
-        util: Family::default(),
-        mem_util: Family::default(),
-        activity: Family::default(),
-        team_mem: Family::default(),
-        team_procs: Family::default(),
-        strays: Family::default(),
-    };
+    let f = Families::default();
     let pct = |v: u32| f64::from(v) / 100.0;
     for g in &s.usage.gpus {
         let devices: Vec<(Labels, Vec<String>, Option<&MigUsage>)> = if g.mig {
@@ -204,12 +206,8 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
             for t in &owners {
                 let tl = with(labels.clone(), "team", t);
                 f.info.get_or_create(&tl).set(1);
-                if let Some(v) = used {
-                    f.mem_used.get_or_create(&tl).set(v as i64);
-                }
-                if let Some(v) = total {
-                    f.mem_total.get_or_create(&tl).set(v as i64);
-                }
+                set_known(&f.mem_used, &tl, used);
+                set_known(&f.mem_total, &tl, total);
                 if m.is_none() {
                     if let Some(v) = g.utilization_gpu {
                         f.util.get_or_create(&tl).set(pct(v));
@@ -320,21 +318,15 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     let mut cpu_values: Vec<(Labels, f64)> = Vec::new();
     for (team, c) in &s.teams {
         let tl = l(&[("team", team)]);
-        if let Some(v) = c.memory_current {
-            mem_cur.get_or_create(&tl).set(v as i64);
-        }
-        if let Some(v) = c.memory_max {
-            mem_max.get_or_create(&tl).set(v as i64);
-        }
+        set_known(&mem_cur, &tl, c.memory_current);
+        set_known(&mem_max, &tl, c.memory_max);
         if let Some(v) = c.oom_kills {
             oom_values.push((tl.clone(), v));
         }
         if let Some(v) = c.cpu_seconds {
             cpu_values.push((tl.clone(), v));
         }
-        if let Some(v) = c.pids {
-            pids.get_or_create(&tl).set(v as i64);
-        }
+        set_known(&pids, &tl, c.pids);
     }
     r.register_with_unit(
         "team_memory_current",
@@ -365,27 +357,21 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         mps,
     );
 
-    let valid: Gauge = Gauge::default();
-    valid.set(i64::from(s.policy_valid));
     r.register(
         "policy_valid",
         "1 when the policy on disk loaded without errors",
-        valid,
+        gauge(i64::from(s.policy_valid)),
     );
-    let lg: Gauge = Gauge::default();
-    lg.set(i64::from(s.last_good_in_force));
     r.register(
         "policy_last_good_in_force",
         "1 when a broken policy left the last good one in force",
-        lg,
+        gauge(i64::from(s.last_good_in_force)),
     );
     if let Some(ok) = s.last_converged {
-        let g: Gauge = Gauge::default();
-        g.set(i64::from(ok));
         r.register(
             "reconcile_last_converged",
             "1 when the last reconcile converged",
-            g,
+            gauge(i64::from(ok)),
         );
     }
     r.register_with_unit(
@@ -433,8 +419,8 @@ fn register_idle(r: &mut Registry, holders: &[crate::idle::IdleHolder]) {
             Some(Reason::MemoryAlarm(_)) => "memory-runaway",
             _ => "idle",
         };
-        let mut fl = with(with(base, "state", state), "reason", reason);
-        fl.push(("excluded".into(), h.excluded.to_string()));
+        let fl = with(with(base, "state", state), "reason", reason);
+        let fl = with(fl, "excluded", &h.excluded.to_string());
         flagged.get_or_create(&fl).set(1);
     }
     r.register(

@@ -135,9 +135,7 @@ impl RealHost {
             message: why.to_string(),
         })
     }
-}
 
-impl RealHost {
     /// Cgroup and unit of every process of `g`, from `/proc/<pid>/cgroup` under the root.
     fn resolve_pids(&self, g: &mut GpuState) {
         let procs = g.processes.iter_mut().chain(
@@ -187,11 +185,9 @@ impl Observer for RealHost {
             Ok(b) => obs.gpus = b.observe_gpus()?,
             Err(why) => obs.nvml_unavailable = Some(why.to_string()),
         }
-        let mut gpus = std::mem::take(&mut obs.gpus);
-        for g in &mut gpus {
+        for g in &mut obs.gpus {
             self.resolve_pids(g);
         }
-        obs.gpus = gpus;
         self.observe_rest(&mut obs)?;
         Ok(obs)
     }

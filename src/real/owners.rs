@@ -4,7 +4,7 @@
 //! re-created instance does not).
 
 use crate::files::{write_atomic, FileError};
-use crate::observe::GpuState;
+use crate::observe::{GpuInstance, GpuState};
 use crate::paths::{Root, STATE_DIR};
 use crate::profiles::Placement;
 use serde::{Deserialize, Serialize};
@@ -80,25 +80,13 @@ pub fn apply(root: &Root, gpus: &mut [GpuState]) -> Result<(), FileError> {
             .as_mut()
             .map(|m| &mut m.instances[..])
             .unwrap_or(&mut []);
-        labels.retain(|l| {
-            insts.iter().any(|i| {
-                i.profile_id == l.profile_id
-                    && i.placement
-                        == Placement {
-                            start: l.start,
-                            size: l.size,
-                        }
-            })
-        });
+        let names = |l: &OwnerLabel, i: &GpuInstance| {
+            l.profile_id == i.profile_id
+                && (l.start, l.size) == (i.placement.start, i.placement.size)
+        };
+        labels.retain(|l| insts.iter().any(|i| names(l, i)));
         for i in insts.iter_mut() {
-            i.owner = labels
-                .iter()
-                .find(|l| {
-                    l.profile_id == i.profile_id
-                        && l.start == i.placement.start
-                        && l.size == i.placement.size
-                })
-                .map(|l| l.owner.clone());
+            i.owner = labels.iter().find(|l| names(l, i)).map(|l| l.owner.clone());
         }
     }
     // GPUs that vanished (unplugged, or a different host booted from this disk) lose their

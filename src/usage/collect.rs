@@ -74,14 +74,12 @@ impl GpmPrev {
 }
 
 fn opt<T>(what: &str, r: Result<T, NvmlError>) -> Option<T> {
-    match r {
-        Ok(v) => Some(v),
-        Err(NvmlError::NotSupported) => None,
-        Err(e) => {
+    r.inspect_err(|e| {
+        if !matches!(e, NvmlError::NotSupported) {
             tracing::debug!("usage: {what}: {e}");
-            None
         }
-    }
+    })
+    .ok()
 }
 
 fn memory_of(p: &ProcessInfo) -> Option<u64> {
@@ -127,8 +125,7 @@ fn attributed(
                     unit: info.unit,
                     team: info.team,
                     team_unit: info.team_unit,
-                    idle: None,
-                    stray: false,
+                    ..Default::default()
                 },
             ))
         })
@@ -247,10 +244,7 @@ fn collect_gpu(
                 .iter_mut()
                 .find(|m| m.gi_id == gi && m.ci_id == ci)
         });
-        match slot {
-            Some(m) => m.processes.push(p),
-            None => g.processes.push(p),
-        }
+        slot.map_or(&mut g.processes, |m| &mut m.processes).push(p);
     }
     Ok(g)
 }
@@ -266,16 +260,14 @@ fn collect_all(nvml: &Nvml, gpm: &mut GpmPrev, root: &Root, dir: &dyn Directory)
         }
     };
     (0..count)
-        .filter_map(|i| match collect_gpu(nvml, i, gpm, root, &mut users) {
-            Ok(g) => Some(g),
-            Err(e) => {
-                tracing::warn!("usage: {e}");
-                None
-            }
+        .filter_map(|i| {
+            let g = collect_gpu(nvml, i, gpm, root, &mut users);
+            g.inspect_err(|e| tracing::warn!("usage: {e}")).ok()
         })
         .collect()
 }
 
+#[derive(Default)]
 struct Inner {
     nvml: Option<Nvml>,
     gpm: GpmPrev,
@@ -314,12 +306,7 @@ impl Collector {
         Collector {
             interval,
             lib,
-            inner: Mutex::new(Inner {
-                nvml: None,
-                gpm: GpmPrev::default(),
-                last: None,
-                collections: 0,
-            }),
+            inner: Mutex::new(Inner::default()),
         }
     }
 
