@@ -185,23 +185,22 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     let f = Families::default();
     let pct = |v: u32| f64::from(v) / 100.0;
     for g in &s.usage.gpus {
-        let devices: Vec<(Labels, Vec<String>, Option<&MigUsage>)> = if g.mig {
-            g.mig_devices
-                .iter()
-                .map(|m| (device_labels(g, Some(m)), m.teams.clone(), Some(m)))
-                .collect()
+        let devices: Vec<Option<&MigUsage>> = if g.mig {
+            g.mig_devices.iter().map(Some).collect()
         } else {
-            vec![(device_labels(g, None), g.teams.clone(), None)]
+            vec![None]
         };
-        for (labels, teams, m) in &devices {
+        for m in devices {
+            let labels = &device_labels(g, m);
+            let (teams, used, total, activity) = match m {
+                Some(m) => (&m.teams, m.memory_used, m.memory_total, m.activity),
+                None => (&g.teams, g.memory_used, g.memory_total, g.activity),
+            };
+            let procs = m.map_or(&g.processes, |m| &m.processes);
             let owners: Vec<&str> = if teams.is_empty() {
                 vec![""]
             } else {
                 teams.iter().map(String::as_str).collect()
-            };
-            let (used, total, activity) = match m {
-                Some(m) => (m.memory_used, m.memory_total, m.activity),
-                None => (g.memory_used, g.memory_total, g.activity),
             };
             for t in &owners {
                 let tl = with(labels.clone(), "team", t);
@@ -220,10 +219,6 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
                     f.activity.get_or_create(&tl).set(a / 100.0);
                 }
             }
-            let procs: &[crate::usage::ProcessUsage] = match m {
-                Some(m) => &m.processes,
-                None => &g.processes,
-            };
             if !teams.is_empty() {
                 let n = procs.iter().filter(|p| p.stray).count();
                 f.strays
