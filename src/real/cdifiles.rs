@@ -17,27 +17,13 @@ fn file(root: &Root, team: &str) -> PathBuf {
 /// (other vendors' specs in the same directory are not ours to read or remove).
 pub fn read_all(root: &Root) -> Result<BTreeMap<TeamName, String>, FileError> {
     let dir = root.join(CDI_DIR);
-    let mut out = BTreeMap::new();
-    let rd = match std::fs::read_dir(&dir) {
-        Ok(rd) => rd,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(FileError::new(&dir, e)),
-    };
-    for e in rd.flatten() {
-        let name = e.file_name();
-        let Some(team) = name
-            .to_str()
-            .and_then(|n| n.strip_prefix(FILE_PREFIX))
-            .and_then(|n| n.strip_suffix(".json"))
-            .and_then(|t| t.parse::<TeamName>().ok())
-        else {
-            continue;
-        };
-        let p = e.path();
-        let text = std::fs::read_to_string(&p).map_err(|e| FileError::new(&p, e))?;
-        out.insert(team, text);
+    match std::fs::read_dir(&dir) {
+        Ok(rd) => {
+            super::read_team_files(rd, |n| n.strip_prefix(FILE_PREFIX)?.strip_suffix(".json"))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(BTreeMap::new()),
+        Err(e) => Err(FileError::new(&dir, e)),
     }
-    Ok(out)
 }
 
 /// Write a team's spec atomically (temp file, rename): an engine reading the directory sees the

@@ -35,23 +35,10 @@ pub fn remove(root: &Root, team: &str) -> Result<(), FileError> {
 /// Every team env file's text, by team. A file whose name is no team name was not written by
 /// gpuctl and is left alone (as [`super::cdifiles::read_all`] does).
 pub fn read_all(root: &Root) -> Result<BTreeMap<TeamName, String>, FileError> {
-    let mut out = BTreeMap::new();
     let Ok(rd) = std::fs::read_dir(root.join(RUN_DIR).join(TEAMS_DIR)) else {
-        return Ok(out);
+        return Ok(BTreeMap::new());
     };
-    for e in rd.flatten() {
-        let p = e.path();
-        if let (Some(team), Some("env")) = (
-            p.file_stem()
-                .and_then(|s| s.to_str())
-                .and_then(|t| t.parse::<TeamName>().ok()),
-            p.extension().and_then(|s| s.to_str()),
-        ) {
-            let text = std::fs::read_to_string(&p).map_err(|e| FileError::new(&p, e))?;
-            out.insert(team, text);
-        }
-    }
-    Ok(out)
+    super::read_team_files(rd, |n| n.strip_suffix(".env"))
 }
 
 #[cfg(test)]

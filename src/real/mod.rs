@@ -47,6 +47,28 @@ pub fn no_systemd(what: &str) -> EffectError {
     }
 }
 
+/// The files of `rd` whose name `team_of` maps to a team name, read whole, by team.
+fn read_team_files(
+    rd: std::fs::ReadDir,
+    team_of: impl Fn(&str) -> Option<&str>,
+) -> Result<std::collections::BTreeMap<TeamName, String>, crate::files::FileError> {
+    let mut out = std::collections::BTreeMap::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(team) = name
+            .to_str()
+            .and_then(&team_of)
+            .and_then(|t| t.parse().ok())
+        else {
+            continue;
+        };
+        let p = e.path();
+        let text = std::fs::read_to_string(&p).map_err(|e| crate::files::FileError::new(&p, e))?;
+        out.insert(team, text);
+    }
+    Ok(out)
+}
+
 /// The real host.
 #[derive(Debug)]
 pub struct RealHost {
