@@ -1,6 +1,6 @@
 //! `gpuctl idle [--json] [--all]`: the holders gpuctld's idle rules flag (`Idle` on the bus).
 
-use super::shell::with_agent;
+use super::shell::{parse_reply, with_agent, Failure};
 use crate::dbus_api::reply::IdleReply;
 use crate::idle::{IdleHolder, Phase};
 use clap::Args;
@@ -98,18 +98,16 @@ pub fn render(r: &IdleReply, all: bool) -> String {
     o
 }
 
+/// gpuctld's `Idle` reply.
+pub fn fetch() -> Result<IdleReply, Failure> {
+    with_agent("Idle", async |p| p.idle().await).and_then(|t| parse_reply("Idle", &t))
+}
+
 /// Run `gpuctl idle`.
 pub fn run(args: &IdleArgs) -> i32 {
-    let text = match with_agent("Idle", async |p| p.idle().await) {
-        Ok(t) => t,
-        Err(f) => return f.report(),
-    };
-    let r: IdleReply = match serde_json::from_str(&text) {
+    let r: IdleReply = match fetch() {
         Ok(r) => r,
-        Err(e) => {
-            eprintln!("gpuctl: Idle: unexpected reply: {e}");
-            return super::exit::UNREADABLE;
-        }
+        Err(f) => return f.report(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());

@@ -151,16 +151,15 @@ fn prepare(
     host: &HostArgs,
     say_no_systemd: bool,
 ) -> anyhow::Result<Result<(Policy, Target, Observed), i32>> {
-    if let Some(h) = sim_host(host)? {
-        let obs = h.state.clone();
-        return Ok(load_policy(cli, host)
-            .and_then(|p| check_host(&p, &obs).map(|()| p))
-            .map(|p| (p, Target::Sim(h), obs)));
-    }
+    let sim = sim_host(host)?;
     let p = match load_policy(cli, host) {
         Ok(p) => p,
         Err(code) => return Ok(Err(code)),
     };
+    if let Some(h) = sim {
+        let obs = h.state.clone();
+        return Ok(check_host(&p, &obs).map(|()| (p, Target::Sim(h), obs)));
+    }
     let root = Root::new(&cli.root);
     let lib = crate::nvml::library_path(p.host.nvml_library.as_deref());
     let mut h = RealHost::open(root.clone(), lib);
@@ -185,16 +184,14 @@ fn prepare(
     Ok(Ok((p, Target::Real(Box::new(h)), obs)))
 }
 
-/// Actions a real host without systemd cannot carry out (and so does not check).
-fn unsupported(t: &Target, pl: &Plan) -> Vec<Action> {
-    match t {
-        Target::Sim(_) => vec![],
-        Target::Real(h) => pl
-            .actions
-            .iter()
-            .filter(|a| !h.supports(a.phase))
-            .cloned()
-            .collect(),
+impl Target {
+    /// Whether the host can carry out (and so check) actions of `phase`: a real host without
+    /// systemd runs only the MIG and device phases.
+    fn supports(&self, phase: plan::Phase) -> bool {
+        match self {
+            Target::Sim(_) => true,
+            Target::Real(h) => h.supports(phase),
+        }
     }
 }
 
@@ -216,14 +213,11 @@ fn idle_pending(p: &Policy, host: &HostArgs) -> Option<Result<Vec<String>, Strin
     {
         return None;
     }
-    let r = super::shell::with_agent("Idle", async |a| a.idle().await)
-        .map_err(|f| f.message)
-        .and_then(|t| {
-            serde_json::from_str::<crate::dbus_api::reply::IdleReply>(&t)
-                .map_err(|e| format!("Idle: unexpected reply: {e}"))
-        })
-        .map(|r| r.pending());
-    Some(r)
+    Some(
+        super::idle::fetch()
+            .map(|r| r.pending())
+            .map_err(|f| f.message),
+    )
 }
 
 /// The idle section of `gpuctl plan`.
@@ -274,32 +268,27 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     }
     // One writer (issue 17): taken before observing, so the plan is made from what the other
     // writer left, and held until the apply ends.
-    let _lock = if a.local {
-        let root = crate::paths::Root::new(&cli.root);
-        let lock = crate::apply::lock::ApplyLock::acquire(
-            &root,
+    let lock = a.local.then(|| {
+        crate::apply::lock::ApplyLock::acquire(
+            &Root::new(&cli.root),
             "gpuctl apply --local",
             std::time::Duration::from_secs(a.lock_wait),
             |holder| eprintln!("gpuctl: waiting for the apply lock: held by {holder}"),
-        );
-        match lock {
-            Ok(l) => Some(l),
-            Err(e) => {
-                eprintln!("gpuctl: {e}");
-                return Ok(exit::UNREADABLE);
-            }
+        )
+    });
+    let _lock = match lock.transpose() {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("gpuctl: {e}");
+            return Ok(exit::UNREADABLE);
         }
-    } else {
-        None
     };
     let (p, h, obs) = match prepare(cli, &a.host, true)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
     let pl = plan::plan(&p, &obs);
-    // The real host, kept to tell which remaining steps it could not have run.
-    let mut remaining_filter: Option<Box<RealHost>> = None;
-    let report = match h {
+    let (report, h) = match h {
         Target::Sim(mut h) => {
             let r = execute(&p, &pl, &mut h).context("simulated host")?;
             match &a.host.state {
@@ -308,7 +297,7 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
                     eprintln!("gpuctl: no --state FILE given: the simulated result is not kept")
                 }
             }
-            r
+            (r, Target::Sim(h))
         }
         Target::Real(mut h) => {
             let mut journal = FileJournal::new(h.root());
@@ -317,15 +306,13 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
             // for the whole host again.
             let r = execute_observed(&p, &pl, obs, h.as_mut(), &mut journal, phases.as_ref())
                 .with_context(|| format!("applying on {}", cli.root.display()))?;
-            remaining_filter = Some(h);
-            r
+            (r, Target::Real(h))
         }
     };
     print_report(&report);
+    // Only the steps this host could have run remain.
     let mut remaining = report.remaining.clone();
-    if let Some(h) = &remaining_filter {
-        remaining.actions.retain(|a| h.supports(a.phase));
-    }
+    remaining.actions.retain(|a| h.supports(a.phase));
     print_pending(&remaining);
     if !report.not_run.is_empty() {
         println!(
@@ -422,8 +409,9 @@ pub fn run_check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<i32> {
         Err(code) => return Ok(code),
     };
     let mut pl = plan::plan(&p, &obs);
-    let unchecked = unsupported(&h, &pl);
-    pl.actions.retain(|a| !unchecked.contains(a));
+    let (checked, unchecked): (Vec<_>, Vec<_>) =
+        pl.actions.into_iter().partition(|a| h.supports(a.phase));
+    pl.actions = checked;
     print_pending(&pl);
     if !unchecked.is_empty() {
         println!(

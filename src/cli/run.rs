@@ -3,8 +3,7 @@
 //! Same placement as `gpuctl shell` ([`super::shell`]); the command replaces gpuctl in place,
 //! so its exit status, signals, terminal and stdin are its own.
 
-use super::shell::{exec_with, exit_table, join_team, Failure, ShellArgs};
-use crate::join::check_team_name;
+use super::shell::{checked_team, exec_with, exit_table, join_team, Failure, ShellArgs};
 use clap::Args;
 use std::ffi::OsString;
 
@@ -72,16 +71,9 @@ pub enum Fast {
 /// Run `gpuctl run`.
 pub fn run(args: &RunArgs) -> i32 {
     let Some((program, rest)) = args.command.split_first() else {
-        return Failure {
-            code: super::exit::UNREADABLE,
-            message: "no command given".into(),
-        }
-        .report();
+        return Failure::new(super::exit::UNREADABLE, "no command given").report();
     };
-    match check_team_name(&args.team)
-        .map_err(Failure::from)
-        .and_then(|team| join_team(&team))
-    {
+    match checked_team(&args.team).and_then(|team| join_team(&team)) {
         Ok(env) => exec_with(program, rest, &env),
         Err(f) => f.report(),
     }

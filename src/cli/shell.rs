@@ -71,7 +71,8 @@ pub struct Failure {
 }
 
 impl Failure {
-    fn new(code: i32, message: impl Into<String>) -> Self {
+    /// A failure with `code` and `message`.
+    pub fn new(code: i32, message: impl Into<String>) -> Self {
         Failure {
             code,
             message: message.into(),
@@ -182,6 +183,12 @@ pub fn reply<T: serde::de::DeserializeOwned>(
             Err(exit::UNREADABLE)
         }
     }
+}
+
+/// gpuctld's JSON reply to the call `what`, parsed; one that does not parse is a failure.
+pub fn parse_reply<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Result<T, Failure> {
+    serde_json::from_str(text)
+        .map_err(|e| Failure::new(exit::UNREADABLE, format!("{what}: unexpected reply: {e}")))
 }
 
 /// Print a reply's document as the daemon sent it (keys sorted, as they always were).

@@ -2,7 +2,7 @@
 //! (so an unprivileged member sees what root sees). Live in a terminal (q to quit), `--once`
 //! for scripts, `--json` for the typed document, `--team T` to filter.
 
-use super::shell::{with_agent, Failure};
+use super::shell::{parse_reply, with_agent, Failure};
 use crate::settings::value::compact_bytes;
 use crate::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
 use clap::Args;
@@ -137,10 +137,7 @@ fn fetch(team: Option<&str>) -> Result<Usage, Failure> {
 }
 
 fn parse(text: &str, team: Option<&str>) -> Result<Usage, Failure> {
-    let mut u: Usage = serde_json::from_str(text).map_err(|e| Failure {
-        code: super::exit::UNREADABLE,
-        message: format!("Usage: unexpected reply: {e}"),
-    })?;
+    let mut u: Usage = parse_reply("Usage", text)?;
     if let Some(t) = team {
         u.filter_team(t);
     }
