@@ -74,6 +74,11 @@ fn policy() -> Policy {
     }
 }
 
+/// `authorize` against [`policy`] and [`FakeDir`].
+fn auth(c: &Caller, team: &str) -> Result<Grant, Refusal> {
+    authorize(c, &policy(), &tn(team), &FakeDir)
+}
+
 fn caller(uid: u32) -> Caller {
     Caller {
         uid,
@@ -84,20 +89,20 @@ fn caller(uid: u32) -> Caller {
 
 #[test]
 fn group_member_is_granted_through_nss_groups() {
-    let g = authorize(&caller(1000), &policy(), &tn("infer"), &FakeDir).unwrap();
+    let g = auth(&caller(1000), "infer").unwrap();
     assert_eq!(g.via, Via::Group("ml-infer".into()));
     assert_eq!(g.user, "alice");
 }
 
 #[test]
 fn listed_user_is_granted() {
-    let g = authorize(&caller(1001), &policy(), &tn("solo"), &FakeDir).unwrap();
+    let g = auth(&caller(1001), "solo").unwrap();
     assert_eq!(g.via, Via::User("bob".into()));
 }
 
 #[test]
 fn non_member_is_refused_and_told_who_the_members_are() {
-    let e = authorize(&caller(1001), &policy(), &tn("infer"), &FakeDir).unwrap_err();
+    let e = auth(&caller(1001), "infer").unwrap_err();
     assert_eq!(
         e,
         Refusal::NotMember {
@@ -111,21 +116,21 @@ fn non_member_is_refused_and_told_who_the_members_are() {
         "bob is not a member of team \"infer\" (members: @ml-infer)"
     );
     // A user name that merely starts like a member's does not match.
-    assert!(authorize(&caller(1001), &policy(), &tn("train"), &FakeDir).is_err());
+    assert!(auth(&caller(1001), "train").is_err());
 }
 
 #[test]
 fn unknown_uid_is_refused_by_number() {
-    let e = authorize(&caller(4711), &policy(), &tn("solo"), &FakeDir).unwrap_err();
+    let e = auth(&caller(4711), "solo").unwrap_err();
     assert!(e.to_string().starts_with("uid 4711 is not a member"), "{e}");
 }
 
 #[test]
 fn bus_groups_count_too() {
     let mut c = caller(1002);
-    assert!(authorize(&c, &policy(), &tn("infer"), &FakeDir).is_err());
+    assert!(auth(&c, "infer").is_err());
     c.gids = Some(vec![1002, 2000]);
-    let g = authorize(&c, &policy(), &tn("infer"), &FakeDir).unwrap();
+    let g = auth(&c, "infer").unwrap();
     assert_eq!(g.via, Via::Group("ml-infer".into()));
 }
 
@@ -133,23 +138,15 @@ fn bus_groups_count_too() {
 fn a_group_nss_does_not_know_grants_nothing() {
     let mut c = caller(1000);
     c.gids = Some(vec![1000, 2000]);
-    assert!(matches!(
-        authorize(&c, &policy(), &tn("ghost"), &FakeDir),
-        Err(Refusal::NotMember { .. })
-    ));
+    assert!(matches!(auth(&c, "ghost"), Err(Refusal::NotMember { .. })));
 }
 
 #[test]
 fn root_may_join_any_team_but_not_an_unknown_one() {
     for t in ["infer", "train", "solo", "ghost"] {
-        assert_eq!(
-            authorize(&caller(0), &policy(), &tn(t), &FakeDir)
-                .unwrap()
-                .via,
-            Via::Root
-        );
+        assert_eq!(auth(&caller(0), t).unwrap().via, Via::Root);
     }
-    let e = authorize(&caller(0), &policy(), &tn("nope"), &FakeDir).unwrap_err();
+    let e = auth(&caller(0), "nope").unwrap_err();
     assert!(matches!(e, Refusal::UnknownTeam { .. }));
     assert_eq!(
         e.to_string(),
