@@ -185,14 +185,12 @@ fn collect_gpu(
     if mig {
         let max = opt(&w("MIG device count"), dev.mig_device_count()).unwrap_or(0);
         for i in 0..max {
-            let m = match dev.mig_device_by_index(i) {
-                Ok(m) => m,
-                Err(NvmlError::NotFound) => continue,
-                Err(e) => {
+            let m = dev.mig_device_by_index(i).inspect_err(|e| {
+                if !matches!(e, NvmlError::NotFound) {
                     tracing::debug!("usage: GPU {index} MIG device {i}: {e}");
-                    continue;
                 }
-            };
+            });
+            let Ok(m) = m else { continue };
             let (Some(mig_uuid), Some((gi, ci))) =
                 (opt(&w("MIG uuid"), m.uuid()), mig_ids(nvml, &m))
             else {
