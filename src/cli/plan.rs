@@ -264,7 +264,7 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
 /// steps failed.
 pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     if a.host.simulate.is_none() && a.host.state.is_none() && !a.local {
-        return Ok(apply_by_daemon(a));
+        return Ok(apply_by_daemon());
     }
     // One writer (issue 17): taken before observing, so the plan is made from what the other
     // writer left, and held until the apply ends.
@@ -332,7 +332,7 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
 
 /// `gpuctl apply` on the real host without `--local`: the daemon applies (its `Apply` method,
 /// root only, checked by the daemon against the caller's bus credentials) and reports.
-fn apply_by_daemon(_a: &ApplyArgs) -> i32 {
+fn apply_by_daemon() -> i32 {
     let text = super::shell::with_agent("Apply", async |p| p.apply().await);
     let no_daemon = matches!(&text, Err(f) if f.code == exit::NO_DAEMON);
     let (_, reply): (_, crate::dbus_api::reply::ReportReply) = match super::shell::reply(text) {

@@ -54,10 +54,9 @@ fn teams(t: &[String]) -> String {
 
 fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
     for p in procs {
-        let pid = match p.ns_pid {
-            Some(n) => format!("{}({n})", p.pid),
-            None => p.pid.to_string(),
-        };
+        let pid = p
+            .ns_pid
+            .map_or_else(|| p.pid.to_string(), |n| format!("{}({n})", p.pid));
         o.push_str(&format!(
             "    {}{:<12} {:<10} {:<12} {:<36} {:>8}  {}{}\n",
             if p.stray { "!" } else { " " },

@@ -315,12 +315,8 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         let tl = l(&[("team", team)]);
         set_known(&mem_cur, &tl, c.memory_current);
         set_known(&mem_max, &tl, c.memory_max);
-        if let Some(v) = c.oom_kills {
-            oom_values.push((tl.clone(), v));
-        }
-        if let Some(v) = c.cpu_seconds {
-            cpu_values.push((tl.clone(), v));
-        }
+        oom_values.extend(c.oom_kills.map(|v| (tl.clone(), v)));
+        cpu_values.extend(c.cpu_seconds.map(|v| (tl.clone(), v)));
         set_known(&pids, &tl, c.pids);
     }
     r.register_with_unit(
