@@ -61,20 +61,15 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<i32> {
             return Ok(exit::INVALID);
         }
     }
-    let text = match std::fs::read_to_string(&a.file) {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("{}: error: cannot read: {e}", a.file.display());
-            return Ok(exit::UNREADABLE);
-        }
+    let text = std::fs::read_to_string(&a.file);
+    let Ok(text) = text.inspect_err(|e| eprintln!("{}: error: cannot read: {e}", a.file.display()))
+    else {
+        return Ok(exit::UNREADABLE);
     };
     let source = a.file.display().to_string();
-    let imported = match mig_parted::import(&text, &a.config, a.owner.as_deref(), &source) {
-        Ok(i) => i,
-        Err(e) => {
-            eprintln!("{source}: error: {e}");
-            return Ok(exit::INVALID);
-        }
+    let imported = mig_parted::import(&text, &a.config, a.owner.as_deref(), &source);
+    let Ok(imported) = imported.inspect_err(|e| eprintln!("{source}: error: {e}")) else {
+        return Ok(exit::INVALID);
     };
     for u in &imported.unsupported {
         eprintln!("{source}: {u}");

@@ -276,12 +276,8 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
             |holder| eprintln!("gpuctl: waiting for the apply lock: held by {holder}"),
         )
     });
-    let _lock = match lock.transpose() {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("gpuctl: {e}");
-            return Ok(exit::UNREADABLE);
-        }
+    let Ok(_lock) = lock.transpose().inspect_err(|e| eprintln!("gpuctl: {e}")) else {
+        return Ok(exit::UNREADABLE);
     };
     let (p, h, obs) = match prepare(cli, &a.host, true)? {
         Ok(x) => x,

@@ -250,12 +250,9 @@ fn collect_gpu(
 /// Read every GPU once. Errors on one GPU leave it out (logged), not the whole collection.
 fn collect_all(nvml: &Nvml, gpm: &mut GpmPrev, root: &Root, dir: &dyn Directory) -> Vec<GpuUsage> {
     let mut users = UserNames::new(dir);
-    let count = match nvml.device_count() {
-        Ok(c) => c,
-        Err(e) => {
-            tracing::warn!("usage: device count: {e}");
-            return vec![];
-        }
+    let count = nvml.device_count();
+    let Ok(count) = count.inspect_err(|e| tracing::warn!("usage: device count: {e}")) else {
+        return vec![];
     };
     (0..count)
         .filter_map(|i| {
@@ -331,14 +328,11 @@ impl Collector {
             .as_ref()
             .filter(|(at, _)| at.elapsed() < self.interval)
             .map(|(_, u)| u.clone());
-        let snap = match fresh {
-            Some(u) => u,
-            None => {
-                let u = Arc::new(self.collect(&mut inner, root, dir));
-                inner.last = Some((Instant::now(), u.clone()));
-                u
-            }
-        };
+        let snap = fresh.unwrap_or_else(|| {
+            let u = Arc::new(self.collect(&mut inner, root, dir));
+            inner.last = Some((Instant::now(), u.clone()));
+            u
+        });
         drop(inner);
         let mut u = (*snap).clone();
         super::attribute(&mut u, owners);
