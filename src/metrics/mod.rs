@@ -173,6 +173,8 @@ struct Families {
     team_mem: Family<Labels, Gauge>,
     team_procs: Family<Labels, Gauge>,
     strays: Family<Labels, Gauge>,
+    power: Family<Labels, FGauge>,
+    temp: Family<Labels, FGauge>,
 }
 
 /// The registry for one scrape.
@@ -185,6 +187,13 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     let f = Families::default();
     let pct = |v: u32| f64::from(v) / 100.0;
     for g in &s.usage.gpus {
+        let gl = l(&[("gpu", &g.index.to_string()), ("UUID", &g.uuid)]);
+        if let Some(p) = g.power_mw {
+            f.power.get_or_create(&gl).set(f64::from(p) / 1000.0);
+        }
+        if let Some(t) = g.temperature_c {
+            f.temp.get_or_create(&gl).set(f64::from(t));
+        }
         let devices: Vec<Option<&MigUsage>> = if g.mig {
             g.mig_devices.iter().map(Some).collect()
         } else {
@@ -287,24 +296,13 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         f.strays,
     );
 
-    let power: Family<Labels, FGauge> = Family::default();
-    let temp: Family<Labels, FGauge> = Family::default();
-    for g in &s.usage.gpus {
-        let gl = l(&[("gpu", &g.index.to_string()), ("UUID", &g.uuid)]);
-        if let Some(p) = g.power_mw {
-            power.get_or_create(&gl).set(f64::from(p) / 1000.0);
-        }
-        if let Some(t) = g.temperature_c {
-            temp.get_or_create(&gl).set(f64::from(t));
-        }
-    }
     r.register_with_unit(
         "gpu_power",
         "Board power draw",
         Unit::Other("watts".into()),
-        power,
+        f.power,
     );
-    r.register_with_unit("gpu_temperature", "GPU temperature", Unit::Celsius, temp);
+    r.register_with_unit("gpu_temperature", "GPU temperature", Unit::Celsius, f.temp);
 
     let mem_cur: Family<Labels, Gauge> = Family::default();
     let mem_max: Family<Labels, Gauge> = Family::default();

@@ -84,11 +84,10 @@ impl RealHost {
     /// A missing driver is not an error here: it is recorded and reported by
     /// [`Observer::observe`] in [`Observed::nvml_unavailable`].
     pub fn open(root: Root, lib: Option<PathBuf>) -> Self {
-        let nvml = Some(NvmlBackend::open(lib.clone(), ResetCommand::from_env()));
         RealHost {
+            nvml: Some(NvmlBackend::open(lib.clone(), ResetCommand::from_env())),
             root,
             lib,
-            nvml,
             systemd: None,
         }
     }

@@ -9,6 +9,7 @@
 //! characters, so a unit name cannot carry terminal escapes.
 
 use crate::paths::Root;
+use nix::fcntl::OFlag;
 use std::io::Write;
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::PathBuf;
@@ -59,20 +60,13 @@ pub fn tell(root: &Root, uid: u32, text: &str) -> Vec<PathBuf> {
         .filter(|t| {
             let r = std::fs::OpenOptions::new()
                 .write(true)
-                .custom_flags(libc_flags())
+                .custom_flags((OFlag::O_NOCTTY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW).bits())
                 .open(root.join(t))
                 .and_then(|mut f| f.write_all(msg.as_bytes()));
-            if let Err(e) = &r {
-                tracing::debug!("message to {}: {e}", t.display());
-            }
-            r.is_ok()
+            r.inspect_err(|e| tracing::debug!("message to {}: {e}", t.display()))
+                .is_ok()
         })
         .collect()
-}
-
-fn libc_flags() -> i32 {
-    use nix::fcntl::OFlag;
-    (OFlag::O_NOCTTY | OFlag::O_NONBLOCK | OFlag::O_NOFOLLOW).bits()
 }
 
 #[cfg(test)]
