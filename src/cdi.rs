@@ -84,10 +84,9 @@ struct DeviceNode<'a> {
 }
 
 #[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
 struct Mount {
-    #[serde(rename = "hostPath")]
     host_path: String,
-    #[serde(rename = "containerPath")]
     container_path: String,
     options: Vec<&'static str>,
     #[serde(rename = "type")]

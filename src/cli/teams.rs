@@ -54,11 +54,11 @@ pub fn render(list: &[TeamInfo]) -> String {
     }
     let mut s = String::new();
     for t in list {
-        let via = &t.via;
         let limits = serde_json::to_value(&t.limits).unwrap_or_default();
         s.push_str(&format!(
-            "{}  (via {via})\n  devices: {}\n  slice:   {}\n  mps:     {}\n",
+            "{}  (via {})\n  devices: {}\n  slice:   {}\n  mps:     {}\n",
             t.team,
+            t.via,
             t.devices.as_deref().unwrap_or("none on this host now"),
             [t.slice.clone(), limits_line(&limits)].join(" ").trim_end(),
             if t.mps.is_none() { "no" } else { "yes" },

@@ -114,19 +114,15 @@ mod tests {
         let root = Root::new(t.path());
         let dir = root.join("/sys/fs/cgroup/gpu.slice/gpu-infer.slice");
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("memory.current"), "1048576\n").unwrap();
-        std::fs::write(dir.join("memory.max"), "max\n").unwrap();
-        std::fs::write(
-            dir.join("memory.events"),
+        let put = |file: &str, text: &str| std::fs::write(dir.join(file), text).unwrap();
+        put("memory.current", "1048576\n");
+        put("memory.max", "max\n");
+        put(
+            "memory.events",
             "low 0\nhigh 0\nmax 3\noom 2\noom_kill 2\noom_group_kill 0\n",
-        )
-        .unwrap();
-        std::fs::write(
-            dir.join("cpu.stat"),
-            "usage_usec 2500000\nuser_usec 2000000\n",
-        )
-        .unwrap();
-        std::fs::write(dir.join("pids.current"), "4\n").unwrap();
+        );
+        put("cpu.stat", "usage_usec 2500000\nuser_usec 2000000\n");
+        put("pids.current", "4\n");
         let c = read(&root, "infer");
         assert_eq!(c.memory_current, Some(1 << 20));
         assert_eq!(c.memory_max, None, "max means unlimited");
@@ -134,7 +130,7 @@ mod tests {
         assert_eq!(c.cpu_seconds, Some(2.5));
         assert_eq!(c.pids, Some(4));
 
-        std::fs::write(dir.join("memory.max"), "8589934592\n").unwrap();
+        put("memory.max", "8589934592\n");
         std::fs::remove_file(dir.join("pids.current")).unwrap();
         let c = read(&root, "infer");
         assert_eq!(c.memory_max, Some(8 << 30));

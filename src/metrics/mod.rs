@@ -96,10 +96,7 @@ impl Counters {
     /// Record one `Join` call's outcome (`ok`, or the refusal's name).
     pub fn joined(&self, team: &str, outcome: &str) {
         self.joins
-            .get_or_create(&vec![
-                ("team".into(), team.into()),
-                ("outcome".into(), outcome.into()),
-            ])
+            .get_or_create(&l(&[("team", team), ("outcome", outcome)]))
             .inc();
     }
 }

@@ -75,11 +75,7 @@ pub fn apply(root: &Root, gpus: &mut [GpuState]) -> Result<(), FileError> {
         let Some(labels) = file.gpus.get_mut(&g.uuid) else {
             continue;
         };
-        let insts = g
-            .mig
-            .as_mut()
-            .map(|m| &mut m.instances[..])
-            .unwrap_or(&mut []);
+        let insts: &mut [GpuInstance] = g.mig.as_mut().map_or(&mut [], |m| &mut m.instances);
         let names = |l: &OwnerLabel, i: &GpuInstance| {
             l.profile_id == i.profile_id
                 && (l.start, l.size) == (i.placement.start, i.placement.size)
