@@ -92,30 +92,19 @@ mod tests {
             by_pidfd: true,
         };
         let in_scope = format!("/gpu.slice/gpu-infer.slice/{scope}");
+        let back = |now: Option<&str>| put_back_target(4242, now, scope, Some(&origin));
         // The pid was reused and the newcomer landed in the scope: it goes back where the pid
         // was before the move.
-        assert_eq!(
-            put_back_target(4242, Some(&in_scope), scope, Some(&origin)),
-            Ok(&origin)
-        );
+        assert_eq!(back(Some(in_scope.as_str())), Ok(&origin));
         // Gone, or somewhere else (the newcomer was never moved): nothing to do.
-        assert!(put_back_target(4242, None, scope, Some(&origin))
+        assert!(back(None)
             .unwrap_err()
             .contains("not in gpuctl-run-infer-4242.scope now"));
-        assert!(put_back_target(
-            4242,
-            Some("/user.slice/user-1000.slice/session-3.scope"),
-            scope,
-            Some(&origin)
-        )
-        .is_err());
+        assert!(back(Some("/user.slice/user-1000.slice/session-3.scope")).is_err());
         // A scope whose name merely ends the same is not ours.
-        assert!(put_back_target(
-            4242,
-            Some("/gpu.slice/gpu-infer.slice/x-gpuctl-run-infer-4242.scope"),
-            scope,
-            Some(&origin)
-        )
+        assert!(back(Some(
+            "/gpu.slice/gpu-infer.slice/x-gpuctl-run-infer-4242.scope"
+        ))
         .is_err());
         // In the scope but the origin is unknown: left there, and said so.
         assert!(put_back_target(4242, Some(&in_scope), scope, None)
