@@ -58,10 +58,8 @@ pub fn ctl_path(instance: &str) -> String {
 /// The `GPUCTL_MPS_*` lines are not read by MPS; they record the settings so that gpuctld can
 /// read the live configuration back ([`parse_env`]) after a restart.
 pub fn env_file(instance: &str, spec: &MpsSpec) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Written by gpuctld for {}; do not edit.",
+    let mut s = format!(
+        "# Written by gpuctld for {}; do not edit.\n",
         unit(instance)
     );
     let _ = writeln!(s, "GPUCTL_TEAM={}", spec.team);
