@@ -199,10 +199,9 @@ mod tests {
 
     #[test]
     fn instance_names() {
-        assert!(valid_instance("infer-0"));
-        assert!(valid_instance("ml_2-13"));
-        assert!(valid_instance("infer-gpus"));
-        assert!(valid_instance("infer-mig0-4-0"));
+        for good in ["infer-0", "ml_2-13", "infer-gpus", "infer-mig0-4-0"] {
+            assert!(valid_instance(good), "{good}");
+        }
         assert_eq!(team_of_instance("infer-mig0-4-0"), Some("infer"));
         for bad in [
             "infer", "infer-", "-0", "In-0", "a--0", "a-0-", "a-0X", "a/b-0", "a-b/0",
