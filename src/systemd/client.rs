@@ -553,16 +553,14 @@ impl Systemd {
     /// See [`LiveUnits::list_mps`].
     pub async fn list_mps(&self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
         let rows = self.list_units(&RUNNING, &["gpuctl-mps@*.service"]).await?;
-        let mut out = Vec::new();
-        for r in rows {
-            let Some(inst) = mps::instance_of(&r.0) else {
-                continue;
-            };
-            let path = self.root.join(mps::env_path(inst));
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            out.push((inst.to_string(), mps::parse_env(&text)));
-        }
-        Ok(out)
+        Ok(rows
+            .iter()
+            .filter_map(|r| mps::instance_of(&r.0))
+            .map(|inst| {
+                let text = std::fs::read_to_string(self.root.join(mps::env_path(inst)));
+                (inst.to_string(), mps::parse_env(&text.unwrap_or_default()))
+            })
+            .collect())
     }
 }
 
