@@ -13,13 +13,13 @@
 
 use crate::profiles::{CiProfile, GiProfile, GpuModel, Placement};
 use std::collections::HashSet;
-use std::fmt;
 
-/// Why a geometry does not fit. [`fmt::Display`] gives one line for humans, e.g.
+/// Why a geometry does not fit. [`std::fmt::Display`] gives one line for humans, e.g.
 /// `3g.40gb x3 needs 12 of 8 memory slices`; callers prefix the GPU.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Misfit {
     /// More memory slices wanted (kept instances included) than the GPU has.
+    #[error("{wanted} needs {needed} of {available} memory slices")]
     MemorySlices {
         /// What was asked, e.g. `3g.40gb x3`.
         wanted: String,
@@ -29,6 +29,7 @@ pub enum Misfit {
         available: u32,
     },
     /// More compute slices wanted than the GPU (or GI) has.
+    #[error("{wanted} needs {needed} of {available} compute slices")]
     ComputeSlices {
         /// What was asked.
         wanted: String,
@@ -38,6 +39,7 @@ pub enum Misfit {
         available: u32,
     },
     /// More instances of one profile than the hardware allows.
+    #[error("{profile} x{wanted} exceeds the {max} instance(s) of {profile} the GPU can hold")]
     ProfileCount {
         /// Profile name.
         profile: String,
@@ -47,6 +49,7 @@ pub enum Misfit {
         max: u32,
     },
     /// More instances in total than the GPU's `max_mig_device_count`.
+    #[error("{wanted} instances exceed the GPU's limit of {max}")]
     DeviceCount {
         /// Instances wanted, kept ones included.
         wanted: u32,
@@ -54,6 +57,11 @@ pub enum Misfit {
         max: u32,
     },
     /// The counts add up, but no assignment of legal placements avoids overlaps.
+    #[error(
+        "{wanted} has enough slices in total, but no arrangement of the profiles' legal \
+         placements avoids overlaps{}",
+        around(.fixed)
+    )]
     NoPlacement {
         /// What was asked.
         wanted: String,
@@ -61,6 +69,7 @@ pub enum Misfit {
         fixed: String,
     },
     /// Two kept instances overlap, so the input itself is inconsistent.
+    #[error("kept instances overlap: slices {} and {}", slices(.a), slices(.b))]
     FixedOverlap {
         /// The first placement.
         a: Placement,
@@ -69,48 +78,12 @@ pub enum Misfit {
     },
 }
 
-impl fmt::Display for Misfit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Misfit::MemorySlices {
-                wanted,
-                needed,
-                available,
-            } => write!(f, "{wanted} needs {needed} of {available} memory slices"),
-            Misfit::ComputeSlices {
-                wanted,
-                needed,
-                available,
-            } => write!(f, "{wanted} needs {needed} of {available} compute slices"),
-            Misfit::ProfileCount {
-                profile,
-                wanted,
-                max,
-            } => write!(
-                f,
-                "{profile} x{wanted} exceeds the {max} instance(s) of {profile} the GPU can hold"
-            ),
-            Misfit::DeviceCount { wanted, max } => {
-                write!(f, "{wanted} instances exceed the GPU's limit of {max}")
-            }
-            Misfit::NoPlacement { wanted, fixed } => {
-                write!(
-                    f,
-                    "{wanted} has enough slices in total, but no arrangement of the profiles' \
-                     legal placements avoids overlaps"
-                )?;
-                if !fixed.is_empty() {
-                    write!(f, " around the kept {fixed}")?;
-                }
-                Ok(())
-            }
-            Misfit::FixedOverlap { a, b } => write!(
-                f,
-                "kept instances overlap: slices {} and {}",
-                slices(a),
-                slices(b)
-            ),
-        }
+/// ` around the kept …` after a misfit among kept instances; nothing when none were kept.
+fn around(fixed: &str) -> String {
+    if fixed.is_empty() {
+        String::new()
+    } else {
+        format!(" around the kept {fixed}")
     }
 }
 

@@ -203,9 +203,7 @@ mod tests {
     fn a_burst_then_the_refill_rate() {
         let mut r = RateLimiter::new(Limits::light());
         let t0 = Instant::now();
-        for _ in 0..20 {
-            assert!(r.check(1000, t0).is_ok());
-        }
+        assert!((0..20).all(|_| r.check(1000, t0).is_ok()));
         let wait = r.check(1000, t0).unwrap_err();
         assert!(
             wait > Duration::from_millis(150) && wait <= Duration::from_millis(200),
@@ -213,20 +211,14 @@ mod tests {
         );
         // Another uid has its own bucket; root has none.
         assert!(r.check(1001, t0).is_ok());
-        for _ in 0..1000 {
-            assert!(r.check(0, t0).is_ok());
-        }
+        assert!((0..1000).all(|_| r.check(0, t0).is_ok()));
         // One second later: five more.
         let t1 = t0 + Duration::from_secs(1);
-        for _ in 0..5 {
-            assert!(r.check(1000, t1).is_ok());
-        }
+        assert!((0..5).all(|_| r.check(1000, t1).is_ok()));
         assert!(r.check(1000, t1).is_err());
         // A minute of quiet refills to the burst, not beyond.
         let t2 = t1 + Duration::from_secs(60);
-        for _ in 0..20 {
-            assert!(r.check(1000, t2).is_ok());
-        }
+        assert!((0..20).all(|_| r.check(1000, t2).is_ok()));
         assert!(r.check(1000, t2).is_err());
     }
 
@@ -254,9 +246,7 @@ mod tests {
     fn heavy_calls_refill_slowly() {
         let mut r = RateLimiter::new(Limits::heavy());
         let t0 = Instant::now();
-        for _ in 0..3 {
-            assert!(r.check(7, t0).is_ok());
-        }
+        assert!((0..3).all(|_| r.check(7, t0).is_ok()));
         assert!(r.check(7, t0 + Duration::from_secs(19)).is_err());
         assert!(r.check(7, t0 + Duration::from_secs(41)).is_ok());
     }
@@ -276,12 +266,8 @@ mod tests {
     fn log_lines_are_limited_and_the_rest_counted() {
         let mut l = LogLimiter::with(3, Duration::from_secs(60));
         let t0 = Instant::now();
-        assert_eq!(l.admit(t0), Some(0));
-        assert_eq!(l.admit(t0), Some(0));
-        assert_eq!(l.admit(t0), Some(0));
-        for _ in 0..100 {
-            assert_eq!(l.admit(t0 + Duration::from_secs(1)), None);
-        }
+        assert!((0..3).all(|_| l.admit(t0) == Some(0)));
+        assert!((0..100).all(|_| l.admit(t0 + Duration::from_secs(1)).is_none()));
         assert_eq!(l.admit(t0 + Duration::from_secs(61)), Some(100));
         assert_eq!(l.admit(t0 + Duration::from_secs(62)), Some(0));
     }

@@ -483,9 +483,7 @@ fn run_gpu_txn<H: Host + ?Sized>(
             report.skipped.extend(acts.into_iter().cloned());
             continue;
         }
-        if run_group(ctx, host, &acts, present, report).is_err() {
-            ok = false;
-        }
+        ok = run_group(ctx, host, &acts, present, report).is_ok();
     }
     if !ok {
         if let Some(txn) = ctx.journal.gpus.get_mut(gpu) {

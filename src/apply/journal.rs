@@ -159,7 +159,8 @@ impl FileJournal {
     }
 }
 
-fn file_err(path: &std::path::Path, e: impl std::fmt::Display) -> EffectError {
+/// The error of a state file: the path, and what went wrong with it.
+pub(super) fn file_err(path: &std::path::Path, e: impl std::fmt::Display) -> EffectError {
     EffectError::Other {
         what: path.display().to_string(),
         message: e.to_string(),
@@ -196,9 +197,7 @@ impl JournalStore for FileJournal {
     }
 
     fn clear(&mut self) -> Result<(), EffectError> {
-        match std::fs::remove_file(&self.path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(file_err(&self.path, e)),
-            _ => Ok(()),
-        }
+        crate::files::remove_if_exists(&self.path)?;
+        Ok(())
     }
 }

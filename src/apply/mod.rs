@@ -45,10 +45,7 @@ pub enum EffectError {
 impl From<crate::files::FileError> for EffectError {
     /// A state file that could not be written, named by its path.
     fn from(e: crate::files::FileError) -> Self {
-        EffectError::Other {
-            what: e.path.display().to_string(),
-            message: e.source.to_string(),
-        }
+        journal::file_err(&e.path, e.source)
     }
 }
 

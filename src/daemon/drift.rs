@@ -67,21 +67,14 @@ pub fn remove_persistent_overrides(root: &Root) -> (Vec<RemovedOverride>, Vec<St
     let mut removed = Vec::new();
     let mut errors = Vec::new();
     let base = root.join(PERSISTENT_CONTROL_DIR);
-    let Ok(dirs) = std::fs::read_dir(&base) else {
-        return (removed, errors);
-    };
-    let mut dirs: Vec<_> = dirs.flatten().collect();
-    dirs.sort_by_key(|e| e.file_name());
-    for d in dirs {
+    for d in sorted_entries(&base).unwrap_or_default() {
         let name = d.file_name().to_string_lossy().into_owned();
         let Some(unit) = owned_dropin_dir(&name) else {
             continue;
         };
-        let Ok(files) = std::fs::read_dir(d.path()) else {
+        let Ok(files) = sorted_entries(&d.path()) else {
             continue;
         };
-        let mut files: Vec<_> = files.flatten().collect();
-        files.sort_by_key(|e| e.file_name());
         for f in files {
             let host = format!(
                 "{PERSISTENT_CONTROL_DIR}/{name}/{}",
@@ -108,6 +101,13 @@ pub fn remove_persistent_overrides(root: &Root) -> (Vec<RemovedOverride>, Vec<St
         let _ = std::fs::remove_dir(d.path());
     }
     (removed, errors)
+}
+
+/// The entries of `dir` that can be read, sorted by name.
+fn sorted_entries(dir: &Path) -> std::io::Result<Vec<std::fs::DirEntry>> {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)?.flatten().collect();
+    entries.sort_by_key(|e| e.file_name());
+    Ok(entries)
 }
 
 /// inotify over the control drop-in directories of owned units.
@@ -164,16 +164,10 @@ impl DropinWatch {
             let dir = self.root.join(c);
             if dir.is_dir() {
                 self.add(&dir, Kind::Control);
-                let mut subs: Vec<PathBuf> = std::fs::read_dir(&dir)
-                    .into_iter()
-                    .flatten()
-                    .flatten()
-                    .filter(|e| owned_dropin_dir(&e.file_name().to_string_lossy()).is_some())
-                    .map(|e| e.path())
-                    .collect();
-                subs.sort();
-                for s in subs {
-                    self.add(&s, Kind::Unit);
+                for e in sorted_entries(&dir).unwrap_or_default() {
+                    if owned_dropin_dir(&e.file_name().to_string_lossy()).is_some() {
+                        self.add(&e.path(), Kind::Unit);
+                    }
                 }
             } else if let Some(parent) = dir.parent() {
                 self.add(parent, Kind::Ancestor);

@@ -269,17 +269,12 @@ impl Kind for Bandwidth {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::value::Size;
+    use crate::settings::value::{Loc, Size};
     use crate::settings::{Limits, LimitsPart, SliceSpec};
-    use std::path::PathBuf;
 
     fn parse(toml: &str) -> (LimitsPart, Vec<String>) {
         let doc: toml_edit::Document<&str> = toml_edit::Document::parse(toml).unwrap();
-        let loc = |_: &toml_edit::Key, _: &Item| crate::settings::value::Loc {
-            file: PathBuf::from("/etc/gpuctl/policy.toml"),
-            line: 1,
-            col: 1,
-        };
+        let loc = |_: &toml_edit::Key, _: &Item| Loc::start("/etc/gpuctl/policy.toml");
         let mut errors = Vec::new();
         let part = LimitsPart::parse(doc.as_table(), &loc, &mut errors);
         let errors = errors

@@ -397,12 +397,8 @@ impl FromStr for CpuSet {
     fn from_str(s: &str) -> Result<CpuSet, String> {
         let q = quote(s);
         let items = s.split(',').count();
-        if items > MAX_CPU_ITEMS {
-            return Err(format!(
-                "{q}: {}",
-                over_cap("CPU list items", items, MAX_CPU_ITEMS, "MAX_CPU_ITEMS")
-            ));
-        }
+        check_len("CPU list items", items, MAX_CPU_ITEMS, "MAX_CPU_ITEMS")
+            .map_err(|e| format!("{q}: {e}"))?;
         let mut ranges = Vec::with_capacity(items);
         for part in s.split(',') {
             let part = part.trim();

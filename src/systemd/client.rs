@@ -182,6 +182,11 @@ impl Systemd {
         get.await.map(Some).map_err(bus(name, "Get(ActiveState)"))
     }
 
+    /// Whether a unit is loaded and [`UnitState::is_running`].
+    async fn is_running(&self, name: &str) -> Result<bool, SystemdError> {
+        Ok(self.unit_state(name).await?.is_some_and(|s| s.is_running()))
+    }
+
     /// The slice a loaded service or scope runs in (its `Slice` property); `None` when the
     /// unit is not in memory or is neither a service nor a scope.
     pub async fn unit_slice(&self, name: &str) -> Result<Option<String>, SystemdError> {
@@ -340,11 +345,7 @@ impl Systemd {
         }
         // An implicit or freshly loaded slice is inactive and has no cgroup yet; starting it
         // makes the limits live in cgroupfs now rather than when the first job arrives.
-        let running = self
-            .unit_state(&unit)
-            .await?
-            .is_some_and(|s| s.is_running());
-        if !running {
+        if !self.is_running(&unit).await? {
             self.start_unit(&unit).await?;
         }
         Ok(())
@@ -530,11 +531,7 @@ impl Systemd {
             &mps::control_commands(spec),
         )?;
         changed |= dropin_changed;
-        let running = self
-            .unit_state(&unit)
-            .await?
-            .is_some_and(|s| s.is_running());
-        match (running, changed) {
+        match (self.is_running(&unit).await?, changed) {
             (true, false) => Ok(()),
             (true, true) => self.restart_unit(&unit).await,
             (false, _) => {
@@ -556,16 +553,14 @@ impl Systemd {
     /// See [`LiveUnits::list_mps`].
     pub async fn list_mps(&self) -> Result<Vec<(String, MpsSpec)>, SystemdError> {
         let rows = self.list_units(&RUNNING, &["gpuctl-mps@*.service"]).await?;
-        let mut out = Vec::new();
-        for r in rows {
-            let Some(inst) = mps::instance_of(&r.0) else {
-                continue;
-            };
-            let path = self.root.join(mps::env_path(inst));
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            out.push((inst.to_string(), mps::parse_env(&text)));
-        }
-        Ok(out)
+        Ok(rows
+            .iter()
+            .filter_map(|r| mps::instance_of(&r.0))
+            .map(|inst| {
+                let text = std::fs::read_to_string(self.root.join(mps::env_path(inst)));
+                (inst.to_string(), mps::parse_env(&text.unwrap_or_default()))
+            })
+            .collect())
     }
 }
 
@@ -668,10 +663,8 @@ impl BlockingSystemd {
         });
         let sd = handle.block_on(Systemd::system(root))?;
         Ok(BlockingSystemd {
-            handle,
-            inner: Arc::new(sd),
             _runtime: Some(guard),
-            staged_mps: Default::default(),
+            ..Self::new(handle, Arc::new(sd))
         })
     }
 

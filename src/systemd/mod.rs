@@ -130,13 +130,7 @@ impl From<SystemdError> for EffectError {
                     .trim_start_matches(&format!("{unit}: "))
                     .to_string(),
             },
-            SystemdError::Io {
-                ref path,
-                ref source,
-            } => EffectError::Other {
-                what: path.display().to_string(),
-                message: source.to_string(),
-            },
+            SystemdError::Io { path, source } => crate::files::FileError { path, source }.into(),
         }
     }
 }

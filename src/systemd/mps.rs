@@ -58,10 +58,8 @@ pub fn ctl_path(instance: &str) -> String {
 /// The `GPUCTL_MPS_*` lines are not read by MPS; they record the settings so that gpuctld can
 /// read the live configuration back ([`parse_env`]) after a restart.
 pub fn env_file(instance: &str, spec: &MpsSpec) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Written by gpuctld for {}; do not edit.",
+    let mut s = format!(
+        "# Written by gpuctld for {}; do not edit.\n",
         unit(instance)
     );
     let _ = writeln!(s, "GPUCTL_TEAM={}", spec.team);
@@ -201,10 +199,9 @@ mod tests {
 
     #[test]
     fn instance_names() {
-        assert!(valid_instance("infer-0"));
-        assert!(valid_instance("ml_2-13"));
-        assert!(valid_instance("infer-gpus"));
-        assert!(valid_instance("infer-mig0-4-0"));
+        for good in ["infer-0", "ml_2-13", "infer-gpus", "infer-mig0-4-0"] {
+            assert!(valid_instance(good), "{good}");
+        }
         assert_eq!(team_of_instance("infer-mig0-4-0"), Some("infer"));
         for bad in [
             "infer", "infer-", "-0", "In-0", "a--0", "a-0-", "a-0X", "a/b-0", "a-b/0",

@@ -173,10 +173,7 @@ mod tests {
             cpu_weight: Some(200),
             allowed_cpus: Some("0-3,8".parse().unwrap()),
             tasks_max: Some(512),
-            device_allow: ["/dev/nvidia0", "/dev/nvidiactl"]
-                .iter()
-                .map(|s| s.to_string())
-                .collect(),
+            device_allow: ["/dev/nvidia0", "/dev/nvidiactl"].map(String::from).into(),
             ..SliceSpec::default()
         }
     }
