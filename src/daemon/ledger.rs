@@ -64,6 +64,11 @@ impl LedgerSide {
 
     async fn settle(&mut self, credit: Credit, finished: Option<Day>) {
         crate::metrics::ledger::count(&credit);
+        // Nothing new to keep (no holder, a gap): no write. The stored sample time then lags,
+        // which after a restart reads as a gap: nothing is credited twice.
+        if credit.is_empty() && finished.is_none() {
+            return;
+        }
         let Some(l) = self.ledger.as_ref() else {
             return;
         };

@@ -89,8 +89,17 @@ impl Store {
     }
 
     /// Replace the file of `day` (with the last sample's time), then delete the oldest days
-    /// while the files exceed the cap.
+    /// while the files exceed the cap. The directory is made root-only (0700): per-user figures
+    /// reach other users only through `Report`, which applies the bus API's rules.
     pub fn save(&self, day: &Day, last_at_ms: Option<u64>) -> Result<(), StoreError> {
+        use std::os::unix::fs::DirBuilderExt;
+        if !self.dir.is_dir() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(&self.dir)
+                .map_err(|e| FileError::new(&self.dir, e))?;
+        }
         files::write_atomic(&self.path(day.day), &encode(day, last_at_ms))?;
         self.trim(day.day);
         Ok(())

@@ -339,7 +339,8 @@ fn summaries_group_and_filter() {
 
 #[test]
 fn store_round_trips_and_drops_the_oldest_day_over_the_cap() {
-    let dir = tempfile::tempdir().unwrap();
+    let parent = tempfile::tempdir().unwrap();
+    let dir = parent.path().join("ledger");
     let mut day = Day {
         day: 20_000,
         figures: BTreeMap::new(),
@@ -356,11 +357,15 @@ fn store_round_trips_and_drops_the_oldest_day_over_the_cap() {
         },
     );
     let one = encode(&day, Some(7)).len() as u64;
-    let store = Store::at(dir.path().to_path_buf(), 3 * one + one / 2);
+    let store = Store::at(dir.clone(), 3 * one + one / 2);
+    assert!(!dir.exists());
     for d in 20_000..20_005 {
         day.day = d;
         store.save(&day, Some(7)).unwrap();
     }
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&dir).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o700, "per-user figures: root only");
     let kept: Vec<u64> = store.days().iter().map(|d| d.0).collect();
     assert_eq!(kept, vec![20_002, 20_003, 20_004]);
     let (back, last) = store.load(20_004).unwrap().unwrap();
