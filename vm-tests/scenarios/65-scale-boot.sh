@@ -53,7 +53,7 @@ t2=$(now_us)
 echo "gpuctld: $(status_text)"
 check "all $MPS_N MPS units active" test "$(active_mps)" = "$MPS_N"
 check "all $TEAMS team slices active" test "$(active_slices)" = "$TEAMS"
-check "gpuctld converged" sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "GPUs converged"'
+check "gpuctld converged" status_converged
 gis=$(jq '[.gpus[].gpu_instances | length] | add' "$FAKE_NVML_STATE")
 check "56 GPU instances made" test "$gis" = "$MPS_N"
 t_plan0=$(now_us)

@@ -10,6 +10,7 @@
 fake_gpus 2
 
 files=$(dpkg -L gpuctl | while read -r p; do [ -f "$p" ] && echo "$p"; done)
+require_nonempty "files the package installed" "$files"
 
 # What gpuctld leaves on a host at run time: a team slice with a running job and runtime
 # properties, team env files, state, MPS logs, an admin drop-in and a locally edited conffile.
