@@ -1,6 +1,10 @@
 //! `gpuctl plan/check/apply --local` on the real-host path, with the fake NVML library loaded
 //! through `GPUCTL_NVML_LIBRARY`. Each test runs the binary with its own environment, so these
 //! tests do not share state.
+//!
+//! The fake's profiles and placements come from the same `data/gpu-profiles.json` as gpuctl's:
+//! the geometries below are rejected by that data, whatever a driver says
+//! (tests/profiles_reference.rs checks some of its values against NVIDIA's MIG User Guide).
 
 mod fakehost;
 
@@ -118,6 +122,7 @@ fn invalid_geometries_are_rejected_before_any_nvml_mutation() {
         let e = Env::new();
         let o = e.run(spec, &lib, &["apply", "--local"], &mig_policy(geo));
         let t = text(&o);
+        eprintln!("=== {spec} {geo}\n{t}");
         assert_eq!(o.status.code(), Some(1), "{spec} {geo}: {t}");
         assert!(t.contains(needle), "{spec} {geo}: {t}");
         assert_eq!(e.mutating_calls(), 0, "{spec} {geo}: NVML was changed");
