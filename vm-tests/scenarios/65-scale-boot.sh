@@ -1,5 +1,5 @@
 #!/bin/bash
-# vmtest: bench-only=about 230 s of VM time (2026-12-03, release deb, alone: the scenario 229 s, READY=1 82.2 s, all units 82.8 s, floor 63.2 s, 1.31x), which would take CI past 45 minutes; tests/scale.rs checks in cargo test that the same host converges
+# vmtest: bench-only=minutes of VM time, which would take CI past 45 minutes (docs/performance.md); tests/scale.rs checks in cargo test that the same host converges
 # 65: a full-size host at boot (issue 14 item 4). 8 H100s (fake NVML) in MIG mode with no
 # instances -- what a reboot leaves: the mode persists, GPU and compute instances do not -- and a
 # policy of 32 teams sharing 56 1g.10gb MIG devices (7 per GPU), each team with MPS: 56 MPS units.
