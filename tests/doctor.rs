@@ -343,8 +343,9 @@ fn record_then_replay_observes_the_same_host() {
 #[test]
 fn checked_in_recording_replays() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE))
-        .expect("fixture (GPUCTL_UPDATE_GOLDEN=1 cargo test --test doctor record_then_replay writes it)");
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE)).expect(
+        "fixture (GPUCTL_UPDATE_GOLDEN=1 cargo test --test doctor record_then_replay writes it)",
+    );
     let recording: Recording = serde_json::from_str(&text).unwrap();
     let h = Host::new(&serde_json::from_str::<Value>(&text).unwrap());
     assert_eq!(observe(&h.state()), recording.expected_observation());

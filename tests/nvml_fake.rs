@@ -65,7 +65,10 @@ fn every_example_geometry_applies_on_every_model_that_holds_it() {
                 // (tests/nvml_cli.rs, invalid_geometries_are_rejected_before_any_nvml_mutation).
                 continue;
             }
-            applied_on.entry(f.clone()).or_insert_with(Vec::new).push(spec.clone());
+            applied_on
+                .entry(f.clone())
+                .or_insert_with(Vec::new)
+                .push(spec.clone());
             let d = desired(&p, &obs);
             let r = fake.apply(&p);
             assert!(
@@ -133,7 +136,10 @@ fn every_example_geometry_applies_on_every_model_that_holds_it() {
     }
     assert!(applied_mig >= 4, "only {applied_mig} MIG GPUs applied");
     // No example is skipped on every model: each one was applied and checked somewhere.
-    let skipped: Vec<_> = files.iter().filter(|f| !applied_on.contains_key(*f)).collect();
+    let skipped: Vec<_> = files
+        .iter()
+        .filter(|f| !applied_on.contains_key(*f))
+        .collect();
     assert!(skipped.is_empty(), "rejected on every model: {skipped:?}");
 }
 

@@ -19,8 +19,8 @@ fn sh(call: &str, args: &[&str]) -> (bool, String) {
         .env("FAKE_NVML_STATE", "/nonexistent")
         .output()
         .expect("bash runs");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -58,7 +58,10 @@ fn converged_matches_only_a_converged_status() {
     assert!(is("is_converged", &ok, &[]), "{ok}");
     assert!(is("is_converged", &ok, &["2", "2"]), "{ok}");
     assert!(!is("is_converged", &ok, &["3"]), "team count checked: {ok}");
-    assert!(!is("is_converged", &ok, &["2", "1"]), "GPU count checked: {ok}");
+    assert!(
+        !is("is_converged", &ok, &["2", "1"]),
+        "GPU count checked: {ok}"
+    );
     for bad in [waiting.as_str(), failed.as_str(), policy, "", "converged"] {
         assert!(!is("is_converged", bad, &[]), "{bad:?} is not converged");
         // What the scenarios grepped before: it passes on these.
