@@ -11,7 +11,8 @@
 shell_setup
 # alice's job in infer; the fake NVML sees its pid on GPU 0 (as the driver would).
 as alice 'gpuctl run --team infer -- sleep 600' &
-wait_for 15 sh -c 'pgrep -u alice -x sleep >/dev/null'
+# Checked, not assumed: without the job nothing below holds GPU 0, and the checks test nothing.
+check "alice's job started" wait_for 60 sh -c 'pgrep -u alice -x sleep >/dev/null' || finish
 pid=$(pgrep -u alice -x sleep | head -1)
 echo "alice's job: pid $pid, cgroup $(cat /proc/"$pid"/cgroup)"
 jq ".processes += [{\"pid\": $pid, \"gpu\": 0, \"used_memory_mib\": 100}]" "$FAKE_NVML_STATE" >"$FAKE_NVML_STATE.new" && mv "$FAKE_NVML_STATE.new" "$FAKE_NVML_STATE"
