@@ -47,7 +47,7 @@ P
 policy ""
 check_output "accounting = \"on\" validates" gpuctl validate /etc/gpuctl/policy.d/93-ledger.toml
 gpuctld_start
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q " converged"'
+check "gpuctld converged" wait_converged 60
 
 S=$FAKE_NVML_STATE
 fake() { flock "$S.lock" sh -c "jq '$1' '$S' >'$S.new' && mv '$S.new' '$S'"; }
