@@ -148,6 +148,10 @@ pub struct GpuModel {
     /// Whether enabling MIG stays pending until a GPU reset (Ampere) or takes effect at once.
     #[serde(default)]
     pub enable_requires_gpu_reset: bool,
+    /// Values of this entry no driver recording confirms (the reference file's `unverified`);
+    /// `doctor` names them next to any difference it finds.
+    #[serde(default)]
+    pub unverified: Vec<String>,
     /// GPU-instance profiles, empty when the model has no MIG.
     #[serde(default)]
     pub gi_profiles: Vec<GiProfile>,

@@ -330,7 +330,12 @@ pub fn import(
                 });
                 continue;
             }
-            let missing = missing_profiles(&out, &selectors, &at);
+            // A filter of unknown models only selects nothing: its notes say so.
+            let missing = if selectors.is_empty() {
+                vec![]
+            } else {
+                missing_profiles(&out, &selectors, &at)
+            };
             if !missing.is_empty() {
                 unsupported.extend(missing);
                 continue;
