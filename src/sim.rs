@@ -561,8 +561,15 @@ mod tests {
         assert_eq!(m[0].key, "A100-SXM4-40GB");
         assert_eq!(m[5].key, "H200-141GB");
         assert_eq!(parse_spec("h100-80gb").unwrap().len(), 1);
-        let e = parse_spec("h100*2").unwrap_err().to_string();
-        assert!(e.contains("h100-80gb") && e.contains("a30"), "{e}");
+        // The fake NVML's short names, in any case.
+        assert_eq!(parse_spec("H100*2").unwrap()[1].key, "H100-SXM5-80GB");
+        assert_eq!(parse_spec("a800").unwrap()[0].key, "A800-SXM4-80GB");
+        assert_eq!(parse_spec("h800-80gb*8").unwrap().len(), 8);
+        let e = parse_spec("h800-80g*2").unwrap_err().to_string();
+        assert!(e.contains("did you mean 'h800-80gb'?"), "{e}");
+        assert!(e.contains("b200") && e.contains("a30"), "{e}");
+        let e = parse_spec("zzz").unwrap_err().to_string();
+        assert!(!e.contains("did you mean") && e.contains("valid names: "), "{e}");
         assert!(parse_spec("h200*0").is_err());
         assert!(parse_spec("h200*x").is_err());
         assert!(parse_spec("h200,,a30").is_err());

@@ -625,15 +625,9 @@ mig-configs:
     #[test]
     fn device_filter_becomes_model_selectors() {
         let i = import(EXAMPLE, "all-balanced", Some("infer"), "config.yaml").unwrap();
-        // 0x20B110DE and 0x20F610DE (A100 variants outside the catalog) are named, not dropped.
-        let paths: Vec<_> = i.unsupported.iter().map(|u| u.to_string()).collect();
-        assert_eq!(paths.len(), 2, "{paths:?}");
-        assert!(paths[0].starts_with(
-            "mig-configs.all-balanced[0].device-filter: unsupported: PCI device ID 0x20B110DE"
-        ));
-        assert!(i
-            .toml
-            .contains("# NOT IMPORTED: mig-configs.all-balanced[0].device-filter"));
+        // Every ID is a known model: the four A100/A800 40GB IDs are three entries.
+        assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
+        assert!(i.notes.is_empty(), "{:?}", i.notes);
         let v: toml::Value = toml::from_str(&i.toml).unwrap();
         let models: Vec<_> = v["gpu"]
             .as_array()
@@ -641,8 +635,29 @@ mig-configs:
             .iter()
             .map(|g| g["model"].as_str().unwrap())
             .collect();
-        assert_eq!(models, vec!["A100-SXM4-40GB", "H100-SXM5-80GB"]);
+        assert_eq!(
+            models,
+            vec!["A100-SXM4-40GB", "A100-PCIE-40GB", "A800-PCIe-40GB", "H100-SXM5-80GB"]
+        );
         assert_valid(&i.toml);
+        // An ID of a model gpuctl does not know is a note in the header, not a refusal.
+        let yaml = EXAMPLE.replace("\"0x20F610DE\"", "\"0x294110DE\"");
+        let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();
+        assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
+        assert_eq!(i.notes.len(), 1);
+        assert_eq!(i.notes[0].path, "mig-configs.all-balanced[0].device-filter");
+        assert!(i.notes[0].why.starts_with("PCI device ID 0x294110DE is no GPU model"));
+        assert!(i.toml.contains("# Left to the host: mig-configs.all-balanced[0]"));
+        // A filtered model that lacks a profile is named with the models that have it.
+        let yaml = EXAMPLE.replace("\"3g.40gb\": 1", "\"3g.20gb\": 1");
+        let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();
+        let why: Vec<_> = i.unsupported.iter().map(|u| u.to_string()).collect();
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(why[0].starts_with(
+            "mig-configs.all-balanced[1].mig-devices.\"3g.20gb\": unsupported: \
+             H100-SXM5-80GB has no profile 3g.20gb (models that have it: "
+        ));
+        assert!(why[0].contains("A800-PCIe-40GB"), "{why:?}");
     }
 
     #[test]
