@@ -331,7 +331,10 @@ mod tests {
         for m in c.models() {
             assert_ne!(m.sim_name(), "unknown", "{} has no sim name", m.key);
             for n in &m.sim_names {
-                assert_eq!(c.by_sim_name(n).map(|x| x.key.as_str()), Some(m.key.as_str()));
+                assert_eq!(
+                    c.by_sim_name(n).map(|x| x.key.as_str()),
+                    Some(m.key.as_str())
+                );
                 assert_eq!(c.by_sim_name(&n.to_uppercase()).unwrap().key, m.key);
             }
         }

@@ -28,8 +28,8 @@ use crate::apply::{
 use crate::observe::{
     ComputeInstance, GpuInstance, GpuState, HostInfo, MigState, MpsSpec, Observed, SliceSpec,
 };
-use crate::policy::TeamName;
 use crate::policy::parse::suggest;
+use crate::policy::TeamName;
 use crate::profiles::{Catalog, GpuModel, Placement};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -569,7 +569,10 @@ mod tests {
         assert!(e.contains("did you mean 'h800-80gb'?"), "{e}");
         assert!(e.contains("b200") && e.contains("a30"), "{e}");
         let e = parse_spec("zzz").unwrap_err().to_string();
-        assert!(!e.contains("did you mean") && e.contains("valid names: "), "{e}");
+        assert!(
+            !e.contains("did you mean") && e.contains("valid names: "),
+            "{e}"
+        );
         assert!(parse_spec("h200*0").is_err());
         assert!(parse_spec("h200*x").is_err());
         assert!(parse_spec("h200,,a30").is_err());

@@ -176,7 +176,11 @@ fn a_default_config_shaped_file_imports_config_by_config() {
     ];
     let dir = tempfile::tempdir().unwrap();
     let teams = dir.path().join("10-teams.toml");
-    std::fs::write(&teams, "version = 1\n[teams.infer]\nmembers = [\"alice\"]\n").unwrap();
+    std::fs::write(
+        &teams,
+        "version = 1\n[teams.infer]\nmembers = [\"alice\"]\n",
+    )
+    .unwrap();
     for name in &names {
         let got = import(yaml, name, Some("infer"), "fixture").unwrap();
         let why: Vec<String> = got.unsupported.iter().map(|u| u.to_string()).collect();
@@ -184,7 +188,10 @@ fn a_default_config_shaped_file_imports_config_by_config() {
             Some((_, words)) => {
                 assert_eq!(why.len(), 1, "{name}: {why:?}");
                 assert!(why[0].contains(words), "{name}: {why:?}");
-                assert!(why[0].starts_with(&format!("mig-configs.{name}[0]")), "{why:?}");
+                assert!(
+                    why[0].starts_with(&format!("mig-configs.{name}[0]")),
+                    "{why:?}"
+                );
             }
             None => assert!(why.is_empty(), "{name}: {why:?}"),
         }
@@ -212,10 +219,15 @@ fn a_default_config_shaped_file_imports_config_by_config() {
         assert!(balanced.toml.contains(id));
     }
     let f = dir.path().join("50-all-balanced.toml");
-    let p = gpuctl::policy::load_files(&[teams.clone(), f]).policy.unwrap();
+    let p = gpuctl::policy::load_files(&[teams.clone(), f])
+        .policy
+        .unwrap();
     for (host, want) in [
         ("a800*8", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
-        ("a800-pcie-80gb*2", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
+        (
+            "a800-pcie-80gb*2",
+            ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
+        ),
         ("h800-80gb*8", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
         ("h800-pcie*2", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
         ("a800-40gb*2", ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]),

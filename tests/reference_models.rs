@@ -47,7 +47,11 @@ fn every_model_adds_up_as_the_guide_says() {
     let mut ids = BTreeSet::new();
     let mut sims = BTreeSet::new();
     for m in Catalog::get().models() {
-        assert!(names.insert(&m.nvml_name), "NVML name {} twice", m.nvml_name);
+        assert!(
+            names.insert(&m.nvml_name),
+            "NVML name {} twice",
+            m.nvml_name
+        );
         for s in &m.sim_names {
             assert!(sims.insert(s.clone()), "sim name {s} twice");
         }
@@ -66,7 +70,10 @@ fn every_model_adds_up_as_the_guide_says() {
     assert!(models.len() >= 20, "{} MIG models", models.len());
     for m in models {
         let k = &m.key;
-        assert!(matches!((m.memory_slices, m.compute_slices), (8, 7) | (4, 4)), "{k}");
+        assert!(
+            matches!((m.memory_slices, m.compute_slices), (8, 7) | (4, 4)),
+            "{k}"
+        );
         assert_eq!(m.max_mig_device_count, m.compute_slices, "{k}");
         let mut seen = (BTreeSet::new(), BTreeSet::new(), BTreeSet::new());
         for p in &m.gi_profiles {
@@ -75,13 +82,20 @@ fn every_model_adds_up_as_the_guide_says() {
             assert!(seen.1.insert(p.id), "{at}: profile id twice");
             assert!(seen.2.insert(p.index), "{at}: NVML index twice");
             // The name says the compute slices: "3g.40gb" is 3 of them.
-            assert_eq!(p.name.split('g').next(), Some(&*p.slice_count.to_string()), "{at}");
+            assert_eq!(
+                p.name.split('g').next(),
+                Some(&*p.slice_count.to_string()),
+                "{at}"
+            );
             let size = p.memory_slices();
             assert!(size >= p.slice_count, "{at}: {size} memory slices");
             assert!(!p.placements.is_empty(), "{at}: no placements");
             for pl in &p.placements {
                 assert_eq!(pl.size, size, "{at}: placements of one size");
-                assert!(pl.start + pl.size <= m.memory_slices, "{at}: {pl:?} outside");
+                assert!(
+                    pl.start + pl.size <= m.memory_slices,
+                    "{at}: {pl:?} outside"
+                );
                 assert_eq!(pl.start % size.min(4), 0, "{at}: {pl:?} unaligned");
             }
             assert!(p.instance_count as usize <= p.placements.len(), "{at}");
@@ -92,9 +106,17 @@ fn every_model_adds_up_as_the_guide_says() {
             let full = m.full_ci_profile(&p.name);
             assert_eq!(full.map(|c| c.slice_count), Some(p.slice_count), "{at}");
             for c in m.ci_profiles(&p.name) {
-                assert!(c.instance_count * c.slice_count <= p.slice_count, "{at} {}", c.name);
+                assert!(
+                    c.instance_count * c.slice_count <= p.slice_count,
+                    "{at} {}",
+                    c.name
+                );
                 for pl in &c.placements {
-                    assert!(pl.start + pl.size <= p.slice_count, "{at} {}: {pl:?}", c.name);
+                    assert!(
+                        pl.start + pl.size <= p.slice_count,
+                        "{at} {}: {pl:?}",
+                        c.name
+                    );
                 }
             }
         }
@@ -120,7 +142,10 @@ fn every_added_model_says_where_its_values_come_from() {
         }
         if m.get("tables_from").is_some() || m.get("sources").is_some() {
             let u = m["unverified"].as_array();
-            assert!(u.is_some_and(|u| !u.is_empty()), "{key}: say what is unverified");
+            assert!(
+                u.is_some_and(|u| !u.is_empty()),
+                "{key}: say what is unverified"
+            );
         }
     }
 }
@@ -160,7 +185,46 @@ fn full_layouts_of_every_model_apply_on_the_simulator_and_the_fake_nvml_alike() 
             let fake = FakeHost::new(m.sim_name());
             let r = fake.apply(&p);
             assert!(r.failed.is_empty(), "{at} on the fake: {:?}", r.failed);
-            assert_eq!(layout(&fake.observe(), 0), want, "{at}: fake and sim differ");
+            assert_eq!(
+                layout(&fake.observe(), 0),
+                want,
+                "{at}: fake and sim differ"
+            );
         }
     }
+}
+
+#[test]
+fn an_all_entry_with_profiles_only_some_models_have_is_warned_with_those_models() {
+    let dir = tempfile::tempdir().unwrap();
+    let load = |sel: &str, profile: &str| {
+        let f = dir.path().join("p.toml");
+        let text = format!(
+            "version = 1\n[teams.t]\nmembers = [\"@t\"]\n[[gpu]]\n{sel}\n\
+             mig = [{{ profile = \"{profile}\", owner = \"t\" }}]\n"
+        );
+        std::fs::write(&f, text).unwrap();
+        gpuctl::policy::load_files(&[f])
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == gpuctl::policy::Severity::Warning)
+            .map(|d| d.to_string())
+            .collect::<Vec<_>>()
+    };
+    let w = load("all = true", "3g.20gb");
+    assert_eq!(w.len(), 1, "{w:?}");
+    let having: Vec<&str> = mig_models()
+        .into_iter()
+        .filter(|m| m.gi_profile("3g.20gb").is_some())
+        .map(|m| m.key.as_str())
+        .collect();
+    assert!(having.len() >= 4 && having.contains(&"A800-PCIe-40GB"));
+    assert!(
+        w[0].contains(&format!("exist only on {}:", having.join(", "))),
+        "{w:?}"
+    );
+    assert!(!w[0].contains("H100"), "{w:?}");
+    // A model entry says which GPUs it is for; index entries are matched on the host.
+    assert!(load("model = \"A100*40GB\"", "3g.20gb").is_empty());
+    assert!(load("index = [0]", "3g.20gb").is_empty());
 }

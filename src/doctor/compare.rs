@@ -217,13 +217,28 @@ pub fn gpu_differences(d: &GpuFacts, model: &GpuModel) -> Vec<Difference> {
                 .iter()
                 .filter_map(|p| p.split_whitespace().next())
                 .collect();
-            f.cmp(Weight::Warn, "pci_device_id", hex, format!("[{}]", ids.join(" ")));
+            f.cmp(
+                Weight::Warn,
+                "pci_device_id",
+                hex,
+                format!("[{}]", ids.join(" ")),
+            );
         }
     }
     if let Some(mib) = d.memory_mib {
-        f.cmp(Weight::Warn, "memory_total_mib", mib, model.memory_total_mib);
+        f.cmp(
+            Weight::Warn,
+            "memory_total_mib",
+            mib,
+            model.memory_total_mib,
+        );
     }
-    f.cmp(Weight::Fail, "mig_capable", d.mig_capable, model.mig_capable());
+    f.cmp(
+        Weight::Fail,
+        "mig_capable",
+        d.mig_capable,
+        model.mig_capable(),
+    );
     if let (Some(max), true) = (d.max_mig_device_count, model.mig_capable()) {
         f.cmp(
             Weight::Fail,

@@ -232,7 +232,12 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             format!("{ident}: {}", g.errors.join("; ")),
         ),
         Some(m) => {
-            push(out, &p, Status::Ok, format!("{ident} ({} in {REFERENCE})", m.key));
+            push(
+                out,
+                &p,
+                Status::Ok,
+                format!("{ident} ({} in {REFERENCE})", m.key),
+            );
             let facts = compare::GpuFacts {
                 memory_mib: g.memory_mib,
                 pci_device_id: g.pci_device_id,
@@ -246,7 +251,11 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
                     out,
                     format!("{p}.reference"),
                     Status::Warn,
-                    format!("{} values unverified in {REFERENCE}: {}", m.key, m.unverified.join("; ")),
+                    format!(
+                        "{} values unverified in {REFERENCE}: {}",
+                        m.key,
+                        m.unverified.join("; ")
+                    ),
                 );
             }
             diff_checks(&p, d, out);
@@ -269,7 +278,12 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
                 format!("{ident}: MIG-capable but not in {REFERENCE}{hint}: MIG layouts cannot be validated or planned"),
             )
         }
-        None => push(out, &p, Status::Ok, format!("{ident} (not in {REFERENCE}; whole-GPU use only)")),
+        None => push(
+            out,
+            &p,
+            Status::Ok,
+            format!("{ident} (not in {REFERENCE}; whole-GPU use only)"),
+        ),
     }
     let Some(mig) = &g.mig else {
         push(out, format!("{p}.mig"), Status::Ok, "not MIG-capable");

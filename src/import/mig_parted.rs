@@ -406,7 +406,10 @@ fn missing_profiles(mig: &[MigEntry], selectors: &[GpuEntry], at: &str) -> Vec<U
             }
         };
         let path = format!("{at}.mig-devices.\"{}\"", e.profile);
-        let models: Vec<&str> = selectors.iter().filter_map(|s| s.model.as_deref()).collect();
+        let models: Vec<&str> = selectors
+            .iter()
+            .filter_map(|s| s.model.as_deref())
+            .collect();
         if models.is_empty() {
             if offering.is_empty() {
                 out.push(Unsupported {
@@ -421,7 +424,10 @@ fn missing_profiles(mig: &[MigEntry], selectors: &[GpuEntry], at: &str) -> Vec<U
             continue;
         }
         for m in models {
-            if catalog.by_key(m).is_some_and(|m| m.gi_profile(&e.profile).is_none()) {
+            if catalog
+                .by_key(m)
+                .is_some_and(|m| m.gi_profile(&e.profile).is_none())
+            {
                 out.push(Unsupported {
                     path: path.clone(),
                     why: format!(
@@ -637,7 +643,12 @@ mig-configs:
             .collect();
         assert_eq!(
             models,
-            vec!["A100-SXM4-40GB", "A100-PCIE-40GB", "A800-PCIe-40GB", "H100-SXM5-80GB"]
+            vec![
+                "A100-SXM4-40GB",
+                "A100-PCIE-40GB",
+                "A800-PCIe-40GB",
+                "H100-SXM5-80GB"
+            ]
         );
         assert_valid(&i.toml);
         // An ID of a model gpuctl does not know is a note in the header, not a refusal.
@@ -646,8 +657,12 @@ mig-configs:
         assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
         assert_eq!(i.notes.len(), 1);
         assert_eq!(i.notes[0].path, "mig-configs.all-balanced[0].device-filter");
-        assert!(i.notes[0].why.starts_with("PCI device ID 0x294110DE is no GPU model"));
-        assert!(i.toml.contains("# Left to the host: mig-configs.all-balanced[0]"));
+        assert!(i.notes[0]
+            .why
+            .starts_with("PCI device ID 0x294110DE is no GPU model"));
+        assert!(i
+            .toml
+            .contains("# Left to the host: mig-configs.all-balanced[0]"));
         // A filtered model that lacks a profile is named with the models that have it.
         let yaml = EXAMPLE.replace("\"3g.40gb\": 1", "\"3g.20gb\": 1");
         let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();
