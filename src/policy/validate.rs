@@ -662,6 +662,23 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
         );
         return;
     }
+    if viable.len() < mig_models.len() && matches!(g.selector.value, Selector::All) {
+        // Valid here, refused by `plan` on a GPU of any other model: say which ones it is for.
+        // Index and UUID entries pick GPUs the host check matches against their real model.
+        let keys: Vec<&str> = viable.iter().map(|m| m.key.as_str()).collect();
+        let profiles: Vec<&str> = specs.iter().map(|s| s.profile.as_str()).collect();
+        diags.push(warning(
+            &g.loc,
+            &format!("{}.mig", g.key),
+            format!(
+                "MIG profile(s) {} exist only on {}: plan refuses this entry on a GPU of another \
+                 model",
+                profiles.join(", "),
+                keys.join(", ")
+            ),
+            Some("replace all = true by model = \"…\" (a glob over these names)".into()),
+        ));
+    }
     let results: Vec<(&GpuModel, Vec<MigProblem>)> = viable
         .iter()
         .map(|m| (*m, check_mig_on_model(m, &specs)))
