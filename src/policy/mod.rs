@@ -120,6 +120,17 @@ pub enum Reconfigure {
     Never,
 }
 
+/// Whether NVIDIA devices open outside the team shares (`[host] outside`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outside {
+    /// `user.slice` and `machine.slice` are fenced: every device but NVIDIA's opens there.
+    #[default]
+    Closed,
+    /// No fence outside the shares (gpuctl before the setting existed).
+    Open,
+}
+
 /// Host-wide settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostSettings {
@@ -129,6 +140,10 @@ pub struct HostSettings {
     pub drain_timeout: Duration,
     /// Explicit `libnvidia-ml.so` path; `None` means the loader's default.
     pub nvml_library: Option<PathBuf>,
+    /// NVIDIA devices outside the team shares; a last good policy from before the setting
+    /// reads as the default.
+    #[serde(default)]
+    pub outside: Outside,
 }
 
 impl Default for HostSettings {
@@ -137,6 +152,7 @@ impl Default for HostSettings {
             reconfigure: Reconfigure::WhenIdle,
             drain_timeout: Duration::from_secs(300),
             nvml_library: None,
+            outside: Outside::Closed,
         }
     }
 }

@@ -8,7 +8,9 @@
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
 use super::caps::{self, within};
-use super::{valid_team_name, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Size};
+use super::{
+    valid_team_name, Diagnostic, IdleAction, Loc, Member, Outside, Reconfigure, Selector, Size,
+};
 use crate::settings::value::{
     duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str, Fail,
     DURATION_HELP, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
@@ -43,6 +45,8 @@ pub struct HostPart {
     pub drain_timeout: Option<At<Duration>>,
     /// `nvml-library`.
     pub nvml_library: Option<At<PathBuf>>,
+    /// `outside`.
+    pub outside: Option<At<Outside>>,
 }
 
 /// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
@@ -138,7 +142,7 @@ pub struct MigPart {
 }
 
 const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu"];
-const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library"];
+const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library", "outside"];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
     "after",
@@ -447,6 +451,14 @@ impl<'a> Cx<'a> {
                 duration_item(i, MAX_DRAIN_TIMEOUT, "MAX_DRAIN_TIMEOUT")
             }),
             nvml_library: self.field(t, "host", "nvml-library", |i| abs_path(want_str(i)?)),
+            outside: self.field(t, "host", "outside", |i| match want_str(i)? {
+                "closed" => Ok(Outside::Closed),
+                "open" => Ok(Outside::Open),
+                s => Err((
+                    format!("unknown outside mode '{s}'"),
+                    Some("expected one of: closed, open".into()),
+                )),
+            }),
         }
     }
 
@@ -1019,6 +1031,19 @@ mod tests {
                 ("teams.a.mps.active-thread-percentage", 6, 28)
             ]
         );
+    }
+
+    #[test]
+    fn host_outside_is_closed_or_open_and_a_typo_is_located() {
+        let (f, d) = parse("version = 1\n[host]\noutside = \"open\"\n");
+        assert!(d.is_empty(), "{d:?}");
+        assert_eq!(f.unwrap().host.outside.map(|a| a.value), Some(Outside::Open));
+        let (_, d) = parse("version = 1\n[host]\noutside = \"closd\"\n");
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].key, "host.outside");
+        let loc = d[0].loc.as_ref().unwrap();
+        assert_eq!((loc.line, loc.col), (3, 11));
+        assert!(d[0].to_string().contains("closed, open"), "{}", d[0]);
     }
 
     #[test]

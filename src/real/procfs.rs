@@ -1,7 +1,7 @@
 //! What gpuctl reads from `/proc` and `/sys` about the host: a PID's cgroup and unit, memory
-//! and online CPUs.
+//! and online CPUs, the registered device majors.
 
-use crate::observe::HostInfo;
+use crate::observe::{HostInfo, Major};
 use crate::paths::Root;
 
 /// The cgroup (v2 unified line, else the first line) and unit of a PID, from
@@ -50,6 +50,38 @@ pub fn host_info(root: &Root) -> HostInfo {
     HostInfo { memory_bytes, cpus }
 }
 
+/// The registered device majors, from `/proc/devices` under `root`; `None` when it cannot be
+/// read.
+pub fn majors(root: &Root) -> Option<Vec<Major>> {
+    std::fs::read_to_string(root.join("/proc/devices"))
+        .ok()
+        .map(|t| parse_devices(&t))
+}
+
+/// `/proc/devices`: a `Character devices:` and a `Block devices:` section of `<major> <name>`
+/// lines. A line that does not parse is skipped: a name it hid stays out of the fence's
+/// allow-list, so its devices are denied outside the shares rather than NVIDIA's allowed.
+pub fn parse_devices(text: &str) -> Vec<Major> {
+    let mut block = None;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        match line.trim() {
+            "Character devices:" => block = Some(false),
+            "Block devices:" => block = Some(true),
+            l => {
+                let (Some(b), Some((n, name))) = (block, l.split_once(char::is_whitespace)) else {
+                    continue;
+                };
+                if let Ok(number) = n.parse() {
+                    let name = name.trim().to_string();
+                    out.push(Major { block: b, number, name });
+                }
+            }
+        }
+    }
+    out
+}
+
 fn count_cpus(list: &str) -> u32 {
     list.split(',')
         .filter_map(|r| match r.split_once('-') {
@@ -80,6 +112,28 @@ mod tests {
         std::fs::write(&p, "0::/user.slice/user-1000.slice/session-3.scope\n").unwrap();
         assert_eq!(pid_cgroup(&root, 42).1.as_deref(), Some("session-3.scope"));
         assert_eq!(pid_cgroup(&root, 43), (None, None));
+    }
+
+    #[test]
+    fn devices_sections_and_odd_lines() {
+        let m = parse_devices(
+            "Character devices:\n  1 mem\n195 nvidia\nbogus\n\nBlock devices:\n  8 sd\n253 device-mapper\n",
+        );
+        let got: Vec<(bool, u32, &str)> =
+            m.iter().map(|m| (m.block, m.number, m.name.as_str())).collect();
+        assert_eq!(
+            got,
+            [
+                (false, 1, "mem"),
+                (false, 195, "nvidia"),
+                (true, 8, "sd"),
+                (true, 253, "device-mapper")
+            ]
+        );
+        // Lines before a section header name nothing.
+        assert!(parse_devices("1 mem\n").is_empty());
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(majors(&Root::new(dir.path())), None);
     }
 
     #[test]
