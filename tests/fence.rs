@@ -105,7 +105,7 @@ fn check_every_step(
                 live.insert(team.to_string(), spec.device_allow.clone());
             }
             ActionKind::RemoveSlice { team } => {
-                live.remove(team.as_str());
+                live.remove(&team.to_string());
             }
             _ => continue,
         }
