@@ -200,7 +200,11 @@ fn the_fence_converges_follows_new_majors_and_opens_again() {
     });
     let again = plan(&p, &host.state);
     assert_eq!(again.actions.len(), 2, "{again:#?}");
-    assert!(again.actions[0].reason.contains("+char-ppp"), "{}", again.actions[0].reason);
+    assert!(
+        again.actions[0].reason.contains("+char-ppp"),
+        "{}",
+        again.actions[0].reason
+    );
     apply(&p, &mut host);
 
     // The NVIDIA driver reloaded under other dynamic majors: nothing to do.
@@ -229,7 +233,11 @@ fn the_fence_converges_follows_new_majors_and_opens_again() {
         .iter()
         .find(|a| matches!(&a.kind, ActionKind::SetFence { slice, .. } if slice == "user.slice"))
         .unwrap();
-    assert!(user.reason.contains("pid 4242 (session-3.scope)"), "{}", user.reason);
+    assert!(
+        user.reason.contains("pid 4242 (session-3.scope)"),
+        "{}",
+        user.reason
+    );
     let machine = close
         .actions
         .iter()
@@ -267,8 +275,14 @@ fn a_removed_teams_slice_loses_its_devices_before_another_gets_them() {
         .iter()
         .position(|k| k == "[fence] set gpu-a.slice")
         .unwrap_or_else(|| panic!("{kinds:#?}"));
-    let g = kinds.iter().position(|k| k == "[slices] set gpu-b.slice").unwrap();
-    let r = kinds.iter().position(|k| k == "[slices] remove gpu-a.slice").unwrap();
+    let g = kinds
+        .iter()
+        .position(|k| k == "[slices] set gpu-b.slice")
+        .unwrap();
+    let r = kinds
+        .iter()
+        .position(|k| k == "[slices] remove gpu-a.slice")
+        .unwrap();
     assert!(w < g && w < r, "{kinds:#?}");
     match &pl.actions[w].kind {
         ActionKind::SetSlice { spec, .. } => assert!(spec.device_allow.is_empty()),

@@ -598,7 +598,10 @@ async fn watch_majors(root: Root, tx: mpsc::UnboundedSender<Request>) {
         (w.add(&dev, flags, ()), w)
     });
     let Ok((true, mut w)) = w.inspect_err(|e| warn!("inotify unavailable ({e})")) else {
-        warn!("cannot watch {} for new devices; relying on the drift timer", dev.display());
+        warn!(
+            "cannot watch {} for new devices; relying on the drift timer",
+            dev.display()
+        );
         return;
     };
     let mut last = crate::real::procfs::majors(&root);

@@ -181,115 +181,20 @@ pub(super) fn diff(
 mod tests {
     use super::*;
 
-    /// `/proc/devices` of a host with the NVIDIA driver loaded (driver 550, Ubuntu 22.04, an
-    /// 8-GPU HGX): 195 for the GPUs, nvidiactl and nvidia-modeset; the dynamic majors of
-    /// nvidia-uvm, nvidia-caps and the IMEX channels; DRM 226 and misc 10 (FUSE, KVM).
-    const HGX: &str = "Character devices:
-  1 mem
-  4 /dev/vc/0
-  4 tty
-  4 ttyS
-  5 /dev/tty
-  5 /dev/console
-  5 /dev/ptmx
-  7 vcs
- 10 misc
- 13 input
- 21 sg
- 29 fb
-116 alsa
-128 ptm
-136 pts
-180 usb
-189 usb_device
-195 nvidia
-195 nvidia-modeset
-195 nvidiactl
-226 drm
-234 nvidia-nvswitch
-235 nvidia-caps-imex-channels
-236 nvidia-nvlink
-237 nvidia-caps
-238 nvidia-uvm
-239 hidraw
-240 aux
-511 nvidia-frontend
-
-Block devices:
-  7 loop
-  8 sd
-  9 md
-259 blkext
-253 device-mapper
-";
-
-    /// The same kind of host before the driver is loaded (a boot where gpuctld starts first).
-    const NO_DRIVER: &str = "Character devices:
-  1 mem
-  4 tty
-  5 /dev/tty
-  5 /dev/ptmx
- 10 misc
- 13 input
-116 alsa
-136 pts
-226 drm
-
-Block devices:
-  8 sd
-";
-
-    fn majors(t: &str) -> Vec<Major> {
-        crate::real::procfs::parse_devices(t)
-    }
-
-    #[test]
-    fn every_major_but_nvidias_is_allowed_by_name() {
-        let allow = allow_list(&majors(HGX));
-        for name in ["mem", "tty", "pts", "ptm", "misc", "drm", "input", "alsa", "hidraw"] {
-            assert!(allow.contains(&format!("char-{name}")), "char-{name}: {allow:?}");
-        }
-        for name in ["sd", "loop", "device-mapper", "blkext"] {
-            assert!(allow.contains(&format!("block-{name}")), "block-{name}");
-        }
-        assert!(allow.iter().all(|e| !e.contains("nvidia")), "{allow:?}");
-        // 195 is registered under three names, all NVIDIA's: no entry names that major.
-        let m = majors(HGX);
-        let allowed_numbers: BTreeSet<u32> = m
+    fn majors(lines: &[(u32, &str)]) -> Vec<Major> {
+        lines
             .iter()
-            .filter(|m| !m.block && allow.contains(&format!("char-{}", m.name)))
-            .map(|m| m.number)
-            .collect();
-        for n in [195, 234, 235, 236, 237, 238, 511] {
-            assert!(!allowed_numbers.contains(&n), "major {n} allowed");
-        }
-        assert!(allowed_numbers.contains(&226) && allowed_numbers.contains(&10));
-        // Paths registered as names (`/dev/vc/0`) are passed on: systemd takes char-<anything
-        // without a glob>, and the major stays usable.
-        assert!(allow.contains("char-/dev/tty"));
-    }
-
-    #[test]
-    fn a_host_without_the_driver_gets_the_same_fence_minus_nothing_nvidia() {
-        let allow = allow_list(&majors(NO_DRIVER));
-        assert!(allow.contains("char-drm") && allow.contains("block-sd"));
-        assert_eq!(allow.len(), 10, "{allow:?}");
-        // Loading the driver adds NVIDIA's majors and nothing to the list; a module that
-        // registers a new major adds its name, so the fence is planned again.
-        let mut loaded = majors(NO_DRIVER);
-        loaded.extend(majors("Character devices:\n195 nvidia\n238 nvidia-uvm\n"));
-        assert_eq!(allow_list(&loaded), allow);
-        loaded.push(Major {
-            block: false,
-            number: 241,
-            name: "gpuctl_test".into(),
-        });
-        assert!(allow_list(&loaded).contains("char-gpuctl_test"));
+            .map(|(number, name)| Major {
+                block: false,
+                number: *number,
+                name: name.to_string(),
+            })
+            .collect()
     }
 
     #[test]
     fn names_that_systemd_would_read_as_globs_or_split_are_left_out() {
-        let m = majors("Character devices:\n240 nv*\n241 a b\n242 [x]\n243 ok\n");
+        let m = majors(&[(240, "nv*"), (241, "a b"), (242, "[x]"), (243, "ok")]);
         assert_eq!(allow_list(&m), ["char-ok".to_string()].into());
     }
 
@@ -297,10 +202,15 @@ Block devices:
     fn open_needs_no_majors_closed_does() {
         let open = desired(Outside::Open, None).unwrap();
         assert!(open.values().all(Fence::is_open));
-        assert_eq!(open.keys().collect::<Vec<_>>(), ["machine.slice", "user.slice"]);
+        assert_eq!(
+            open.keys().collect::<Vec<_>>(),
+            ["machine.slice", "user.slice"]
+        );
         assert!(desired(Outside::Closed, None).is_none());
-        let m = majors(NO_DRIVER);
+        let m = majors(&[(1, "mem"), (226, "drm")]);
         let closed = desired(Outside::Closed, Some(&m)).unwrap();
-        assert!(closed.values().all(|f| f.policy == "closed" && !f.allow.is_empty()));
+        assert!(closed
+            .values()
+            .all(|f| f.policy == "closed" && !f.allow.is_empty()));
     }
 }

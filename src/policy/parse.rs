@@ -1037,7 +1037,10 @@ mod tests {
     fn host_outside_is_closed_or_open_and_a_typo_is_located() {
         let (f, d) = parse("version = 1\n[host]\noutside = \"open\"\n");
         assert!(d.is_empty(), "{d:?}");
-        assert_eq!(f.unwrap().host.outside.map(|a| a.value), Some(Outside::Open));
+        assert_eq!(
+            f.unwrap().host.outside.map(|a| a.value),
+            Some(Outside::Open)
+        );
         let (_, d) = parse("version = 1\n[host]\noutside = \"closd\"\n");
         assert_eq!(d.len(), 1, "{d:?}");
         assert_eq!(d[0].key, "host.outside");

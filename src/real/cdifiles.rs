@@ -155,7 +155,10 @@ mod tests {
         // root is always known to NSS: an ACL entry for uid 0 and gid 0, or 0600 where the
         // temp dir's file system has no ACLs.
         write(&root, "infer", "{}\n", &["root".into(), "@root".into()]).unwrap();
-        let mode = std::fs::metadata(file(&root, "infer")).unwrap().permissions().mode();
+        let mode = std::fs::metadata(file(&root, "infer"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o007, 0, "{mode:o}");
         assert!(read_all(&root).unwrap().contains_key("infer"));
         std::fs::set_permissions(file(&root, "infer"), std::fs::Permissions::from_mode(0o644))

@@ -74,7 +74,11 @@ pub fn parse_devices(text: &str) -> Vec<Major> {
                 };
                 if let Ok(number) = n.parse() {
                     let name = name.trim().to_string();
-                    out.push(Major { block: b, number, name });
+                    out.push(Major {
+                        block: b,
+                        number,
+                        name,
+                    });
                 }
             }
         }
@@ -94,6 +98,7 @@ fn count_cpus(list: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::collections::BTreeSet;
 
     #[test]
     fn cgroup_and_unit_of_a_pid() {
@@ -119,8 +124,10 @@ mod tests {
         let m = parse_devices(
             "Character devices:\n  1 mem\n195 nvidia\nbogus\n\nBlock devices:\n  8 sd\n253 device-mapper\n",
         );
-        let got: Vec<(bool, u32, &str)> =
-            m.iter().map(|m| (m.block, m.number, m.name.as_str())).collect();
+        let got: Vec<(bool, u32, &str)> = m
+            .iter()
+            .map(|m| (m.block, m.number, m.name.as_str()))
+            .collect();
         assert_eq!(
             got,
             [
@@ -134,6 +141,118 @@ mod tests {
         assert!(parse_devices("1 mem\n").is_empty());
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(majors(&Root::new(dir.path())), None);
+    }
+
+    /// `/proc/devices` of a host with the NVIDIA driver loaded (driver 550, Ubuntu 22.04, an
+    /// 8-GPU HGX): 195 for the GPUs, nvidiactl and nvidia-modeset; the dynamic majors of
+    /// nvidia-uvm, nvidia-caps and the IMEX channels; DRM 226 and misc 10 (FUSE, KVM).
+    const HGX: &str = "Character devices:
+  1 mem
+  4 /dev/vc/0
+  4 tty
+  4 ttyS
+  5 /dev/tty
+  5 /dev/console
+  5 /dev/ptmx
+  7 vcs
+ 10 misc
+ 13 input
+ 21 sg
+ 29 fb
+116 alsa
+128 ptm
+136 pts
+180 usb
+189 usb_device
+195 nvidia
+195 nvidia-modeset
+195 nvidiactl
+226 drm
+234 nvidia-nvswitch
+235 nvidia-caps-imex-channels
+236 nvidia-nvlink
+237 nvidia-caps
+238 nvidia-uvm
+239 hidraw
+240 aux
+511 nvidia-frontend
+
+Block devices:
+  7 loop
+  8 sd
+  9 md
+259 blkext
+253 device-mapper
+";
+
+    /// The same kind of host before the driver is loaded (a boot where gpuctld starts first).
+    const NO_DRIVER: &str = "Character devices:
+  1 mem
+  4 tty
+  5 /dev/tty
+  5 /dev/ptmx
+ 10 misc
+ 13 input
+116 alsa
+136 pts
+226 drm
+
+Block devices:
+  8 sd
+";
+
+    fn sample(t: &str) -> Vec<Major> {
+        parse_devices(t)
+    }
+
+    // The fence's allow-list from the samples (plan::fence), parsed here as gpuctld reads them.
+    #[test]
+    fn every_major_but_nvidias_is_allowed_by_name() {
+        let allow = crate::plan::fence::allow_list(&sample(HGX));
+        for name in [
+            "mem", "tty", "pts", "ptm", "misc", "drm", "input", "alsa", "hidraw",
+        ] {
+            assert!(
+                allow.contains(&format!("char-{name}")),
+                "char-{name}: {allow:?}"
+            );
+        }
+        for name in ["sd", "loop", "device-mapper", "blkext"] {
+            assert!(allow.contains(&format!("block-{name}")), "block-{name}");
+        }
+        assert!(allow.iter().all(|e| !e.contains("nvidia")), "{allow:?}");
+        // 195 is registered under three names, all NVIDIA's: no entry names that major.
+        let m = sample(HGX);
+        let allowed_numbers: BTreeSet<u32> = m
+            .iter()
+            .filter(|m| !m.block && allow.contains(&format!("char-{}", m.name)))
+            .map(|m| m.number)
+            .collect();
+        for n in [195, 234, 235, 236, 237, 238, 511] {
+            assert!(!allowed_numbers.contains(&n), "major {n} allowed");
+        }
+        assert!(allowed_numbers.contains(&226) && allowed_numbers.contains(&10));
+        // Paths registered as names (`/dev/vc/0`) are passed on: systemd takes char-<anything
+        // without a glob>, and the major stays usable.
+        assert!(allow.contains("char-/dev/tty"));
+    }
+
+    #[test]
+    fn a_host_without_the_driver_gets_the_same_fence_minus_nothing_nvidia() {
+        let allow = crate::plan::fence::allow_list(&sample(NO_DRIVER));
+        assert!(allow.contains("char-drm") && allow.contains("block-sd"));
+        assert_eq!(allow.len(), 10, "{allow:?}");
+        // Loading the driver adds NVIDIA's majors and nothing to the list; a module that
+        // registers a new major adds its name, so the fence is planned again.
+        let mut loaded = sample(NO_DRIVER);
+        loaded.extend(sample("Character devices:\n195 nvidia\n238 nvidia-uvm\n"));
+        assert_eq!(crate::plan::fence::allow_list(&loaded), allow);
+        loaded.push(Major {
+            block: false,
+            number: 241,
+            name: "gpuctl_test".into(),
+        });
+        assert!(crate::plan::fence::allow_list(&loaded).contains("char-gpuctl_test"));
     }
 
     #[test]

@@ -781,7 +781,10 @@ impl LiveUnits for BlockingSystemd {
     ) -> Result<std::collections::BTreeMap<String, crate::observe::Fence>, SystemdError> {
         let mut out = std::collections::BTreeMap::new();
         for s in slices {
-            out.insert(s.to_string(), self.handle.block_on(self.inner.read_fence(s))?);
+            out.insert(
+                s.to_string(),
+                self.handle.block_on(self.inner.read_fence(s))?,
+            );
         }
         Ok(out)
     }

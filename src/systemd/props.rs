@@ -397,6 +397,9 @@ mod tests {
         // Opening: the policy back to auto and the list emptied, nothing appended.
         let open = fence_properties(&crate::observe::Fence::open());
         assert_eq!(open.len(), 2);
-        assert_eq!(fence_from_raw(&RawSlice::new()), crate::observe::Fence::open());
+        assert_eq!(
+            fence_from_raw(&RawSlice::new()),
+            crate::observe::Fence::open()
+        );
     }
 }
