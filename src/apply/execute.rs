@@ -844,7 +844,8 @@ pub fn execute_observed<H: Host + ?Sized>(
         .iter()
         .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
     // The host as it is now, as far as this run can tell without querying GPUs it left alone.
-    let (mut now, second) = if ran_mig || plan.replan_after_mig {
+    let replanned = ran_mig || plan.replan_after_mig;
+    let (mut now, second) = if replanned {
         let now = host.refresh(&ctx.live, &touched)?;
         let second = plan::plan(policy, &now);
         (now, second)
@@ -855,10 +856,9 @@ pub fn execute_observed<H: Host + ?Sized>(
         .actions
         .iter()
         .filter(|a| {
-            matches!(
-                a.phase,
-                Phase::Fence | Phase::Devices | Phase::Slices | Phase::Mps
-            )
+            matches!(a.phase, Phase::Devices | Phase::Slices | Phase::Mps)
+                // The first round ran this plan's fence phase; a new plan's is still to run.
+                || (replanned && a.phase == Phase::Fence)
                 // Daemons on devices that went away in round one show up as stops now.
                 || matches!(a.kind, ActionKind::StopMps { .. })
         })

@@ -154,9 +154,12 @@ pub(super) fn diff(
         if lost.is_empty() {
             continue;
         }
+        // The policy's limits with the devices it keeps: a slice that only loses devices is at its
+        // target after this one call (the slices phase then leaves it alone).
+        let limits = d.teams.get(team).map_or(have, |t| &t.slice);
         let spec = SliceSpec {
             device_allow: have.device_allow.intersection(want).cloned().collect(),
-            ..have.clone()
+            ..limits.clone()
         };
         let why = if d.teams.contains_key(team) {
             "loses"
