@@ -161,15 +161,21 @@ pub(super) fn diff(
             device_allow: have.device_allow.intersection(want).cloned().collect(),
             ..limits.clone()
         };
-        let why = if d.teams.contains_key(team) {
-            "loses"
+        // An in-policy team's line is the drift line of the slices phase (`DeviceAllow +…`), so
+        // a hand-added device reads the same whichever phase takes it away.
+        let reason = if d.teams.contains_key(team) {
+            format!(
+                "gpu-{team}.slice (team {team}) differs from the policy: {}; withdrawn before \
+                 any slice is granted a device",
+                super::slice_drift(have, &spec)
+            )
         } else {
-            "is no longer in the policy and loses"
+            format!(
+                "team {team} is no longer in the policy and loses {}: withdrawn before any \
+                 slice is granted a device",
+                lost.join(" ")
+            )
         };
-        let reason = format!(
-            "team {team} {why} {}: withdrawn before any slice is granted a device",
-            lost.join(" ")
-        );
         let kind = ActionKind::SetSlice {
             team: team.clone(),
             spec: spec.clone(),
