@@ -39,6 +39,50 @@ pub struct Observed {
     /// Minors `N` whose `/dev/nvidia-caps/nvidia-capN` node exists.
     #[serde(default)]
     pub cap_nodes: BTreeSet<u32>,
+    /// The device majors the kernel has registered (`/proc/devices`); `None` when they were
+    /// not read (a simulated host, a root without the file): no fence is planned then.
+    #[serde(default)]
+    pub majors: Option<Vec<Major>>,
+    /// Device settings of the slices fenced outside the team shares (`user.slice`,
+    /// `machine.slice`), by unit, as systemd reads them back.
+    #[serde(default)]
+    pub fences: BTreeMap<String, Fence>,
+}
+
+/// One line of `/proc/devices`: a registered character or block major and its driver's name.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Major {
+    /// A block major (the `Block devices:` section), else a character one.
+    pub block: bool,
+    /// The major number.
+    pub number: u32,
+    /// The name the driver registered it under (`nvidia-uvm`, `drm`, `misc`).
+    pub name: String,
+}
+
+/// The device settings of a slice outside the team shares: `DevicePolicy=` and
+/// `DeviceAllow=` entries (`char-drm`, or `char-drm r` for an access other than `rwm`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fence {
+    /// `DevicePolicy=`: `auto` (systemd's default), `closed` or `strict`.
+    pub policy: String,
+    /// `DeviceAllow=` entries.
+    pub allow: BTreeSet<String>,
+}
+
+impl Fence {
+    /// systemd's default: no device filter.
+    pub fn open() -> Self {
+        Fence {
+            policy: "auto".into(),
+            allow: BTreeSet::new(),
+        }
+    }
+
+    /// Whether the slice filters devices at all (`auto` with no entries does not).
+    pub fn is_open(&self) -> bool {
+        self.policy == "auto" && self.allow.is_empty()
+    }
 }
 
 /// Host RAM and CPUs, for percentage limits and CPU sets.

@@ -514,6 +514,10 @@ impl SliceEffector for SimHost {
         self.state.slices.remove(team);
         Ok(())
     }
+    fn set_fence(&mut self, slice: &str, fence: &crate::observe::Fence) -> Result<(), EffectError> {
+        self.state.fences.insert(slice.to_string(), fence.clone());
+        Ok(())
+    }
 }
 
 impl MpsEffector for SimHost {
@@ -536,7 +540,12 @@ impl FileEffector for SimHost {
         self.state.env_files.remove(team);
         Ok(())
     }
-    fn write_cdi(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError> {
+    fn write_cdi(
+        &mut self,
+        team: &TeamName,
+        content: &str,
+        _readers: &[String],
+    ) -> Result<(), EffectError> {
         self.state.cdi_specs.insert(team.clone(), content.into());
         Ok(())
     }

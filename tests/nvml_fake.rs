@@ -414,8 +414,8 @@ mod delegate {
         fn remove_env(&mut self, t: &TeamName) -> Result<(), EffectError> {
             self.inner.remove_env(t)
         }
-        fn write_cdi(&mut self, t: &TeamName, c: &str) -> Result<(), EffectError> {
-            self.inner.write_cdi(t, c)
+        fn write_cdi(&mut self, t: &TeamName, c: &str, r: &[String]) -> Result<(), EffectError> {
+            self.inner.write_cdi(t, c, r)
         }
         fn remove_cdi(&mut self, t: &TeamName) -> Result<(), EffectError> {
             self.inner.remove_cdi(t)

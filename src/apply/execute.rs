@@ -272,13 +272,18 @@ fn run_one<H: Host + ?Sized>(
         ActionKind::CreateCapNodes { minors } => host.create_cap_nodes(minors),
         ActionKind::WriteEnv { team, content } => host.write_env(team, content),
         ActionKind::RemoveEnv { team } => host.remove_env(team),
-        ActionKind::WriteCdi { team, content } => host.write_cdi(team, content),
+        ActionKind::WriteCdi {
+            team,
+            content,
+            readers,
+        } => host.write_cdi(team, content, readers),
         ActionKind::RemoveCdi { team } => host.remove_cdi(team),
         // From the observation the plan was made on: only what differs is sent.
         ActionKind::SetSlice { team, spec } => {
             host.update_slice(team, spec, ctx.live.slices.get(team))
         }
         ActionKind::RemoveSlice { team } => host.remove_slice(team),
+        ActionKind::SetFence { slice, fence } => host.set_fence(slice, fence),
     }
 }
 
@@ -772,7 +777,9 @@ pub fn execute_observed<H: Host + ?Sized>(
     let mut failed_gpus = BTreeSet::new();
     // No observation after a drain: every destroy reads the processes of its GPU first, so the
     // busy checks see the processes the drain ended as gone, and only those.
-    for phase in [Phase::Drain, Phase::MigMode] {
+    // Withdrawals run before MIG changes: a destroyed instance's capability minor can come
+    // back for another team's new instance.
+    for phase in [Phase::Drain, Phase::Fence, Phase::MigMode] {
         let actions = plan.actions.iter().filter(|a| a.phase == phase);
         run_all(&mut ctx, host, actions, &mut failed_gpus, &mut report);
     }
@@ -837,7 +844,8 @@ pub fn execute_observed<H: Host + ?Sized>(
         .iter()
         .any(|a| matches!(a.phase, Phase::MigMode | Phase::MigInstances));
     // The host as it is now, as far as this run can tell without querying GPUs it left alone.
-    let (mut now, second) = if ran_mig || plan.replan_after_mig {
+    let replanned = ran_mig || plan.replan_after_mig;
+    let (mut now, second) = if replanned {
         let now = host.refresh(&ctx.live, &touched)?;
         let second = plan::plan(policy, &now);
         (now, second)
@@ -849,6 +857,8 @@ pub fn execute_observed<H: Host + ?Sized>(
         .iter()
         .filter(|a| {
             matches!(a.phase, Phase::Devices | Phase::Slices | Phase::Mps)
+                // The first round ran this plan's fence phase; a new plan's is still to run.
+                || (replanned && a.phase == Phase::Fence)
                 // Daemons on devices that went away in round one show up as stops now.
                 || matches!(a.kind, ActionKind::StopMps { .. })
         })

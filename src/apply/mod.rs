@@ -5,7 +5,7 @@
 //! [`Host`] bundles them for the executor; a real host is a struct that delegates each trait to
 //! its backend, the simulated host ([`crate::sim::SimHost`]) implements them all itself.
 
-use crate::observe::{MpsSpec, Observed, SliceSpec};
+use crate::observe::{Fence, MpsSpec, Observed, SliceSpec};
 use crate::policy::TeamName;
 use crate::profiles::Placement;
 use std::collections::BTreeSet;
@@ -144,6 +144,15 @@ pub trait SliceEffector {
     }
     /// Remove a slice.
     fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError>;
+    /// Set the device filter of a slice outside the team shares (`user.slice`): exactly
+    /// `fence`'s policy and entries. A host that cannot says so.
+    fn set_fence(&mut self, slice: &str, fence: &Fence) -> Result<(), EffectError> {
+        let _ = fence;
+        Err(EffectError::Other {
+            what: slice.to_string(),
+            message: "this host cannot set device filters outside the team slices".into(),
+        })
+    }
 }
 
 /// MPS control daemons.
@@ -168,8 +177,14 @@ pub trait FileEffector {
     fn write_env(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError>;
     /// Remove a team's env file.
     fn remove_env(&mut self, team: &TeamName) -> Result<(), EffectError>;
-    /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`) atomically.
-    fn write_cdi(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError>;
+    /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`) atomically,
+    /// readable by root and `readers` (members as the policy names them) only.
+    fn write_cdi(
+        &mut self,
+        team: &TeamName,
+        content: &str,
+        readers: &[String],
+    ) -> Result<(), EffectError>;
     /// Remove a team's CDI spec.
     fn remove_cdi(&mut self, team: &TeamName) -> Result<(), EffectError>;
     /// Create `/dev/nvidia-caps/nvidia-capN` for each minor.

@@ -82,7 +82,8 @@ pub struct CheckArgs {
 /// The host a command works on.
 pub enum Target {
     /// A simulated host (`--simulate`/`--state`).
-    Sim(SimHost),
+    /// Boxed: a simulated host holds a whole observation.
+    Sim(Box<SimHost>),
     /// This machine: NVML and files under `--root`.
     Real(Box<RealHost>),
 }
@@ -160,7 +161,7 @@ fn prepare(
     };
     if let Some(h) = sim {
         let obs = h.state.clone();
-        return Ok(check_host(&p, &obs).map(|()| (p, Target::Sim(h), obs)));
+        return Ok(check_host(&p, &obs).map(|()| (p, Target::Sim(Box::new(h)), obs)));
     }
     let root = Root::new(&cli.root);
     let lib = crate::nvml::library_path(p.host.nvml_library.as_deref());
@@ -288,7 +289,7 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     let pl = plan::plan(&p, &obs);
     let (report, h) = match h {
         Target::Sim(mut h) => {
-            let r = execute(&p, &pl, &mut h).context("simulated host")?;
+            let r = execute(&p, &pl, &mut *h).context("simulated host")?;
             match &a.host.state {
                 Some(path) => h.save(path)?,
                 None => {

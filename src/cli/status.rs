@@ -93,6 +93,33 @@ pub fn render(s: &StatusReply) -> String {
     o
 }
 
+/// Processes on a team's device outside every owning team's slice (a system service, a login
+/// session), one line each: what `outside = "closed"` does not fence (system.slice stays the
+/// admin's) or what held a device before the fence was closed.
+pub fn stray_lines(u: &crate::usage::Usage) -> Vec<String> {
+    let line = |p: &crate::usage::ProcessUsage, dev: String, teams: &[String]| {
+        format!(
+            "  pid {} ({}, user {}) on {dev}, outside the slice of team {}",
+            p.pid,
+            p.unit.as_deref().unwrap_or("no unit"),
+            p.user.as_deref().unwrap_or("?"),
+            teams.join(", ")
+        )
+    };
+    let mut out = Vec::new();
+    for g in &u.gpus {
+        for p in g.processes.iter().filter(|p| p.stray) {
+            out.push(line(p, format!("gpu {}", g.index), &g.teams));
+        }
+        for m in &g.mig_devices {
+            for p in m.processes.iter().filter(|p| p.stray) {
+                out.push(line(p, format!("gpu {} {}", g.index, m.uuid), &m.teams));
+            }
+        }
+    }
+    out
+}
+
 /// Run `gpuctl status`.
 pub fn run(args: &StatusArgs) -> i32 {
     let (text, reply): (_, StatusReply) =
@@ -104,6 +131,15 @@ pub fn run(args: &StatusArgs) -> i32 {
         print_json(text);
     } else {
         print!("{}", render(&reply));
+        // Best effort: the usage collection is a second call, and may be denied or unavailable.
+        let usage = reply_usage();
+        let strays = usage.as_ref().map(stray_lines).unwrap_or_default();
+        if !strays.is_empty() {
+            println!("strays (a team's GPU used outside its slice):");
+            for l in strays {
+                println!("{l}");
+            }
+        }
     }
     if reply.healthy() {
         super::exit::OK
@@ -112,10 +148,36 @@ pub fn run(args: &StatusArgs) -> i32 {
     }
 }
 
+fn reply_usage() -> Option<crate::usage::Usage> {
+    let text = with_agent("Usage", async |p| p.usage().await).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn strays_are_named_with_unit_user_and_the_owning_team() {
+        let u: crate::usage::Usage = serde_json::from_value(json!({
+            "collected_at_ms": 1, "interval_ms": 1,
+            "gpus": [{"index": 0, "uuid": "GPU-0", "name": "x", "teams": ["infer"], "mig": false,
+                "memory_used": null, "memory_total": null, "utilization_gpu": null,
+                "utilization_memory": null, "activity": null, "power_mw": null,
+                "temperature_c": null,
+                "processes": [
+                    {"pid": 7, "kind": "compute", "used_memory": null, "uid": 0, "user": "root",
+                     "command": "x", "unit": "nvtest.service", "team": null, "stray": true},
+                    {"pid": 8, "kind": "compute", "used_memory": null, "uid": 0, "user": "root",
+                     "command": "x", "unit": "job.service", "team": "infer", "stray": false}]}]
+        }))
+        .unwrap();
+        assert_eq!(
+            stray_lines(&u),
+            ["  pid 7 (nvtest.service, user root) on gpu 0, outside the slice of team infer"]
+        );
+    }
 
     #[test]
     fn summary_names_teams_gpus_reconcile_and_policy_error() {

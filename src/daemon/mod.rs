@@ -585,6 +585,44 @@ async fn watch_mps_state(
     }
 }
 
+/// Forward a change of the registered device majors as a reconcile trigger, so the fence outside
+/// the team shares follows a module loaded (or a driver reloaded) after it was set
+/// ([`crate::plan::fence`]). `/proc/devices` sends no inotify events; a driver that registers
+/// a major creates its nodes in `/dev` (devtmpfs, or `nvidia-modprobe`), which does: each batch
+/// of creations and removals there is a nudge to read `/proc/devices` again, and only a
+/// changed list triggers. The drift timer reads it too, for a major registered without a node.
+async fn watch_majors(root: Root, tx: mpsc::UnboundedSender<Request>) {
+    use nix::sys::inotify::AddWatchFlags as F;
+    let dev = root.join("/dev");
+    let w = watch::DirWatch::new().map(|mut w| {
+        let flags = F::IN_CREATE | F::IN_DELETE | F::IN_MOVED_TO | F::IN_ONLYDIR;
+        (w.add(&dev, flags, ()), w)
+    });
+    let Ok((true, mut w)) = w.inspect_err(|e| warn!("inotify unavailable ({e})")) else {
+        warn!(
+            "cannot watch {} for new devices; relying on the drift timer",
+            dev.display()
+        );
+        return;
+    };
+    let mut last = crate::real::procfs::majors(&root);
+    while w.next().await.is_ok() {
+        // udev creates a driver's nodes one by one: one read for the batch.
+        while let Ok(Ok(_)) = tokio::time::timeout(MAJORS_DEBOUNCE, w.next()).await {}
+        let now = crate::real::procfs::majors(&root);
+        if now != last {
+            last = now;
+            let _ = tx.send(Request::trigger(
+                "the registered device majors changed",
+                Observe::Units,
+            ));
+        }
+    }
+}
+
+/// How long device-node events are gathered before `/proc/devices` is read.
+const MAJORS_DEBOUNCE: Duration = Duration::from_millis(200);
+
 /// How long drift events are gathered into one repair.
 const DRIFT_DEBOUNCE: Duration = Duration::from_millis(30);
 
@@ -653,6 +691,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     tokio::spawn(watch_units(sd.clone(), expected.clone(), tx.clone()));
     tokio::spawn(watch_policy(opts.root.clone(), opts.debounce, tx.clone()));
     tokio::spawn(watch_dropins(opts.root.clone(), shared.clone(), tx.clone()));
+    tokio::spawn(watch_majors(opts.root.clone(), tx.clone()));
     tokio::spawn(watch_mps_state(
         conn.clone(),
         shared.clone(),

@@ -25,6 +25,9 @@ pub struct Desired {
     pub teams: BTreeMap<TeamName, TeamView>,
     /// Changes held back.
     pub blocked: Vec<Blocked>,
+    /// The fences of the slices outside the team shares, by slice; `None`: not planned (the
+    /// majors are unknown).
+    pub fences: Option<BTreeMap<String, crate::observe::Fence>>,
 }
 
 /// One GPU the policy names.
@@ -78,6 +81,8 @@ pub struct TeamView {
     pub env: String,
     /// CDI spec content (`/var/run/cdi/gpuctl.io-team-<team>.json`), see [`crate::cdi`].
     pub cdi: String,
+    /// Who besides root may read the CDI spec: the team's members (`alice`, `@ml-infer`).
+    pub cdi_readers: Vec<String>,
     /// Slice properties, `DeviceAllow=` included.
     pub slice: SliceSpec,
     /// Capability minors the team's MIG devices need (known ones).
@@ -157,6 +162,7 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
         gpus,
         teams,
         blocked,
+        fences: super::fence::desired(policy.host.outside, observed.majors.as_deref()),
     }
 }
 
@@ -363,6 +369,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         visible,
         env,
         cdi,
+        cdi_readers: team.members.iter().map(ToString::to_string).collect(),
         slice,
         cap_minors,
         mps,

@@ -6,7 +6,7 @@
 //! MIG instances are named by their placement, not their driver-chosen id: a placement is unique
 //! on a GPU and known before the instance exists, so a plan can name what it will create.
 
-use crate::observe::{MpsSpec, Observed, SliceSpec};
+use crate::observe::{Fence, MpsSpec, Observed, SliceSpec};
 use crate::policy::{Policy, TeamName};
 use crate::profiles::Placement;
 use serde::{Deserialize, Serialize};
@@ -14,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 pub mod desired;
+pub mod fence;
 pub mod mig;
 
 pub use desired::{desired, Desired, TeamView};
@@ -25,6 +26,9 @@ pub enum Phase {
     /// Stop units that hold instances about to change (reconfigure = drain), and MPS daemons
     /// on devices about to change.
     Drain,
+    /// Withdraw devices from slices that lose them, and fence the slices outside the team
+    /// shares: before anything is granted or created ([`fence`]).
+    Fence,
     /// Enable or disable MIG mode, reset GPUs whose mode change is pending.
     MigMode,
     /// Destroy, then create GPU and compute instances; relabel owners.
@@ -151,12 +155,16 @@ pub enum ActionKind {
         /// Team.
         team: TeamName,
     },
-    /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`).
+    /// Write a team's CDI spec (`/var/run/cdi/gpuctl.io-team-<team>.json`), readable by root
+    /// and `readers` only.
     WriteCdi {
         /// Team.
         team: TeamName,
         /// File content.
         content: String,
+        /// The team's members as the policy names them (`alice`, `@ml-infer`).
+        #[serde(default)]
+        readers: Vec<String>,
     },
     /// Remove a team's CDI spec.
     RemoveCdi {
@@ -174,6 +182,13 @@ pub enum ActionKind {
     RemoveSlice {
         /// Team.
         team: TeamName,
+    },
+    /// Set the device filter of a slice outside the team shares ([`fence`]).
+    SetFence {
+        /// The slice unit (`user.slice`).
+        slice: String,
+        /// Its `DevicePolicy=` and `DeviceAllow=`.
+        fence: Fence,
     },
     /// Start (or restart with new settings) an MPS daemon.
     StartMps {
@@ -242,6 +257,7 @@ impl fmt::Display for Phase {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = match self {
             Phase::Drain => "drain",
+            Phase::Fence => "fence",
             Phase::MigMode => "mig-mode",
             Phase::MigInstances => "mig-instances",
             Phase::Devices => "devices",
@@ -318,6 +334,9 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         );
     }
 
+    // Withdrawals and the fences outside the shares, before anything is granted.
+    let withdrawn = fence::diff(&mut actions, d, observed);
+
     // MIG mode, then instances, GPU by GPU.
     for g in &d.gpus {
         for (k, r) in &g.mig.mode {
@@ -354,7 +373,10 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         &observed.env_files,
         |t| &t.env,
         ("device view", "env file"),
-        |team, content| ActionKind::WriteEnv { team, content },
+        |t| ActionKind::WriteEnv {
+            team: t.name.clone(),
+            content: t.env.clone(),
+        },
         |team| ActionKind::RemoveEnv { team },
     );
     team_files(
@@ -363,7 +385,11 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         &observed.cdi_specs,
         |t| &t.cdi,
         ("CDI device", "CDI spec"),
-        |team, content| ActionKind::WriteCdi { team, content },
+        |t| ActionKind::WriteCdi {
+            team: t.name.clone(),
+            content: t.cdi.clone(),
+            readers: t.cdi_readers.clone(),
+        },
         |team| ActionKind::RemoveCdi { team },
     );
 
@@ -371,6 +397,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
     for t in d.teams.values() {
         match observed.slices.get(&*t.name) {
             Some(s) if *s == t.slice => {}
+            Some(_) if withdrawn.get(&*t.name) == Some(&t.slice) => {}
             have => push(
                 &mut actions,
                 Phase::Slices,
@@ -492,7 +519,7 @@ fn team_files(
     have: &BTreeMap<TeamName, String>,
     want: fn(&TeamView) -> &String,
     (changed, file): (&str, &str),
-    write: fn(TeamName, String) -> ActionKind,
+    write: fn(&TeamView) -> ActionKind,
     remove: fn(TeamName) -> ActionKind,
 ) {
     for t in d.teams.values() {
@@ -503,7 +530,7 @@ fn team_files(
             } else {
                 format!("team {} has no {file} yet", t.name)
             };
-            let k = write(t.name.clone(), content.clone());
+            let k = write(t);
             push(actions, Phase::Devices, k, reason);
         }
     }
@@ -624,6 +651,15 @@ impl fmt::Display for ActionKind {
             ActionKind::RemoveCdi { team } => write!(f, "remove {}", crate::cdi::spec_path(team)),
             ActionKind::SetSlice { team, .. } => write!(f, "set gpu-{team}.slice"),
             ActionKind::RemoveSlice { team } => write!(f, "remove gpu-{team}.slice"),
+            ActionKind::SetFence { slice, fence } if fence.is_open() => {
+                write!(f, "open {slice} to NVIDIA devices")
+            }
+            ActionKind::SetFence { slice, fence } => write!(
+                f,
+                "fence {slice}: DevicePolicy={}, every device major but NVIDIA's ({} entries)",
+                fence.policy,
+                fence.allow.len()
+            ),
         }
     }
 }

@@ -120,6 +120,17 @@ pub enum Reconfigure {
     Never,
 }
 
+/// Whether NVIDIA devices open outside the team shares (`[host] outside`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Outside {
+    /// `user.slice` and `machine.slice` are fenced: every device but NVIDIA's opens there.
+    #[default]
+    Closed,
+    /// No fence outside the shares (gpuctl before the setting existed).
+    Open,
+}
+
 /// Host-wide settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct HostSettings {
@@ -132,6 +143,10 @@ pub struct HostSettings {
     /// When the GPU-hours ledger samples (docs/ledger.md).
     #[serde(default)]
     pub accounting: Accounting,
+    /// NVIDIA devices outside the team shares; a last good policy from before the setting
+    /// reads as the default.
+    #[serde(default)]
+    pub outside: Outside,
 }
 
 /// `[host] accounting`: when gpuctld keeps the GPU-hours ledger (docs/ledger.md).
@@ -155,6 +170,7 @@ impl Default for HostSettings {
             drain_timeout: Duration::from_secs(300),
             nvml_library: None,
             accounting: Accounting::Auto,
+            outside: Outside::Closed,
         }
     }
 }

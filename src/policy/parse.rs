@@ -9,7 +9,8 @@
 
 use super::caps::{self, within};
 use super::{
-    valid_team_name, Accounting, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Size,
+    valid_team_name, Accounting, Diagnostic, IdleAction, Loc, Member, Outside, Reconfigure,
+    Selector, Size,
 };
 use crate::settings::value::{
     duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str, Fail,
@@ -47,6 +48,8 @@ pub struct HostPart {
     pub nvml_library: Option<At<PathBuf>>,
     /// `accounting`.
     pub accounting: Option<At<Accounting>>,
+    /// `outside`.
+    pub outside: Option<At<Outside>>,
 }
 
 /// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
@@ -142,7 +145,13 @@ pub struct MigPart {
 }
 
 const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu"];
-const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library", "accounting"];
+const HOST_KEYS: &[&str] = &[
+    "reconfigure",
+    "drain-timeout",
+    "nvml-library",
+    "accounting",
+    "outside",
+];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
     "after",
@@ -462,6 +471,14 @@ impl<'a> Cx<'a> {
                         Some("expected one of: auto, on, off".into()),
                     )),
                 }
+            }),
+            outside: self.field(t, "host", "outside", |i| match want_str(i)? {
+                "closed" => Ok(Outside::Closed),
+                "open" => Ok(Outside::Open),
+                s => Err((
+                    format!("unknown outside mode '{s}'"),
+                    Some("expected one of: closed, open".into()),
+                )),
             }),
         }
     }
@@ -1035,6 +1052,22 @@ mod tests {
                 ("teams.a.mps.active-thread-percentage", 6, 28)
             ]
         );
+    }
+
+    #[test]
+    fn host_outside_is_closed_or_open_and_a_typo_is_located() {
+        let (f, d) = parse("version = 1\n[host]\noutside = \"open\"\n");
+        assert!(d.is_empty(), "{d:?}");
+        assert_eq!(
+            f.unwrap().host.outside.map(|a| a.value),
+            Some(Outside::Open)
+        );
+        let (_, d) = parse("version = 1\n[host]\noutside = \"closd\"\n");
+        assert_eq!(d.len(), 1, "{d:?}");
+        assert_eq!(d[0].key, "host.outside");
+        let loc = d[0].loc.as_ref().unwrap();
+        assert_eq!((loc.line, loc.col), (3, 11));
+        assert!(d[0].to_string().contains("closed, open"), "{}", d[0]);
     }
 
     #[test]

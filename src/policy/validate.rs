@@ -44,6 +44,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut host.drain_timeout, &f.host.drain_timeout);
         overlay(&mut host.nvml_library, &f.host.nvml_library);
         overlay(&mut host.accounting, &f.host.accounting);
+        overlay(&mut host.outside, &f.host.outside);
         for t in &f.teams {
             teams
                 .entry(t.name.clone())
@@ -70,6 +71,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             drain_timeout: value(&host.drain_timeout).unwrap_or(defaults.drain_timeout),
             nvml_library: value(&host.nvml_library),
             accounting: value(&host.accounting).unwrap_or(defaults.accounting),
+            outside: value(&host.outside).unwrap_or(defaults.outside),
         },
         teams: teams
             .values()

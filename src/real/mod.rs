@@ -185,11 +185,16 @@ impl RealHost {
         obs.cdi_specs = cdifiles::read_all(&self.root)?;
         obs.slices.clear();
         obs.mps.clear();
+        obs.fences.clear();
+        // Read at every observation (a unit-drift reconcile included), so a module loaded since
+        // the last one is in the next plan's fence.
+        obs.majors = procfs::majors(&self.root);
         if let Some(sd) = self.systemd.as_mut() {
             // Only slices gpuctl controls (DevicePolicy=closed) count as existing: any other
             // gpu-<team>.slice is planned to be set, which is what it needs.
             obs.slices = sd.read_running_slices()?;
             obs.mps = sd.list_mps()?.into_iter().collect();
+            obs.fences = sd.read_fences(&crate::plan::fence::FENCED_SLICES)?;
         }
         obs.cap_nodes = devnodes::existing(&self.root);
         Ok(())
@@ -323,6 +328,9 @@ impl SliceEffector for RealHost {
         self.systemd(&format!("gpu-{team}.slice"))?
             .remove_slice(team)
     }
+    fn set_fence(&mut self, slice: &str, fence: &crate::observe::Fence) -> Result<(), EffectError> {
+        self.systemd(slice)?.set_fence(slice, fence)
+    }
 }
 
 impl MpsEffector for RealHost {
@@ -348,8 +356,13 @@ impl FileEffector for RealHost {
         Ok(envfiles::remove(&self.root, team)?)
     }
 
-    fn write_cdi(&mut self, team: &TeamName, content: &str) -> Result<(), EffectError> {
-        Ok(cdifiles::write(&self.root, team, content)?)
+    fn write_cdi(
+        &mut self,
+        team: &TeamName,
+        content: &str,
+        readers: &[String],
+    ) -> Result<(), EffectError> {
+        Ok(cdifiles::write(&self.root, team, content, readers)?)
     }
 
     fn remove_cdi(&mut self, team: &TeamName) -> Result<(), EffectError> {

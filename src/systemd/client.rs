@@ -466,6 +466,28 @@ impl Systemd {
         })
     }
 
+    /// Give `slice` (outside the team shares) exactly `fence`'s device filter. The slice is not
+    /// started: an inactive `machine.slice` gets its filter when its first machine starts.
+    pub async fn set_fence(
+        &self,
+        slice: &str,
+        fence: &crate::observe::Fence,
+    ) -> Result<(), SystemdError> {
+        self.set_unit_properties(slice, true, &props::fence_properties(fence))
+            .await
+    }
+
+    /// The device filter of `slice` as systemd holds it. Loaded if need be: an idle
+    /// `machine.slice` may have been unloaded, and loading reads its runtime drop-ins back.
+    pub async fn read_fence(&self, slice: &str) -> Result<crate::observe::Fence, SystemdError> {
+        let path = self.load_unit(slice).await?;
+        let raw = self
+            .slice_get_all(path)
+            .await
+            .map_err(bus(slice, "GetAll(Slice properties)"))?;
+        Ok(props::fence_from_raw(&raw))
+    }
+
     /// Remove a team's slice. Refuses ([`SystemdError::Busy`]) while processes run in it:
     /// removing a team from the policy must not kill its jobs.
     pub async fn remove_slice(&self, team: &str) -> Result<(), SystemdError> {
@@ -691,6 +713,9 @@ impl SliceEffector for BlockingSystemd {
     fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError> {
         Ok(self.handle.block_on(self.inner.remove_slice(team))?)
     }
+    fn set_fence(&mut self, slice: &str, fence: &crate::observe::Fence) -> Result<(), EffectError> {
+        Ok(self.handle.block_on(self.inner.set_fence(slice, fence))?)
+    }
 }
 
 impl MpsEffector for BlockingSystemd {
@@ -749,6 +774,19 @@ impl LiveUnits for BlockingSystemd {
         &mut self,
     ) -> Result<std::collections::BTreeMap<TeamName, SliceSpec>, SystemdError> {
         self.handle.block_on(self.inner.read_running_slices())
+    }
+    fn read_fences(
+        &mut self,
+        slices: &[&str],
+    ) -> Result<std::collections::BTreeMap<String, crate::observe::Fence>, SystemdError> {
+        let mut out = std::collections::BTreeMap::new();
+        for s in slices {
+            out.insert(
+                s.to_string(),
+                self.handle.block_on(self.inner.read_fence(s))?,
+            );
+        }
+        Ok(out)
     }
 }
 

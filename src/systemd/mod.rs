@@ -146,6 +146,16 @@ pub trait LiveUnits {
     fn list_slices(&mut self) -> Result<Vec<TeamName>, SystemdError>;
     /// Running MPS daemons by instance, as last configured.
     fn list_mps(&mut self) -> Result<Vec<(String, MpsSpec)>, SystemdError>;
+    /// The device settings of `slices` (units outside the team shares); a slice that is not
+    /// loaded reads as systemd's default, [`crate::observe::Fence::open`]. By default none is
+    /// read (a recorder in tests): the planner then takes every one as open.
+    fn read_fences(
+        &mut self,
+        slices: &[&str],
+    ) -> Result<std::collections::BTreeMap<String, crate::observe::Fence>, SystemdError> {
+        let _ = slices;
+        Ok(Default::default())
+    }
     /// Every running team slice under gpuctl's device control, with its settings: by default
     /// [`Self::list_slices`] then [`Self::read_slice`] each; the bus client reads them at once.
     fn read_running_slices(

@@ -134,6 +134,49 @@ pub fn spec_from_raw(raw: &RawSlice) -> Option<SliceSpec> {
         ..SliceSpec::from_bus(get)
     })
 }
+/// The `SetUnitProperties` list that gives a slice outside the team shares exactly `fence`:
+/// its `DevicePolicy`, then the reset and the list of `DeviceAllow` (which appends otherwise,
+/// as for team slices), every entry with [`DEVICE_ACCESS`].
+pub fn fence_properties(fence: &crate::observe::Fence) -> Vec<(&'static str, Value<'static>)> {
+    let entries: Vec<(String, String)> = fence
+        .allow
+        .iter()
+        .map(|e| (e.clone(), DEVICE_ACCESS.to_string()))
+        .collect();
+    let mut props = vec![
+        ("DevicePolicy", Value::from(fence.policy.clone())),
+        ("DeviceAllow", Value::from(Vec::<(String, String)>::new())),
+    ];
+    if !entries.is_empty() {
+        props.push(("DeviceAllow", Value::from(entries)));
+    }
+    props
+}
+
+/// The fence of a slice as read back: `DevicePolicy` and the `DeviceAllow` entries, a grant
+/// other than [`DEVICE_ACCESS`] as `<entry> <access>` (as for team slices, so a hand change
+/// shows as a difference). A property that cannot be read is systemd's default.
+pub fn fence_from_raw(raw: &RawSlice) -> crate::observe::Fence {
+    let get = |name: &str| raw.get(name).map(|v| &**v);
+    let policy = get("DevicePolicy")
+        .and_then(|v| <&str>::try_from(v).ok())
+        .unwrap_or("auto")
+        .to_string();
+    let allow = get("DeviceAllow")
+        .and_then(|v| Vec::<(String, String)>::try_from(v.try_clone().ok()?).ok())
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(p, acc)| {
+            if DEVICE_ACCESS.chars().all(|c| acc.contains(c)) {
+                p
+            } else {
+                format!("{p} {acc}")
+            }
+        })
+        .collect();
+    crate::observe::Fence { policy, allow }
+}
+
 /// `[Unit]` + `[Slice]` text of a team slice unit file, as the generator writes it.
 pub fn slice_unit_file(team: &str, spec: &SliceSpec, source: &str) -> String {
     let mut s = format!(
@@ -328,5 +371,35 @@ mod tests {
         assert!(!text.contains("MemoryHigh"));
         assert!(text.contains("DevicePolicy=closed\nDeviceAllow=/dev/nvidia0 rwm\n"));
         assert!(text.contains("AllowedCPUs=0-3,8\n"));
+    }
+
+    #[test]
+    fn a_fence_resets_its_list_and_reads_back_as_set() {
+        let fence = crate::observe::Fence {
+            policy: "closed".into(),
+            allow: ["char-drm", "block-sd"].map(String::from).into(),
+        };
+        let p = fence_properties(&fence);
+        let keys: Vec<&str> = p.iter().map(|(k, _)| *k).collect();
+        assert_eq!(keys, ["DevicePolicy", "DeviceAllow", "DeviceAllow"]);
+        assert!(matches!(&p[1].1, Value::Array(a) if a.is_empty()));
+        let mut raw = RawSlice::new();
+        for (k, v) in p.into_iter().filter(|(k, _)| *k == "DevicePolicy").chain([(
+            "DeviceAllow",
+            Value::from(vec![
+                ("block-sd".to_string(), "rwm".to_string()),
+                ("char-drm".to_string(), "rwm".to_string()),
+            ]),
+        )]) {
+            raw.insert(k.to_string(), v.try_to_owned().unwrap());
+        }
+        assert_eq!(fence_from_raw(&raw), fence);
+        // Opening: the policy back to auto and the list emptied, nothing appended.
+        let open = fence_properties(&crate::observe::Fence::open());
+        assert_eq!(open.len(), 2);
+        assert_eq!(
+            fence_from_raw(&RawSlice::new()),
+            crate::observe::Fence::open()
+        );
     }
 }

@@ -101,10 +101,13 @@ check "another team's node forced in with --device /dev/nvidia1 is denied by the
     sh -c 'grep -q "mknod .*/dev/nvidia1.*Operation not permitted" || grep -q "^node /dev/nvidia1 EPERM$"' <<<"$out"
 check "... and does not open: no 'node /dev/nvidia1 ENXIO|OK'" sh -c '! grep -qE "^node /dev/nvidia1 (ENXIO|OK)$"' <<<"$out"
 
+# Without a cgroup parent root podman's container lands in machine.slice, which gpuctld fences
+# (`[host] outside = "closed"`, the default): no NVIDIA node is created or opens there.
 out=$(in_ctr --device gpuctl.io/team=infer --device /dev/nvidia1 -e NODES -- "$PROBE" 2>&1)
-echo "$out" | grep -E '^(node|cgroup)' | sed 's/^/    no-parent| /'
-check "without --cgroup-parent the forced node opens (ENXIO): the slice, not CDI, isolates" \
-    test "$(field "$out" "node /dev/nvidia1")" = ENXIO
+echo "$out" | grep -E '^(node|cgroup|Error)' | sed 's/^/    no-parent| /'
+check "without --cgroup-parent (machine.slice, fenced) the GPU nodes are denied (mknod or open: EPERM)" \
+    sh -c 'grep -q "mknod .*/dev/nvidia.*Operation not permitted" || grep -q "^node /dev/nvidia1 EPERM$"' <<<"$out"
+check "... and none opens: no 'node /dev/nvidia* ENXIO|OK'" sh -c '! grep -qE "^node /dev/nvidia[0-9]+ (ENXIO|OK)$"' <<<"$out"
 
 # An MPS team: its pipe directory is mounted, CUDA_MPS_PIPE_DIRECTORY points at it.
 inst=$(jq -r '.devices[0].containerEdits.mounts[0].hostPath' "$(cdi_spec train)")

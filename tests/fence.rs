@@ -1,0 +1,292 @@
+//! The fence outside the team shares and the withdrawals (issue 31), on the simulated host:
+//! no order of policy changes leaves a device open to two teams unless the policy shares it,
+//! at any point of a plan's execution; the fence of `user.slice`/`machine.slice` converges and
+//! names who holds a GPU there when it closes.
+
+mod common;
+
+use common::{apply, assign, policy, team};
+use gpuctl::observe::{GpuProcess, Major, SliceSpec};
+use gpuctl::plan::{plan, ActionKind, Phase};
+use gpuctl::policy::{GpuUse, Outside, Policy, Reconfigure, Selector, TeamName};
+use gpuctl::sim::SimHost;
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+
+const TEAMS: [&str; 3] = ["a", "b", "c"];
+
+/// One GPU's use: 0 none, 1-3 owned by a/b/c, 4-7 shared by {a,b}, {b,c}, {a,c}, {a,b,c}.
+fn use_of(k: u8) -> Option<Vec<&'static str>> {
+    match k {
+        0 => None,
+        1..=3 => Some(vec![TEAMS[k as usize - 1]]),
+        4 => Some(vec!["a", "b"]),
+        5 => Some(vec!["b", "c"]),
+        6 => Some(vec!["a", "c"]),
+        _ => Some(vec!["a", "b", "c"]),
+    }
+}
+
+/// A policy from GPU uses and which unnamed teams stay in it.
+fn make(uses: &[u8], keep: &[bool]) -> Policy {
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    let mut gpus = Vec::new();
+    for (i, k) in uses.iter().enumerate() {
+        if let Some(ts) = use_of(*k) {
+            names.extend(&ts);
+            let u = if ts.len() == 1 {
+                GpuUse::Owned(ts[0].parse().unwrap())
+            } else {
+                GpuUse::Shared(ts.iter().map(|t| t.parse().unwrap()).collect())
+            };
+            gpus.push(assign(Selector::Index(vec![i as u32]), u));
+        }
+    }
+    for (t, k) in TEAMS.iter().zip(keep) {
+        if *k {
+            names.insert(t);
+        }
+    }
+    policy(
+        names.into_iter().map(team).collect(),
+        gpus,
+        Reconfigure::WhenIdle,
+    )
+}
+
+/// Who may open `/dev/nvidiaN` by the policy.
+fn sharers(p: &Policy, uses: &[u8]) -> BTreeMap<String, BTreeSet<String>> {
+    let _ = p;
+    uses.iter()
+        .enumerate()
+        .map(|(i, k)| {
+            let ts = use_of(*k).unwrap_or_default();
+            (
+                format!("/dev/nvidia{i}"),
+                ts.iter().map(|t| t.to_string()).collect(),
+            )
+        })
+        .collect()
+}
+
+/// Walk the plan's slice actions in order from the observed slices, checking after each that a
+/// GPU node allowed to several teams is shared by them in the old or the new policy.
+fn check_every_step(
+    slices: &BTreeMap<TeamName, SliceSpec>,
+    p: &gpuctl::plan::Plan,
+    old: &BTreeMap<String, BTreeSet<String>>,
+    new: &BTreeMap<String, BTreeSet<String>>,
+) -> Result<(), TestCaseError> {
+    let mut live: BTreeMap<String, BTreeSet<String>> = slices
+        .iter()
+        .map(|(t, s)| (t.to_string(), s.device_allow.clone()))
+        .collect();
+    let check = |live: &BTreeMap<String, BTreeSet<String>>, step: &str| {
+        for (node, ok_old) in old {
+            let holders: BTreeSet<String> = live
+                .iter()
+                .filter(|(_, d)| d.contains(node))
+                .map(|(t, _)| t.clone())
+                .collect();
+            if holders.len() > 1 {
+                let ok_new = &new[node];
+                prop_assert!(
+                    holders.is_subset(ok_old) || holders.is_subset(ok_new),
+                    "after {step}: {node} open to {holders:?} (old policy: {ok_old:?}, new: {ok_new:?})"
+                );
+            }
+        }
+        Ok(())
+    };
+    check(&live, "the start")?;
+    for a in &p.actions {
+        match &a.kind {
+            ActionKind::SetSlice { team, spec } => {
+                live.insert(team.to_string(), spec.device_allow.clone());
+            }
+            ActionKind::RemoveSlice { team } => {
+                live.remove(&team.to_string());
+            }
+            _ => continue,
+        }
+        check(&live, &format!("[{}] {}", a.phase, a.kind))?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    #[test]
+    fn no_sequence_of_policy_changes_opens_a_gpu_to_two_teams(
+        steps in prop::collection::vec(
+            (prop::collection::vec(0u8..8, 4), prop::collection::vec(any::<bool>(), 3)),
+            1..6,
+        )
+    ) {
+        let mut host = SimHost::from_spec("h100-80gb*4").unwrap();
+        let mut old = sharers(&make(&[0; 4], &[false; 3]), &[0; 4]);
+        for (uses, keep) in &steps {
+            let p = make(uses, keep);
+            let new = sharers(&p, uses);
+            let first = plan(&p, &host.state);
+            check_every_step(&host.state.slices, &first, &old, &new)?;
+            // Withdrawals run before any grant.
+            let first_grant = first.actions.iter().position(|a| a.phase == Phase::Slices);
+            let last_withdraw = first.actions.iter().rposition(|a| a.phase == Phase::Fence);
+            if let (Some(g), Some(w)) = (first_grant, last_withdraw) {
+                prop_assert!(w < g);
+            }
+            let (_, remaining) = apply(&p, &mut host);
+            prop_assert!(remaining.is_converged(), "{remaining:#?}");
+            // Converged: each node is open exactly to the teams the policy gives it.
+            for (node, ts) in &new {
+                let got: BTreeSet<String> = host.state.slices.iter()
+                    .filter(|(_, s)| s.device_allow.contains(node))
+                    .map(|(t, _)| t.to_string())
+                    .collect();
+                prop_assert_eq!(&got, ts, "{}", node);
+            }
+            old = new;
+        }
+    }
+}
+
+fn majors() -> Vec<Major> {
+    [
+        (false, 1, "mem"),
+        (false, 10, "misc"),
+        (false, 136, "pts"),
+        (false, 195, "nvidia-frontend"),
+        (false, 226, "drm"),
+        (false, 510, "nvidia-uvm"),
+        (true, 8, "sd"),
+    ]
+    .map(|(block, number, name)| Major {
+        block,
+        number,
+        name: name.into(),
+    })
+    .into()
+}
+
+#[test]
+fn the_fence_converges_follows_new_majors_and_opens_again() {
+    let mut host = SimHost::from_spec("h100-80gb*2").unwrap();
+    host.state.majors = Some(majors());
+    let p = make(&[1, 2], &[true; 3]);
+    assert_eq!(p.host.outside, Outside::Closed);
+    let (first, remaining) = apply(&p, &mut host);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    let fences: Vec<_> = first
+        .actions
+        .iter()
+        .filter(|a| matches!(a.kind, ActionKind::SetFence { .. }))
+        .collect();
+    assert_eq!(fences.len(), 2);
+    assert!(fences.iter().all(|a| a.phase == Phase::Fence));
+    let user = &host.state.fences["user.slice"];
+    assert_eq!(user.policy, "closed");
+    let want: BTreeSet<String> = ["char-mem", "char-misc", "char-pts", "char-drm", "block-sd"]
+        .map(String::from)
+        .into();
+    assert_eq!(user.allow, want);
+
+    // A module registers a major: the next plan sets both fences again, and only them.
+    host.state.majors.as_mut().unwrap().push(Major {
+        block: false,
+        number: 241,
+        name: "ppp".into(),
+    });
+    let again = plan(&p, &host.state);
+    assert_eq!(again.actions.len(), 2, "{again:#?}");
+    assert!(
+        again.actions[0].reason.contains("+char-ppp"),
+        "{}",
+        again.actions[0].reason
+    );
+    apply(&p, &mut host);
+
+    // The NVIDIA driver reloaded under other dynamic majors: nothing to do.
+    for m in host.state.majors.as_mut().unwrap() {
+        if m.name == "nvidia-uvm" {
+            m.number = 509;
+        }
+    }
+    assert!(plan(&p, &host.state).is_converged());
+
+    // outside = "open": both slices back to systemd's default; closing again names the holder.
+    let mut open = p.clone();
+    open.host.outside = Outside::Open;
+    let (_, remaining) = apply(&open, &mut host);
+    assert!(remaining.is_converged());
+    assert!(host.state.fences.values().all(|f| f.is_open()));
+    host.state.gpus[1].processes.push(GpuProcess {
+        pid: 4242,
+        used_memory: 1 << 20,
+        unit: Some("session-3.scope".into()),
+        cgroup: Some("/user.slice/user-1000.slice/session-3.scope".into()),
+    });
+    let close = plan(&p, &host.state);
+    let user = close
+        .actions
+        .iter()
+        .find(|a| matches!(&a.kind, ActionKind::SetFence { slice, .. } if slice == "user.slice"))
+        .unwrap();
+    assert!(
+        user.reason.contains("pid 4242 (session-3.scope)"),
+        "{}",
+        user.reason
+    );
+    let machine = close
+        .actions
+        .iter()
+        .find(|a| matches!(&a.kind, ActionKind::SetFence { slice, .. } if slice == "machine.slice"))
+        .unwrap();
+    assert!(!machine.reason.contains("4242"), "{}", machine.reason);
+}
+
+#[test]
+fn without_majors_no_fence_is_planned_but_open_is() {
+    let mut host = SimHost::from_spec("h100-80gb*1").unwrap();
+    let p = make(&[1], &[true; 3]);
+    assert!(plan(&p, &host.state)
+        .actions
+        .iter()
+        .all(|a| !matches!(a.kind, ActionKind::SetFence { .. })));
+    apply(&p, &mut host);
+    assert!(host.state.fences.is_empty());
+}
+
+#[test]
+fn a_removed_teams_slice_loses_its_devices_before_another_gets_them() {
+    let mut host = SimHost::from_spec("h100-80gb*1").unwrap();
+    apply(&make(&[1], &[false; 3]), &mut host);
+    // Team a leaves; b gets the GPU. A task still runs in a's slice on the real host: the
+    // withdrawal is its own action, not the removal.
+    let p = make(&[2], &[false; 3]);
+    let pl = plan(&p, &host.state);
+    let kinds: Vec<String> = pl
+        .actions
+        .iter()
+        .map(|a| format!("[{}] {}", a.phase, a.kind))
+        .collect();
+    let w = kinds
+        .iter()
+        .position(|k| k == "[fence] set gpu-a.slice")
+        .unwrap_or_else(|| panic!("{kinds:#?}"));
+    let g = kinds
+        .iter()
+        .position(|k| k == "[slices] set gpu-b.slice")
+        .unwrap();
+    let r = kinds
+        .iter()
+        .position(|k| k == "[slices] remove gpu-a.slice")
+        .unwrap();
+    assert!(w < g && w < r, "{kinds:#?}");
+    match &pl.actions[w].kind {
+        ActionKind::SetSlice { spec, .. } => assert!(spec.device_allow.is_empty()),
+        k => panic!("{k:?}"),
+    }
+    assert!(pl.actions[w].reason.contains("no longer in the policy"));
+}
