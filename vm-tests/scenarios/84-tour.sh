@@ -6,6 +6,7 @@
 # slice, top, a limit change going live, the idle job warned.
 # vmtest: timeout=300
 # vmtest: group=usage
+# vmtest: quarantine=not yet seen passing: written under a host load that kept every guest in boot and dpkg -i past its limit
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
