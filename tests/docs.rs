@@ -160,6 +160,8 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--lib",
             "--all-targets",
             "--locked",
+            "--timings",
+            "--no-run",
         ],
     ),
     (
@@ -180,7 +182,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
     ),
     (
         "examples/fuzz.rs",
-        &["--seconds", "--seed", "--out", "--target"],
+        &["--seconds", "--seed", "--out", "--target", "--execs"],
     ),
     ("ansible-playbook", &["--tags", "--check", "--diff"]),
     ("node_exporter", &["--collector"]),
