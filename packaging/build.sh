@@ -14,6 +14,7 @@
 # dependencies when present.
 #
 # Environment:
+#   CARGO_TARGET_DIR                  where cargo builds (as cargo reads it; default target/)
 #   GPUCTL_PKG_RELEASE=N              package release (default 1)
 #   GPUCTL_ALLOW_MISSING_POLICY_MAN=1 build without docs/man/gpuctl.policy.5 (the package is then
 #                                     incomplete; only for branches where it has not landed yet)
@@ -58,7 +59,10 @@ log "cargo build ($PROFILE): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter,
 cargo build --locked -q "${cargo_flags[@]}" --bin gpuctl --bin gpuctld --bin gpuctl-generator \
     --bin gpuctl-exporter \
     --example gen-assets
-BIN=$ROOT/target/$PROFILE
+# Where cargo put them: CARGO_TARGET_DIR when set (relative to the checkout, where cargo ran).
+TARGET=${CARGO_TARGET_DIR:-target}
+[[ $TARGET = /* ]] || TARGET=$ROOT/$TARGET
+BIN=$TARGET/$PROFILE
 GEN=$OUT/generated
 rm -rf "$GEN"
 "$BIN/examples/gen-assets" "$GEN"

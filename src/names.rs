@@ -92,9 +92,44 @@ pub fn valid_team_name(name: &str) -> bool {
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'_')
 }
 
+/// Why `name` is no team name, in words (for a name [`valid_team_name`] refused).
+pub fn team_name_problem(name: &str) -> String {
+    if name.contains('-') {
+        format!(
+            "a '-' would nest the slice: systemd reads gpu-{name}.slice as a child of \
+             gpu-{}.slice; use '_' instead",
+            name.split('-').next().unwrap_or_default()
+        )
+    } else {
+        "team names become unit names (gpu-NAME.slice)".into()
+    }
+}
+
+/// The team name `name` was most likely meant to be: lower case, `-` and `.` as `_`
+/// (`ML-Infer` → `ml_infer`); `None` when that is no team name either.
+pub fn team_name_fix(name: &str) -> Option<String> {
+    let fixed: String = name
+        .chars()
+        .map(|c| match c {
+            '-' | '.' | ' ' => '_',
+            c => c.to_ascii_lowercase(),
+        })
+        .collect();
+    (fixed != name && valid_team_name(&fixed)).then_some(fixed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bad_names_get_the_name_meant() {
+        assert_eq!(team_name_fix("ml-infer").as_deref(), Some("ml_infer"));
+        assert_eq!(team_name_fix("ML.Infer").as_deref(), Some("ml_infer"));
+        assert_eq!(team_name_fix("../x"), None);
+        assert_eq!(team_name_fix("infer"), None);
+        assert!(team_name_problem("ml-infer").contains("use '_' instead"));
+    }
 
     #[test]
     fn team_names() {

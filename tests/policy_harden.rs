@@ -174,7 +174,7 @@ fn memory_limits_below_the_floor_are_errors() {
     );
     rejected(
         "version = 1\n[teams.a]\nmemory-high = \"1M\"\n",
-        "(MIN_MEMORY_BYTES)",
+        "teams.a.memory-high: 1 MiB is below the floor of 64 MiB",
     );
 }
 

@@ -6,7 +6,11 @@
 # Usage: build-image.sh [OUTDIR]          (default OUTDIR: /var/tmp/vm-image)
 # Env:   VM_EXTRA_PACKAGES="pkg1,pkg2"  extra Debian packages to put into the guest
 #        VM_IMAGE_SIZE=2G               size of the (sparse) ext4 root image
-#        DEBIAN_MIRROR=http://deb.debian.org   (same host apt uses)
+#        DEBIAN_MIRROR=URL              the Debian mirror (the URL before /debian); default:
+#                                       the one this host's apt uses (/etc/apt/sources.list*),
+#                                       so a host behind a local mirror builds from it
+#        DEBIAN_SECURITY_MIRROR=URL     the same for debian-security (default: the host's, else
+#                                       DEBIAN_MIRROR)
 #        VM_CUSTOMIZE='cmd'             extra mmdebstrap --customize-hook ($1 = guest root dir),
 #                                       e.g. 'cp ./agent "$1/usr/local/bin/"'
 #
@@ -16,8 +20,20 @@ set -euo pipefail
 
 OUT=${1:-/var/tmp/vm-image}
 SIZE=${VM_IMAGE_SIZE:-2G}
-MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org}
 SUITE=bookworm
+# The base URL of the host's apt source whose path ends in /$1 (debian, debian-security): from
+# deb822 files (URIs:) and one-line ones (deb [opts] URL suite ...).
+host_mirror() {
+  {
+    sed -n 's/^URIs:[[:space:]]*//p' /etc/apt/sources.list.d/*.sources 2>/dev/null | tr ' ' '\n'
+    sed -n 's/^deb[[:space:]]\+\(\[[^]]*\][[:space:]]\+\)\{0,1\}\([^[:space:]]*\).*/\2/p' \
+      /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null
+  } | sed -n "s#^\(.*\)/$1/\{0,1\}\$#\1#p" | head -n1 || true  # none found: empty
+}
+MIRROR=${DEBIAN_MIRROR:-$(host_mirror debian)}
+[ -n "$MIRROR" ] || { echo "build-image.sh: no Debian mirror in /etc/apt/sources.list*; set DEBIAN_MIRROR" >&2; exit 1; }
+SECURITY=${DEBIAN_SECURITY_MIRROR:-$(host_mirror debian-security)}
+SECURITY=${SECURITY:-$MIRROR}
 EXTRA=${VM_EXTRA_PACKAGES:-}
 # Packages the scenarios need beyond the base system, one per line (part of the cache key).
 PKG_LIST=$(dirname "$0")/image-packages.txt
@@ -147,7 +163,7 @@ mmdebstrap --mode=root --variant=minbase --include="$PKGS" \
   "$SUITE" "$ROOT" \
   "deb $MIRROR/debian $SUITE main" \
   "deb $MIRROR/debian $SUITE-updates main" \
-  "deb $MIRROR/debian-security $SUITE-security main" >"$OUT/mmdebstrap.log" 2>&1 \
+  "deb $SECURITY/debian-security $SUITE-security main" >"$OUT/mmdebstrap.log" 2>&1 \
   || { tail -30 "$OUT/mmdebstrap.log" >&2; exit 1; }
 
 # mmdebstrap empties /etc/machine-id at cleanup; give the image a fixed one so

@@ -17,6 +17,8 @@
 #   -q       do not stream the guest output to stdout while it runs
 #   -s       interactive: boot without running a test, serial console on stdio
 #            (log in as root, empty password; Ctrl-a x quits qemu)
+#   -S       interactive with SCRIPT: run it as usual (its output streams here), and the serial
+#            console on stdio too (vm-tests/try); no time limit unless -t is given
 # Env: VM_APPEND (extra kernel args), VM_QEMU_ARGS (extra qemu args, word-split),
 #      VM_CPU (qemu -cpu for kvm; VM_TCG_CPU for tcg, default max), VM_KERNEL /
 #      VM_INITRD (override kernel/initrd, e.g. a PVM guest kernel), VM_OUT_SIZE
@@ -34,12 +36,12 @@ set -uo pipefail
 
 IMG=${VM_IMAGE_DIR:-/var/tmp/vm-image}
 RES=./vm-results
-TIMEOUT=600 MEM=2048 CPUS=2 ACCEL=auto STREAM=1 SHELL_MODE=0
+TIMEOUT=600 MEM=2048 CPUS=2 ACCEL=auto STREAM=1 SHELL_MODE=0 CONSOLE=0 TIMEOUT_SET=0
 usage() { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 125; }
-while getopts i:o:t:m:c:a:qsh opt; do
+while getopts i:o:t:m:c:a:qsSh opt; do
   case $opt in
-    i) IMG=$OPTARG ;; o) RES=$OPTARG ;; t) TIMEOUT=$OPTARG ;; m) MEM=$OPTARG ;;
-    c) CPUS=$OPTARG ;; a) ACCEL=$OPTARG ;; q) STREAM=0 ;; s) SHELL_MODE=1 ;; *) usage ;;
+    i) IMG=$OPTARG ;; o) RES=$OPTARG ;; t) TIMEOUT=$OPTARG; TIMEOUT_SET=1 ;; m) MEM=$OPTARG ;;
+    c) CPUS=$OPTARG ;; a) ACCEL=$OPTARG ;; q) STREAM=0 ;; s) SHELL_MODE=1 ;; S) CONSOLE=1 ;; *) usage ;;
   esac
 done
 shift $((OPTIND - 1))
@@ -94,9 +96,22 @@ truncate -s "${VM_OUT_SIZE:-256M}" "$WORK/out.img"   # sparse; guest writes a ta
 : > "$RES/output.log"
 
 t0=$(date +%s%N)
-timeout -k 10 "$TIMEOUT" "${BASE[@]}" -append "$APPEND vmtest=1" \
-  -drive "file=$WORK/in.tar,format=raw,if=none,id=in,readonly=on" -device virtio-blk-pci,drive=in,serial=vmtest-in \
-  -drive "file=$WORK/out.img,format=raw,if=none,id=out" -device virtio-blk-pci,drive=out,serial=vmtest-out \
+# shellcheck disable=SC2054 # qemu option values contain commas
+DISKS=(-drive "file=$WORK/in.tar,format=raw,if=none,id=in,readonly=on" -device virtio-blk-pci,drive=in,serial=vmtest-in
+  -drive "file=$WORK/out.img,format=raw,if=none,id=out" -device virtio-blk-pci,drive=out,serial=vmtest-out)
+if [ $CONSOLE = 1 ]; then
+  # The person's terminal is the serial console (ttyS0: the kernel, then a login prompt); the
+  # script's output (ttyS1) streams to it as well. qemu stops when the guest powers off.
+  [ $TIMEOUT_SET = 1 ] || TIMEOUT=0
+  tail -n +1 -F "$RES/output.log" 2>/dev/null &
+  TPID=$!
+  timeout -k 10 "$TIMEOUT" "${BASE[@]}" -append "$APPEND vmtest=1 vmtest.try=1" "${DISKS[@]}" \
+    -nographic -serial mon:stdio -serial "file:$RES/output.log"
+  qrc=$?
+  kill $TPID 2>/dev/null
+  exit $qrc
+fi
+timeout -k 10 "$TIMEOUT" "${BASE[@]}" -append "$APPEND vmtest=1" "${DISKS[@]}" \
   -serial "file:$RES/console.log" -serial "file:$RES/output.log" &
 QPID=$!
 [ $STREAM = 1 ] && tail -n +1 -F --pid=$QPID "$RES/output.log" 2>/dev/null &

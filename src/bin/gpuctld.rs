@@ -21,7 +21,7 @@ Environment:
   JOURNAL_STREAM           set by systemd: log to the journal with structured fields
   NOTIFY_SOCKET            set by systemd: where READY=1, STATUS= and WATCHDOG=1 go
   DBUS_SYSTEM_BUS_ADDRESS  the system bus
-                           [default: unix:path=/run/dbus/system_bus_socket]";
+                           [default: unix:path=/var/run/dbus/system_bus_socket]";
 
 /// Keep this host's GPUs, MPS daemons and team slices matching the gpuctl policy.
 #[derive(Debug, Parser)]

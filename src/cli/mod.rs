@@ -47,6 +47,8 @@ pub mod exit {
     pub const PLACEMENT: i32 = 7;
 }
 
+/// Make a shared NVIDIA GPU host match a declarative team policy
+///
 /// gpuctl makes a shared NVIDIA GPU host match a declarative team policy: MIG layout, MPS
 /// daemons, per-team systemd slices with device, memory and CPU limits, and each team's device
 /// view.
@@ -76,7 +78,7 @@ pub enum Command {
     Shell(shell::ShellArgs),
     /// Run one command in a team's share; its exit status is passed through.
     Run(run::RunArgs),
-    /// Print a team's environment (shell, systemd EnvironmentFile or JSON format).
+    /// Print a team's environment (shell, systemd EnvironmentFile, JSON) or its container flags (cdi).
     Env(env::EnvArgs),
     /// List the teams you may join and what each gives.
     Teams(teams::TeamsArgs),

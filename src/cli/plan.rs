@@ -114,8 +114,10 @@ pub fn sim_host(a: &HostArgs) -> anyhow::Result<Option<SimHost>> {
     }
 }
 
-/// Load the policy under `--root`, printing diagnostics; `Err(code)` when it is unusable.
-fn load_policy(cli: &Cli, host: &HostArgs) -> Result<Policy, i32> {
+/// Load the policy under `--root`, printing diagnostics; `Err(code)` when it is unusable. With
+/// `json`, an unusable policy's diagnostics also go to stdout as `validate --json` prints them,
+/// so a JSON consumer is never left with nothing.
+fn load_policy(cli: &Cli, host: &HostArgs, json: bool) -> Result<Policy, i32> {
     let out = if host.policy.is_empty() {
         policy::load(&Root::new(&cli.root))
     } else {
@@ -127,20 +129,34 @@ fn load_policy(cli: &Cli, host: &HostArgs) -> Result<Policy, i32> {
     for (path, why) in &out.unreadable {
         eprintln!("{}: cannot read: {why}", path.display());
     }
+    if json && (out.verdict().is_err() || out.policy.is_none()) {
+        print_json(&super::validate::to_json(&out));
+    }
     match out.verdict() {
         Ok(_) => out.policy.ok_or(exit::INVALID),
         Err(_) => Err(exit::of_load(&out)),
     }
 }
 
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}
+
 /// Checks that need the host: selectors that name absent GPUs, MIG on a model without it, a
-/// geometry that does not fit the GPU it lands on.
-fn check_host(p: &Policy, observed: &Observed) -> Result<(), i32> {
-    let diags = policy::validate::check_against_host(p, observed);
+/// geometry that does not fit the GPU it lands on; without NVML only the CPU and RAM ones.
+fn check_host(p: &Policy, observed: &Observed, json: bool) -> Result<(), i32> {
+    let diags = if observed.nvml_unavailable.is_some() {
+        policy::validate::check_host_limits(p, observed)
+    } else {
+        policy::validate::check_against_host(p, observed)
+    };
     for d in &diags {
         eprintln!("{d}");
     }
     if diags.iter().any(|d| d.severity == policy::Severity::Error) {
+        if json {
+            print_json(&super::validate::host_json(&p.sources, &diags));
+        }
         return Err(exit::INVALID);
     }
     Ok(())
@@ -153,15 +169,16 @@ fn prepare(
     cli: &Cli,
     host: &HostArgs,
     say_no_systemd: bool,
+    json: bool,
 ) -> anyhow::Result<Result<(Policy, Target, Observed), i32>> {
     let sim = sim_host(host)?;
-    let p = match load_policy(cli, host) {
+    let p = match load_policy(cli, host, json) {
         Ok(p) => p,
         Err(code) => return Ok(Err(code)),
     };
     if let Some(h) = sim {
         let obs = h.state.clone();
-        return Ok(check_host(&p, &obs).map(|()| (p, Target::Sim(Box::new(h)), obs)));
+        return Ok(check_host(&p, &obs, json).map(|()| (p, Target::Sim(Box::new(h)), obs)));
     }
     let root = Root::new(&cli.root);
     let lib = crate::nvml::library_path(p.host.nvml_library.as_deref());
@@ -180,8 +197,12 @@ fn prepare(
         .observe()
         .map_err(|e| anyhow::anyhow!("observing the host: {e}"))?;
     if let Some(why) = &obs.nvml_unavailable {
-        eprintln!("gpuctl: {why}; GPUs are not observed and nothing is planned for them");
-    } else if let Err(code) = check_host(&p, &obs) {
+        eprintln!(
+            "gpuctl: {why}; the GPUs are unknown: not observed, and nothing is planned for them \
+             (CPUs and RAM are still checked)"
+        );
+    }
+    if let Err(code) = check_host(&p, &obs, json) {
         return Ok(Err(code));
     }
     Ok(Ok((p, Target::Real(Box::new(h)), obs)))
@@ -240,7 +261,7 @@ fn render_idle(r: &Result<Vec<String>, String>) -> String {
 
 /// Run `gpuctl plan`.
 pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
-    let (p, _h, obs) = match prepare(cli, &a.host, false)? {
+    let (p, _h, obs) = match prepare(cli, &a.host, false, a.json)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
@@ -282,7 +303,7 @@ pub fn run_apply(cli: &Cli, a: &ApplyArgs) -> anyhow::Result<i32> {
     let Ok(_lock) = lock.transpose().inspect_err(|e| eprintln!("gpuctl: {e}")) else {
         return Ok(exit::UNREADABLE);
     };
-    let (p, h, obs) = match prepare(cli, &a.host, true)? {
+    let (p, h, obs) = match prepare(cli, &a.host, true, false)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
@@ -403,7 +424,7 @@ fn print_pending(p: &Plan) {
 
 /// Run `gpuctl check`: exit 0 when converged, 1 when changes are pending or blocked.
 pub fn run_check(cli: &Cli, a: &CheckArgs) -> anyhow::Result<i32> {
-    let (p, h, obs) = match prepare(cli, &a.host, false)? {
+    let (p, h, obs) = match prepare(cli, &a.host, false, false)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };
@@ -466,10 +487,13 @@ fn usage_line(u: &GpuUse) -> String {
 /// gets and its steps, then host-wide steps and what is blocked.
 pub fn render(obs: &Observed, d: &Desired, pl: &Plan) -> String {
     let mut out = String::new();
+    let gpus = match &obs.nvml_unavailable {
+        Some(_) => "GPUs unknown (NVML not available)".to_string(),
+        None => format!("{} GPUs", obs.gpus.len()),
+    };
     let _ = writeln!(
         out,
-        "Host: {} GPUs, {} RAM, {} CPUs",
-        obs.gpus.len(),
+        "Host: {gpus}, {} RAM, {} CPUs",
         human_bytes(obs.host.memory_bytes),
         obs.host.cpus
     );

@@ -163,12 +163,17 @@ pub fn run(args: &TopArgs) -> i32 {
             Err(f) => f.report(),
         };
     }
-    live_loop(args)
+    // Nothing to watch without gpuctld: say so and exit 6 before taking the terminal over.
+    match fetch(args.team.as_deref()) {
+        Ok(u) => live_loop(args, u),
+        Err(f) => f.report(),
+    }
 }
 
 /// Live mode: redraw every interval, quit on `q` (or Ctrl-C, read as a key while the
 /// terminal is raw). The terminal is restored on every way out.
-fn live_loop(args: &TopArgs) -> i32 {
+/// The exit code is that of the last refresh: 0, or the failure's (6 when gpuctld went away).
+fn live_loop(args: &TopArgs, first: Usage) -> i32 {
     use nix::sys::termios::{self, LocalFlags, SetArg};
     use std::io::{Read, Write};
     let stdin = std::io::stdin();
@@ -189,10 +194,19 @@ fn live_loop(args: &TopArgs) -> i32 {
         }
     });
     let every = Duration::from_secs_f64(args.interval.clamp(0.2, 3600.0));
+    let mut first = Some(first);
+    let mut last;
     let code = loop {
-        let frame = match fetch(args.team.as_deref()) {
-            Ok(u) => render(&u),
-            Err(f) => format!("gpuctl: {}\n", f.message),
+        let got = first.take().map_or_else(|| fetch(args.team.as_deref()), Ok);
+        let frame = match got {
+            Ok(u) => {
+                last = super::exit::OK;
+                render(&u)
+            }
+            Err(f) => {
+                last = f.code;
+                format!("gpuctl: {}\n", f.message)
+            }
         };
         let mut out = std::io::stdout().lock();
         let _ = write!(out, "\x1b[H\x1b[2J{frame}\n(q to quit)\n");
@@ -200,7 +214,7 @@ fn live_loop(args: &TopArgs) -> i32 {
         drop(out);
         match rx.recv_timeout(every) {
             Ok(b'q' | b'Q' | 3 | 4) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-                break super::exit::OK
+                break last
             }
             _ => {}
         }

@@ -81,6 +81,17 @@ pub fn to_json(o: &LoadOutcome) -> serde_json::Value {
     })
 }
 
+/// The same document for a policy that loaded but does not fit the host (`plan --json`):
+/// `valid` is false when any diagnostic is an error.
+pub fn host_json(files: &[PathBuf], diags: &[Diagnostic]) -> serde_json::Value {
+    serde_json::json!({
+        "valid": !diags.iter().any(|d| d.severity == Severity::Error),
+        "files": files.iter().map(|f| f.display().to_string()).collect::<Vec<_>>(),
+        "unreadable": [],
+        "diagnostics": diags.iter().map(diag_json).collect::<Vec<_>>(),
+    })
+}
+
 fn print_human(o: &LoadOutcome) {
     for (p, e) in &o.unreadable {
         eprintln!("{}: error: cannot read: {e}", p.display());

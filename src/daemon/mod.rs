@@ -181,6 +181,18 @@ pub fn persist_last_good(root: &Root, last_good: &Option<Policy>, saved: &mut Op
 /// Why gpuctld could not start (or run on).
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// Not started by systemd: gpuctld drives slices, scopes and units through systemd's
+    /// manager, so a host without it as PID 1 (a container, a chroot) cannot run it.
+    #[error(
+        "gpuctld needs systemd as PID 1 (no /run/systemd/system, and PID 1 is {pid1}): run it on \
+         a host booted with systemd ({cause})"
+    )]
+    NoSystemd {
+        /// PID 1's name (`/proc/1/comm`), or "unknown".
+        pid1: String,
+        /// What failed first (the bus or systemd's manager).
+        cause: String,
+    },
     /// No system bus.
     #[error("system bus: {0}")]
     Bus(#[source] zbus::Error),
@@ -200,6 +212,17 @@ pub enum DaemonError {
     /// Logging could not be set up.
     #[error(transparent)]
     Logging(#[from] logging::LoggingError),
+}
+
+/// [`DaemonError::NoSystemd`] when this host was not booted with systemd (sd_booted(3)'s test,
+/// `/run/systemd/system`, or PID 1's name), so the error says what is missing instead of the
+/// bus's `ServiceUnknown`; `None` on a systemd host, where `cause` is the error to show.
+fn without_systemd(root: &Root, cause: String) -> Option<DaemonError> {
+    let pid1 = std::fs::read_to_string(root.join("/proc/1/comm"))
+        .map(|c| c.trim().to_string())
+        .unwrap_or_else(|_| "unknown".into());
+    let booted = root.join("/run/systemd/system").is_dir() || pid1 == "systemd";
+    (!booted).then_some(DaemonError::NoSystemd { pid1, cause })
 }
 
 /// Daemon settings.
@@ -655,8 +678,14 @@ fn release_free_memory() {
 /// Run the daemon until SIGTERM/SIGINT.
 pub async fn run(opts: Options) -> Result<(), DaemonError> {
     use tokio::signal::unix::{signal, SignalKind};
-    let conn = zbus::Connection::system().await.map_err(DaemonError::Bus)?;
-    let sd = Systemd::with_connection(conn.clone(), opts.root.clone()).await?;
+    let conn = zbus::Connection::system()
+        .await
+        .map_err(|e| without_systemd(&opts.root, e.to_string()).unwrap_or(DaemonError::Bus(e)))?;
+    let sd = Systemd::with_connection(conn.clone(), opts.root.clone())
+        .await
+        .map_err(|e| {
+            without_systemd(&opts.root, e.to_string()).unwrap_or(DaemonError::Systemd(e))
+        })?;
     let shared = Arc::new(Mutex::new(Shared::default()));
     let expected = ExpectedUnits::default();
     let (tx, mut rx) = mpsc::unbounded_channel();

@@ -20,8 +20,9 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-/// Where the system bus listens unless `DBUS_SYSTEM_BUS_ADDRESS` says otherwise.
-pub const SYSTEM_BUS_SOCKET: &str = "/run/dbus/system_bus_socket";
+/// Where the system bus listens unless `DBUS_SYSTEM_BUS_ADDRESS` says otherwise: the D-Bus
+/// specification's default, which zbus (every other call of ours) and libdbus use too.
+pub const SYSTEM_BUS_SOCKET: &str = "/var/run/dbus/system_bus_socket";
 
 /// Longest reply accepted: a team's environment is a handful of short variables, so anything
 /// near this is not a reply of ours.
@@ -472,6 +473,20 @@ mod tests {
     use super::*;
 
     use std::collections::HashMap;
+
+    #[test]
+    fn the_default_socket_is_the_one_zbus_uses() {
+        // One default for the hand-written Join client and the zbus calls: what zbus resolves
+        // with the variable unset (as it is in a plain `cargo test`).
+        if std::env::var_os("DBUS_SYSTEM_BUS_ADDRESS").is_none() {
+            let zbus_default = zbus::Address::system().unwrap().to_string();
+            assert_eq!(
+                socket_of_address(&zbus_default),
+                Some(PathBuf::from(SYSTEM_BUS_SOCKET)),
+                "{zbus_default}"
+            );
+        }
+    }
 
     #[test]
     fn addresses_name_their_unix_path() {

@@ -48,8 +48,25 @@ pub fn shown(name: &str) -> String {
 /// becomes a unit name (`gpu-<team>.slice`) and a file name (`<team>.env`), so `../x`, `a-b`
 /// (a nested slice), very long names and control characters must never reach a lookup.
 pub fn check_team_name(name: &str) -> Result<TeamName, Refusal> {
-    name.parse()
-        .map_err(|_| Refusal::BadTeamName { shown: shown(name) })
+    name.parse().map_err(|_| {
+        // The explanation quotes the name: only a short, printable one (the rest are shown
+        // escaped and cut, above).
+        let plain = name.len() <= 40 && !name.chars().any(char::is_control);
+        let mut why = crate::names::team_name_problem(if plain { name } else { "" });
+        if let Some(fix) = crate::names::team_name_fix(name) {
+            why = format!("{why}: did you mean \"{fix}\"?");
+        }
+        Refusal::BadTeamName {
+            shown: shown(name),
+            why,
+        }
+    })
+}
+
+/// The teams there are, led by the one `team` was probably meant to be, as `validate` says it.
+fn teams_help(team: &str, known: &[String]) -> String {
+    let list = format!("teams: {}", list_or_none(known));
+    crate::policy::parse::suggest(team, known.iter().map(String::as_str), list)
 }
 
 /// The caller as the bus daemon reports it (`GetConnectionCredentials`), never as the client
@@ -125,13 +142,15 @@ pub struct Grant {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Refusal {
     /// The name can never be a team.
-    #[error("{shown} is not a valid team name (teams are [a-z][a-z0-9_]{{0,30}})")]
+    #[error("{shown} is not a valid team name: {why} (teams are [a-z][a-z0-9_]{{0,30}})")]
     BadTeamName {
         /// The name, escaped and truncated.
         shown: String,
+        /// Why, and the name meant when it can be guessed (`ml-infer`: `ml_infer`).
+        why: String,
     },
     /// No such team in the policy in force.
-    #[error("no team \"{team}\" in the policy (teams: {})", list_or_none(known))]
+    #[error("no team \"{team}\" in the policy ({})", teams_help(team, known))]
     UnknownTeam {
         /// The team asked for.
         team: String,

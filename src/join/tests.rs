@@ -152,6 +152,23 @@ fn root_may_join_any_team_but_not_an_unknown_one() {
         e.to_string(),
         "no team \"nope\" in the policy (teams: ghost, infer, solo, train)"
     );
+    let e = auth(&caller(0), "infr").unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "no team \"infr\" in the policy (did you mean 'infer'? teams: ghost, infer, solo, train)"
+    );
+}
+
+#[test]
+fn a_bad_team_name_says_which_name_was_meant() {
+    let e = check_team_name("ml-infer").unwrap_err().to_string();
+    assert!(
+        e.starts_with("\"ml-infer\" is not a valid team name: a '-' would nest the slice")
+            && e.contains("use '_' instead: did you mean \"ml_infer\"? (teams are"),
+        "{e}"
+    );
+    let e = check_team_name("../x").unwrap_err().to_string();
+    assert!(!e.contains("did you mean"), "{e}");
 }
 
 #[test]

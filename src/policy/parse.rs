@@ -35,6 +35,9 @@ pub struct Fragment {
     pub teams: Vec<TeamPart>,
     /// `[[gpu]]` entries that parsed, in file order.
     pub gpus: Vec<GpuPart>,
+    /// Teams named by `[[gpu]]` entries that did not parse (their error is reported): such a
+    /// team is not also told it has no GPUs.
+    pub teams_of_bad_gpus: Vec<String>,
 }
 
 /// `[host]` keys set in one file.
@@ -259,8 +262,9 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
                 for (i, (t, sp)) in entries.into_iter().enumerate() {
                     let key = format!("gpu[{i}]");
                     let sp = sp.or_else(|| k.span());
-                    if let Some(g) = cx.gpu(&key, t, sp) {
-                        frag.gpus.push(g);
+                    match cx.gpu(&key, t, sp) {
+                        Some(g) => frag.gpus.push(g),
+                        None => frag.teams_of_bad_gpus.extend(teams_named(t)),
                     }
                 }
             }
@@ -268,6 +272,40 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
         }
     }
     Some(frag)
+}
+
+/// The team names a `[[gpu]]` entry writes (`owner`, `shared`, `mig[].owner`), whatever else
+/// is wrong with it.
+fn teams_named(t: &dyn TableLike) -> Vec<String> {
+    let strs = |i: &Item| -> Vec<String> {
+        match i.as_array() {
+            Some(a) => a
+                .iter()
+                .filter_map(|v| v.as_str())
+                .map(String::from)
+                .collect(),
+            None => i.as_str().map(String::from).into_iter().collect(),
+        }
+    };
+    let mut out: Vec<String> = ["owner", "shared"]
+        .iter()
+        .filter_map(|k| t.get(k))
+        .flat_map(strs)
+        .collect();
+    match t.get("mig") {
+        Some(Item::Value(Value::Array(a))) => out.extend(a.iter().filter_map(|m| {
+            m.as_inline_table()?
+                .get("owner")?
+                .as_str()
+                .map(String::from)
+        })),
+        Some(Item::ArrayOfTables(a)) => out.extend(
+            a.iter()
+                .filter_map(|m| m.get("owner")?.as_str().map(String::from)),
+        ),
+        _ => {}
+    }
+    out
 }
 
 /// A table of an array and its span.
@@ -487,20 +525,17 @@ impl<'a> Cx<'a> {
         let path = format!("teams.{name}");
         let loc = self.loc(k.span());
         if !valid_team_name(name) {
-            let why = if name.contains('-') {
-                format!(
-                    "a '-' would nest the slice: systemd reads gpu-{name}.slice as a child of \
-                     gpu-{}.slice; use '_' instead",
-                    name.split('-').next().unwrap_or_default()
-                )
-            } else {
-                "team names become unit names (gpu-NAME.slice)".into()
+            let why = crate::names::team_name_problem(name);
+            let help = "a team name matches [a-z][a-z0-9_]{0,30}".to_string();
+            let help = match crate::names::team_name_fix(name) {
+                Some(fix) => format!("did you mean '{fix}'? {help}"),
+                None => help,
             };
             self.error(
                 k.span(),
                 &path,
                 format!("invalid team name '{name}': {why}"),
-                Some("a team name matches [a-z][a-z0-9_]{0,30}".into()),
+                Some(help),
             );
         }
         let Some(t) = item.as_table_like() else {

@@ -39,7 +39,9 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
     let mut host = HostPart::default();
     let mut teams: BTreeMap<String, TeamPart> = BTreeMap::new();
     let mut gpus: Vec<&GpuPart> = Vec::new();
+    let mut teams_of_bad_gpus: BTreeSet<&str> = BTreeSet::new();
     for f in fragments {
+        teams_of_bad_gpus.extend(f.teams_of_bad_gpus.iter().map(String::as_str));
         overlay(&mut host.reconfigure, &f.host.reconfigure);
         overlay(&mut host.drain_timeout, &f.host.drain_timeout);
         overlay(&mut host.nvml_library, &f.host.nvml_library);
@@ -55,7 +57,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
     }
 
     check_drain(&host, diags);
-    check_teams(&teams, &gpus, diags);
+    check_teams(&teams, &gpus, &teams_of_bad_gpus, diags);
     for g in &gpus {
         check_refs(g, &teams, diags);
         if let UsagePart::Mig(m) = &g.usage {
@@ -181,15 +183,22 @@ fn team_refs(g: &GpuPart) -> Vec<&At<String>> {
     }
 }
 
-fn check_teams(teams: &BTreeMap<String, TeamPart>, gpus: &[&GpuPart], diags: &mut Vec<Diagnostic>) {
-    let used: BTreeSet<&str> = gpus
+fn check_teams(
+    teams: &BTreeMap<String, TeamPart>,
+    gpus: &[&GpuPart],
+    teams_of_bad_gpus: &BTreeSet<&str>,
+    diags: &mut Vec<Diagnostic>,
+) {
+    let mut used: BTreeSet<&str> = gpus
         .iter()
         .flat_map(|g| team_refs(g))
         .map(|t| t.value.as_str())
         .collect();
+    used.extend(teams_of_bad_gpus);
     for t in teams.values() {
         let key = format!("teams.{}", t.name);
-        if !used.contains(t.name.as_str()) {
+        // An invalid name has its error already; "no GPUs" would only add noise.
+        if !used.contains(t.name.as_str()) && super::valid_team_name(&t.name) {
             diags.push(warning(
                 &t.loc,
                 &key,
@@ -834,6 +843,15 @@ fn check_teams_on_host(
             }
         }
     }
+}
+
+/// The checks of [`check_against_host`] that need no GPU: CPUs and RAM. What `gpuctl plan`
+/// runs when NVML is not available, so a CPU the host lacks is caught whatever the driver does.
+pub fn check_host_limits(policy: &Policy, observed: &Observed) -> Vec<Diagnostic> {
+    let mut out = Vec::new();
+    let none = Loc::start(policy.sources.first().cloned().unwrap_or_default());
+    check_teams_on_host(policy, observed, &none, &mut out);
+    out
 }
 
 /// Check a validated policy against a host: selectors resolve to real GPUs, MIG geometries use

@@ -2,7 +2,7 @@
 //! the host, travels over D-Bus, reads back, lands in a unit file and shows for people.
 
 use super::value::{
-    human_bytes, int_in, size_item, type_name, want_str, CpuSet, Fail, Size, SIZE_HELP,
+    human_bytes, int_in, size_item, size_words, type_name, want_str, CpuSet, Fail, Size, SIZE_HELP,
 };
 use super::{Kind, UNSET};
 use std::collections::BTreeMap;
@@ -42,7 +42,20 @@ impl Kind for Memory {
     fn parse(item: &Item) -> Result<Option<Size>, Fail> {
         let v = size_item(item, true)?;
         if let Some(s) = &v {
-            Self::check(s, 0).map_err(|m| (m, Some(SIZE_HELP.into())))?;
+            Self::check(s, 0).map_err(|m| {
+                // A bare number is bytes; one this small was almost surely meant in GiB.
+                let bare = item.as_integer().is_some()
+                    || item
+                        .as_str()
+                        .is_some_and(|t| t.trim().bytes().all(|b| b.is_ascii_digit()));
+                match *s {
+                    Size::Bytes(b @ 1..=16384) if bare => (
+                        format!("{m}; a number without a unit is bytes: did you mean \"{b}G\"?"),
+                        Some(SIZE_HELP.into()),
+                    ),
+                    _ => (m, Some(SIZE_HELP.into())),
+                }
+            })?;
         }
         Ok(v)
     }
@@ -51,25 +64,28 @@ impl Kind for Memory {
     }
     fn check(v: &Size, host_ram: u64) -> Result<(), String> {
         let what = match *v {
-            Size::Bytes(b) => format!("{b} bytes"),
+            Size::Bytes(b) => size_words(b),
             Size::PercentOfRam(p) if !(p > 0.0 && p <= 100.0) => {
                 return Err(format!("{p}% is not a share of host RAM"))
             }
             // Without the host's RAM a share cannot be resolved; the host check says so.
             Size::PercentOfRam(_) if host_ram == 0 => return Ok(()),
-            Size::PercentOfRam(p) => format!("{p}% of host RAM ({} bytes)", v.resolve(host_ram)),
+            Size::PercentOfRam(p) => {
+                format!("{p}% of host RAM ({})", size_words(v.resolve(host_ram)))
+            }
         };
         let bytes = v.resolve(host_ram);
         if bytes < MIN_MEMORY_BYTES {
             return Err(format!(
-                "{what} is below the floor of {} MiB (MIN_MEMORY_BYTES): the team's jobs could \
-                 not start, and 0 kills every one of them",
-                MIN_MEMORY_BYTES >> 20
+                "{what} is below the floor of {}: the team's jobs could not start, and 0 kills \
+                 every one of them",
+                size_words(MIN_MEMORY_BYTES)
             ));
         }
         if host_ram > 0 && bytes > host_ram {
             return Err(format!(
-                "{what} is above this host's RAM ({host_ram} bytes), so it limits nothing"
+                "{what} is above this host's RAM ({}), so it limits nothing",
+                size_words(host_ram)
             ));
         }
         Ok(())
@@ -104,7 +120,9 @@ pub fn memory_order(max: Option<&Size>, high: Option<&Size>, host_ram: u64) -> R
     };
     if h > m {
         Err(format!(
-            "memory-high ({h} bytes) is above memory-max ({m} bytes), so it never throttles"
+            "memory-high ({}) is above memory-max ({}), so it never throttles",
+            size_words(h),
+            size_words(m)
         ))
     } else {
         Ok(())
@@ -158,12 +176,9 @@ impl Kind for Cpus {
     type Policy = CpuSet;
     type Live = CpuSet;
     fn parse(item: &Item) -> Result<Option<CpuSet>, Fail> {
-        want_str(item)?.parse().map(Some).map_err(|m| {
-            (
-                m,
-                Some("expected CPU numbers and ranges, e.g. \"0-15,32\"".into()),
-            )
-        })
+        let help = || Some("expected CPU numbers and ranges in a string, e.g. \"0-15,32\"".into());
+        let text = want_str(item).map_err(|(m, _)| (m, help()))?;
+        text.parse().map(Some).map_err(|m| (m, help()))
     }
     fn resolve(v: &CpuSet, _: u64) -> CpuSet {
         v.clone()
@@ -316,11 +331,30 @@ mod tests {
         for bad in ["0", "\"1M\"", "67108863"] {
             let (p, e) = parse(&format!("memory-max = {bad}\n"));
             assert!(p.memory_max.is_none(), "{bad}");
+            assert!(e[0].contains("below the floor of 64 MiB: "), "{e:?}");
             assert!(
-                e[0].contains("below the floor of 64 MiB (MIN_MEMORY_BYTES)"),
-                "{e:?}"
+                !e[0].contains("MIN_MEMORY_BYTES"),
+                "no internal names: {e:?}"
             );
         }
+        let (_, e) = parse("memory-max = 32\n");
+        assert!(
+            e[0].starts_with("memory-max: 32 bytes is below the floor of 64 MiB")
+                && e[0].ends_with("a number without a unit is bytes: did you mean \"32G\"?"),
+            "{e:?}"
+        );
+        let (_, e) = parse("memory-max = \"1M\"\n");
+        assert!(!e[0].contains("did you mean"), "a unit was given: {e:?}");
+        let e = Memory::check(&Size::Bytes(256 << 30), 128 << 30).unwrap_err();
+        assert_eq!(
+            e,
+            "256 GiB is above this host's RAM (128 GiB), so it limits nothing"
+        );
+        let e = Memory::check(&Size::PercentOfRam(0.01), 128 << 30).unwrap_err();
+        assert!(
+            e.starts_with("0.01% of host RAM (13.1 MiB) is below"),
+            "{e}"
+        );
         let (p, e) = parse("memory-max = \"64M\"\nmemory-high = \"0.1%\"\n");
         assert!(e.is_empty(), "a share is checked on the host: {e:?}");
         let ram = 16u64 << 30;
@@ -351,7 +385,10 @@ mod tests {
             "no RAM"
         );
         let e = memory_order(Some(&b(10 << 30)), Some(&p(50.0)), ram).unwrap_err();
-        assert!(e.contains("never throttles"), "{e}");
+        assert_eq!(
+            e,
+            "memory-high (50 GiB) is above memory-max (10 GiB), so it never throttles"
+        );
         assert!(memory_order(Some(&p(50.0)), Some(&b(10 << 30)), ram).is_ok());
         assert!(memory_order(None, Some(&b(1)), ram).is_ok());
     }

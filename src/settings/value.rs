@@ -204,12 +204,91 @@ pub fn parse_size(s: &str) -> Result<Option<Size>, String> {
         "M" | "MiB" => 20,
         "G" | "GiB" => 30,
         "T" | "TiB" => 40,
-        u => return Err(format!("{q}: unknown size unit {}", quote(u))),
+        u => return Err(size_unit_problem(&q, num, u)),
     };
     let n: u64 = num.parse().map_err(|_| format!("{q} is too large"))?;
     n.checked_mul(1u64 << shift)
         .map(|b| Some(Size::Bytes(b)))
         .ok_or_else(|| format!("{q} is too large"))
+}
+
+/// Bits to shift for a size suffix (`K` 10 … `T` 40), upper case only.
+fn unit_shift(unit: &str) -> Option<u32> {
+    ["K", "M", "G", "T"]
+        .iter()
+        .position(|u| *u == unit)
+        .map(|i| 10 * (i as u32 + 1))
+}
+
+/// The suffix for `shift` bits (`""` for bytes).
+fn unit_name(shift: u32) -> &'static str {
+    ["", "K", "M", "G", "T"][(shift / 10) as usize]
+}
+
+/// `bytes` in the largest suffix that writes it whole: `1536M`, `64G`, `1000`.
+pub fn whole_size(bytes: u64) -> String {
+    let shift = [40, 30, 20, 10]
+        .into_iter()
+        .find(|s| bytes > 0 && bytes % (1u64 << s) == 0)
+        .unwrap_or(0);
+    format!("{}{}", bytes >> shift, unit_name(shift))
+}
+
+/// Why `num` followed by `unit` is no size, said so the reader can fix it: a decimal
+/// (`"1.5G"`) gets the same size written whole (`1536M`), an SI unit (`"64GB"`) or a lower-case
+/// one (`"32g"`) the suffix meant.
+fn size_unit_problem(q: &str, num: &str, unit: &str) -> String {
+    let u = unit.trim();
+    if let Some(frac) = u.strip_prefix('.') {
+        let digits = frac
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(frac.len());
+        let (frac, suffix) = frac.split_at(digits);
+        let shift = match suffix.trim() {
+            "" | "B" => Some(0),
+            s => unit_shift(s.trim_end_matches("iB")),
+        };
+        let whole = |n: &str| n.parse::<u128>().ok();
+        // The same size in the next smaller unit (rounded down when it is no whole number of
+        // those): 1.5G is 1536M, 1.1G about 1126M.
+        let fixed = match (shift, whole(num), whole(frac)) {
+            (Some(shift), Some(n), Some(f)) if frac.len() <= 12 && !frac.is_empty() => {
+                let scale = 10u128.pow(frac.len() as u32);
+                let step = 1u128 << shift.saturating_sub(10);
+                let bytes = n
+                    .checked_mul(scale)
+                    .and_then(|x| x.checked_add(f))
+                    .and_then(|x| x.checked_mul(1u128 << shift))
+                    .map(|x| x / scale / step * step);
+                bytes.and_then(|b| u64::try_from(b).ok()).filter(|b| *b > 0)
+            }
+            _ => None,
+        };
+        return match fixed {
+            Some(b) => format!(
+                "{q}: decimals are not accepted; write it whole with a smaller unit: '{}'",
+                whole_size(b)
+            ),
+            None => {
+                format!("{q}: decimals are not accepted; use a whole number with a smaller unit")
+            }
+        };
+    }
+    let upper = u.to_ascii_uppercase();
+    if let Some(si) = ["KB", "MB", "GB", "TB"].iter().find(|si| **si == upper) {
+        let base = &si[..1];
+        return format!(
+            "{q}: SI units are not accepted ({si} would be a power of 1000); sizes are powers of \
+             1024: did you mean '{num}{base}' ({num} {base}iB)?"
+        );
+    }
+    if unit_shift(&upper).is_some() || ["KIB", "MIB", "GIB", "TIB"].contains(&upper.as_str()) {
+        return format!(
+            "{q}: size units are upper case: did you mean '{num}{}'?",
+            &upper[..1]
+        );
+    }
+    format!("{q}: unknown size unit {}", quote(u))
 }
 
 /// Parse a duration: `"90"` (seconds), `"5m"`, `"1h30m"`, `"500ms"`.
@@ -472,6 +551,27 @@ pub fn human_bytes(b: u64) -> String {
     }
 }
 
+/// Bytes in a message: exact where a unit writes them whole (`64 MiB`, `32 GiB`, `32 bytes`),
+/// else to a tenth of the largest unit (`23.5 GiB`), so that no reader counts digits.
+pub fn size_words(b: u64) -> String {
+    for (shift, name) in [(40, "TiB"), (30, "GiB"), (20, "MiB"), (10, "KiB")] {
+        let unit = 1u64 << shift;
+        if b >= unit && b % unit == 0 {
+            return format!("{} {name}", b >> shift);
+        }
+        if b >= unit && shift >= 20 {
+            let near = format!("{:.1} {name}", b as f64 / unit as f64);
+            // "64.0 MiB" for one byte less than 64 MiB would read as the same size.
+            return if near.ends_with(&format!(".0 {name}")) {
+                format!("{near} ({b} bytes)")
+            } else {
+                near
+            };
+        }
+    }
+    format!("{b} bytes")
+}
+
 /// Bytes in a table column, where width matters more than the unit's name: `1.5G`, `512.0M`,
 /// `900B`. One place for `gpuctl status` and `gpuctl top`; [`human_bytes`] is the prose form.
 pub fn compact_bytes(b: u64) -> String {
@@ -507,6 +607,52 @@ mod tests {
         for bad in ["", "G", "64X", "0%", "101%", "-1G", "1.5G", "99999999999T"] {
             assert!(parse_size(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn bad_sizes_say_how_to_write_them() {
+        let e = |s: &str| parse_size(s).unwrap_err();
+        assert_eq!(
+            e("1.5G"),
+            "'1.5G': decimals are not accepted; write it whole with a smaller unit: '1536M'"
+        );
+        assert!(e("0.5T").ends_with(": '512G'"), "{}", e("0.5T"));
+        assert!(e("1.25GiB").ends_with(": '1280M'"), "{}", e("1.25GiB"));
+        assert!(
+            e("2.5").ends_with(": '2'"),
+            "bytes round down: {}",
+            e("2.5")
+        );
+        assert!(e("1.1G").ends_with(": '1126M'"), "{}", e("1.1G"));
+        assert!(
+            e("1.5X").contains("decimals are not accepted"),
+            "{}",
+            e("1.5X")
+        );
+        assert_eq!(
+            e("64GB"),
+            "'64GB': SI units are not accepted (GB would be a power of 1000); sizes are powers \
+             of 1024: did you mean '64G' (64 GiB)?"
+        );
+        assert_eq!(
+            e("32g"),
+            "'32g': size units are upper case: did you mean '32G'?"
+        );
+        assert_eq!(e("64X"), "'64X': unknown size unit 'X'");
+    }
+
+    #[test]
+    fn sizes_in_words_are_exact_or_a_tenth() {
+        assert_eq!(size_words(32), "32 bytes");
+        assert_eq!(size_words(64 << 20), "64 MiB");
+        assert_eq!(size_words(128 << 30), "128 GiB");
+        assert_eq!(size_words(137438953472), "128 GiB");
+        assert_eq!(size_words((47 << 29) + 12345), "23.5 GiB");
+        assert_eq!(size_words((64 << 20) - 1), "64.0 MiB (67108863 bytes)");
+        assert_eq!(size_words(3 << 10), "3 KiB");
+        assert_eq!(whole_size(1536 << 20), "1536M");
+        assert_eq!(whole_size(2 << 40), "2T");
+        assert_eq!(whole_size(1000), "1000");
     }
 
     #[test]

@@ -61,4 +61,13 @@ for f in $(find scenarios -maxdepth 1 -name '*.sh' | sort); do
     systemctl status --no-pager --full 'gpuctl*' 'gpu*.slice' >"$VMTEST_RESULTS/units-status.txt" 2>&1
     [ $final = 0 ] && final=$rc
 done
+# vm-tests/try: the host stays up for the person at the console until they power it off.
+if grep -qw 'vmtest.try=1' /proc/cmdline; then
+    echo
+    echo "== ready: log in on the console as root (no password); the tour's policy is in force,"
+    echo "   users alice (team infer) and carol (team train). Try: gpuctl status; gpuctl plan;"
+    echo "   setpriv --reuid=alice --regid=alice --init-groups gpuctl run --team infer -- env;"
+    echo "   gpuctl top. Leave with: poweroff"
+    while :; do sleep 3600; done
+fi
 exit $final

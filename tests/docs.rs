@@ -1,0 +1,369 @@
+//! The docs agree with the code: every relative link in the Markdown files resolves (file and
+//! heading), every `--flag` the docs and man pages name is a flag of `gpuctl` or `gpuctld` (or of
+//! a tool listed below as another's), a value written after a flag that takes a fixed set of
+//! values is one of them (`env --format cdi`), and the generated man page's NAME line reads as a
+//! NAME line.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Every Markdown file of the repository outside build output and other checkouts.
+fn markdown_files() -> Vec<PathBuf> {
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with('.') || ["target", "shared", "node_modules"].contains(&&*name) {
+                continue;
+            }
+            if p.is_dir() {
+                walk(&p, out);
+            } else if name.ends_with(".md") {
+                out.push(p);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&repo(), &mut out);
+    out.sort();
+    assert!(out.len() >= 10, "found only {out:?}");
+    out
+}
+
+/// GitHub's anchor for a heading: lower case, punctuation dropped, spaces as `-`.
+fn slug(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    text.lines()
+        .filter(|l| {
+            if l.starts_with("```") {
+                fenced = !fenced;
+            }
+            !fenced && l.starts_with('#')
+        })
+        .map(|l| slug(l.trim_start_matches('#')))
+        .collect()
+}
+
+/// The targets of `[text](target)` links outside code.
+fn links(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    let mut fenced = false;
+    for (n, line) in text.lines().enumerate() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced {
+            continue;
+        }
+        // Inline code is no link: drop `...` spans first.
+        let plain: String = line.split('`').step_by(2).collect::<Vec<_>>().join(" ");
+        let mut rest = plain.as_str();
+        while let Some(i) = rest.find("](") {
+            let after = &rest[i + 2..];
+            let Some(end) = after.find(')') else { break };
+            let target = after[..end].split_whitespace().next().unwrap_or("");
+            out.push((n + 1, target.to_string()));
+            rest = &after[end..];
+        }
+    }
+    out
+}
+
+#[test]
+fn every_relative_link_in_the_markdown_resolves() {
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in markdown_files() {
+        let text = std::fs::read_to_string(&file).unwrap();
+        for (line, target) in links(&text) {
+            if target.contains("://") || target.starts_with("mailto:") || target.is_empty() {
+                continue;
+            }
+            checked += 1;
+            let (path, anchor) = match target.split_once('#') {
+                Some((p, a)) => (p, Some(a)),
+                None => (target.as_str(), None),
+            };
+            let dest = if path.is_empty() {
+                file.clone()
+            } else {
+                file.parent().unwrap().join(path)
+            };
+            let at = format!("{}:{line}: {target}", file.display());
+            if !dest.exists() {
+                broken.push(format!("{at}: no such file"));
+                continue;
+            }
+            if let (Some(a), true) = (anchor, dest.extension().is_some_and(|e| e == "md")) {
+                let text = std::fs::read_to_string(&dest).unwrap();
+                if !anchors(&text).contains(a) {
+                    broken.push(format!("{at}: no heading #{a}"));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 20,
+        "only {checked} links found: is the parser broken?"
+    );
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+}
+
+#[test]
+fn the_link_checker_sees_a_broken_link() {
+    let l = links("see [x](docs/nope.md#a) and `[not](code.md)`\n```\n[no](x)\n```\n");
+    assert_eq!(l, vec![(1, "docs/nope.md#a".to_string())]);
+    assert_eq!(
+        slug("LDAP and other directory groups"),
+        "ldap-and-other-directory-groups"
+    );
+    assert_eq!(
+        slug("Check a drop-in: `gpuctl validate --as`"),
+        "check-a-drop-in-gpuctl-validate---as"
+    );
+}
+
+/// Flags of other programs that the docs show next to ours, by program.
+const OTHER_TOOLS: &[(&str, &[&str])] = &[
+    (
+        "cargo",
+        &[
+            "--release",
+            "--example",
+            "--workspace",
+            "--test",
+            "--bin",
+            "--bench",
+            "--check",
+            "--nocapture",
+            "--lib",
+            "--all-targets",
+            "--locked",
+            "--timings",
+            "--no-run",
+        ],
+    ),
+    (
+        "podman/docker",
+        &[
+            "--device",
+            "--cgroup-parent",
+            "--rm",
+            "--gpus",
+            "--env-file",
+            "--cgroup-manager",
+            "--cgroups",
+        ],
+    ),
+    (
+        "systemd-run/systemctl",
+        &["--scope", "--slice", "--now", "--wait", "--pty"],
+    ),
+    (
+        "examples/fuzz.rs",
+        &["--seconds", "--seed", "--out", "--target", "--execs"],
+    ),
+    ("ansible-playbook", &["--tags", "--check", "--diff"]),
+    ("node_exporter", &["--collector"]),
+    ("dcgm-exporter", &["--hpc-job-mapping-dir"]),
+    ("a team's own service (docs/shell.md)", &["--port"]),
+    (
+        "vm-tests/run",
+        &[
+            "--bench",
+            "--self-test",
+            "--keep",
+            "--image-only",
+            "--rebuild-image",
+            "--tour",
+        ],
+    ),
+    ("packaging/build.sh", &["--debug", "--no-rpm"]),
+];
+
+/// Every long flag of `cmd` and its subcommands, with the values it accepts when they are fixed.
+fn clap_flags(cmd: &clap::Command, out: &mut BTreeMap<String, BTreeSet<String>>) {
+    for a in cmd.get_arguments() {
+        if let Some(l) = a.get_long() {
+            let values = out.entry(format!("--{l}")).or_default();
+            // A switch has the values true and false, which nobody writes after it.
+            if !matches!(
+                a.get_action(),
+                clap::ArgAction::Set | clap::ArgAction::Append
+            ) {
+                continue;
+            }
+            values.extend(
+                a.get_possible_values()
+                    .iter()
+                    .map(|v| v.get_name().to_string()),
+            );
+        }
+    }
+    for s in cmd.get_subcommands() {
+        clap_flags(s, out);
+    }
+}
+
+/// The long flags `gpuctld --help` lists (its parser lives in the binary).
+fn gpuctld_flags() -> BTreeSet<String> {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpuctld"))
+        .arg("--help")
+        .output()
+        .unwrap();
+    let help = String::from_utf8(out.stdout).unwrap();
+    flags_in(&help).into_iter().map(|(f, _)| f).collect()
+}
+
+/// `--flag` words in `text` and the word after each (roff's `\-` read as `-`).
+fn flags_in(text: &str) -> Vec<(String, String)> {
+    let text = text
+        .replace("\\-", "-")
+        .replace("\\fB", "")
+        .replace("\\fR", "");
+    let text = text.replace("\\fI", "");
+    let words: Vec<&str> = text
+        .split(|c: char| c.is_whitespace() || "`()[]|,;\"'".contains(c))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let mut out = Vec::new();
+    for (i, w) in words.iter().enumerate() {
+        let Some(name) = w.strip_prefix("--") else {
+            continue;
+        };
+        let name = name
+            .split('=')
+            .next()
+            .unwrap_or("")
+            .trim_end_matches(['.', ':']);
+        let ok = name.len() > 1
+            && name.starts_with(|c: char| c.is_ascii_lowercase())
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+        if ok {
+            let next = w
+                .split_once('=')
+                .map(|(_, v)| v.to_string())
+                .or_else(|| words.get(i + 1).map(|s| s.to_string()))
+                .unwrap_or_default();
+            out.push((format!("--{name}"), next));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_flag_the_docs_and_man_pages_name_exists() {
+    let mut ours = BTreeMap::new();
+    clap_flags(&gpuctl::cli::command(), &mut ours);
+    for f in gpuctld_flags() {
+        ours.entry(f).or_default();
+    }
+    assert!(ours.contains_key("--simulate") && ours.contains_key("--drift-secs"));
+    let other: BTreeSet<&str> = OTHER_TOOLS
+        .iter()
+        .flat_map(|(_, f)| f.iter().copied())
+        .collect();
+    let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
+        .unwrap()
+        .chain(std::fs::read_dir(repo().join("docs/man")).unwrap())
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_file())
+        .collect();
+    files.push(repo().join("README.md"));
+    files.sort();
+    let mut wrong = Vec::new();
+    let mut seen = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap();
+        for (flag, next) in flags_in(&text) {
+            seen += 1;
+            match ours.get(&flag) {
+                // A fixed set of values: a plain word written after the flag must be one.
+                Some(values) if !values.is_empty() => {
+                    let word = next.trim_end_matches(['.', ':']);
+                    let plain = !word.is_empty()
+                        && word.chars().all(|c| c.is_ascii_lowercase() || c == '-');
+                    if plain && !values.contains(word) && !other.contains(flag.as_str()) {
+                        wrong.push(format!(
+                            "{}: {flag} {word}: not one of {values:?}",
+                            file.display()
+                        ));
+                    }
+                }
+                Some(_) => {}
+                None if other.contains(flag.as_str()) => {}
+                None => wrong.push(format!(
+                    "{}: {flag}: no such flag of gpuctl or gpuctld",
+                    file.display()
+                )),
+            }
+        }
+    }
+    assert!(seen > 50, "only {seen} flags found: is the scanner broken?");
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_flag_scanner_reads_markdown_and_roff() {
+    assert_eq!(
+        flags_in("`gpuctl env --format=cdi` and .B \\-\\-drift\\-secs 5"),
+        vec![
+            ("--format".to_string(), "cdi".to_string()),
+            ("--drift-secs".to_string(), "5".to_string())
+        ]
+    );
+    assert!(flags_in("a -- b --X").is_empty());
+}
+
+#[test]
+fn the_generated_man_page_names_the_command_once() {
+    let mut buf = Vec::new();
+    clap_mangen::Man::new(gpuctl::cli::command())
+        .render_name_section(&mut buf)
+        .unwrap();
+    let name = String::from_utf8(buf).unwrap();
+    let line = name.lines().last().unwrap();
+    assert!(line.starts_with("gpuctl \\- "), "{name}");
+    assert!(!line.contains("gpuctl \\- gpuctl"), "{name}");
+}
+
+#[test]
+fn the_summary_of_env_names_every_format() {
+    let cmd = gpuctl::cli::command();
+    let env = cmd.find_subcommand("env").unwrap();
+    let about = env.get_about().unwrap().to_string().to_lowercase();
+    let format = env
+        .get_arguments()
+        .find(|a| a.get_long() == Some("format"))
+        .unwrap();
+    for v in format.get_possible_values() {
+        assert!(
+            about.contains(v.get_name()),
+            "{about:?} omits {}",
+            v.get_name()
+        );
+    }
+}
