@@ -129,6 +129,10 @@ pub struct HostSettings {
     pub drain_timeout: Duration,
     /// Explicit `libnvidia-ml.so` path; `None` means the loader's default.
     pub nvml_library: Option<PathBuf>,
+    /// Members of this group (and root) read every team's per-process detail (user, pid,
+    /// command, unit) from `Usage`, `Idle` and `Metrics`; others only their own teams'.
+    #[serde(default)]
+    pub admin_group: Option<String>,
 }
 
 impl Default for HostSettings {
@@ -137,6 +141,7 @@ impl Default for HostSettings {
             reconfigure: Reconfigure::WhenIdle,
             drain_timeout: Duration::from_secs(300),
             nvml_library: None,
+            admin_group: None,
         }
     }
 }

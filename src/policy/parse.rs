@@ -43,6 +43,8 @@ pub struct HostPart {
     pub drain_timeout: Option<At<Duration>>,
     /// `nvml-library`.
     pub nvml_library: Option<At<PathBuf>>,
+    /// `admin-group`.
+    pub admin_group: Option<At<String>>,
 }
 
 /// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
@@ -138,7 +140,12 @@ pub struct MigPart {
 }
 
 const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu"];
-const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library"];
+const HOST_KEYS: &[&str] = &[
+    "reconfigure",
+    "drain-timeout",
+    "nvml-library",
+    "admin-group",
+];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
     "after",
@@ -447,6 +454,20 @@ impl<'a> Cx<'a> {
                 duration_item(i, MAX_DRAIN_TIMEOUT, "MAX_DRAIN_TIMEOUT")
             }),
             nvml_library: self.field(t, "host", "nvml-library", |i| abs_path(want_str(i)?)),
+            admin_group: self.field(t, "host", "admin-group", |i| {
+                let s = want_str(i)?;
+                match s.strip_prefix('@').unwrap_or(s) {
+                    g if valid_unix_name(g) => Ok(g.to_string()),
+                    _ => Err((
+                        format!("invalid group name '{s}'"),
+                        Some(
+                            "a group name as NSS knows it, e.g. \"gpu-admins\" (letters, digits, \
+                             _ - ., at most 32 characters)"
+                                .into(),
+                        ),
+                    )),
+                }
+            }),
         }
     }
 
@@ -979,6 +1000,21 @@ mod tests {
         }
         for bad in ["", "1000", "-x", "a b", "a:b", &"a".repeat(33)] {
             assert!(!valid_unix_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn admin_group_is_a_group_name_with_or_without_its_at() {
+        for (v, want) in [("gpu-admins", "gpu-admins"), ("@ops.team", "ops.team")] {
+            let (f, d) = parse(&format!("version = 1\n[host]\nadmin-group = \"{v}\"\n"));
+            assert!(d.is_empty(), "{d:?}");
+            assert_eq!(f.unwrap().host.admin_group.unwrap().value, want);
+        }
+        for bad in ["\"\"", "\"1000\"", "\"a b\"", "[\"x\"]", "\"@\""] {
+            let (_, d) = parse(&format!("version = 1\n[host]\nadmin-group = {bad}\n"));
+            assert_eq!(d.len(), 1, "{bad}: {d:?}");
+            assert_eq!(d[0].key, "host.admin-group");
+            assert_eq!(d[0].loc.as_ref().unwrap().line, 3, "{bad}");
         }
     }
 

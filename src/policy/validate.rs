@@ -43,6 +43,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut host.reconfigure, &f.host.reconfigure);
         overlay(&mut host.drain_timeout, &f.host.drain_timeout);
         overlay(&mut host.nvml_library, &f.host.nvml_library);
+        overlay(&mut host.admin_group, &f.host.admin_group);
         for t in &f.teams {
             teams
                 .entry(t.name.clone())
@@ -68,6 +69,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             reconfigure: value(&host.reconfigure).unwrap_or(defaults.reconfigure),
             drain_timeout: value(&host.drain_timeout).unwrap_or(defaults.drain_timeout),
             nvml_library: value(&host.nvml_library),
+            admin_group: value(&host.admin_group),
         },
         teams: teams
             .values()
