@@ -199,7 +199,10 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
                 Some(Some(no)) => Some(no),
                 Some(None) => match in_team_slice(sd, &h).await {
                     Ok(true) => None,
-                    Ok(false) => Some(format!("it is not in gpu-{}.slice", h.team)),
+                    Ok(false) => Some(format!(
+                        "it is not in {}",
+                        crate::systemd::props::slice_unit(&h.team)
+                    )),
                     Err(e) => Some(format!("cannot read its slice: {e}")),
                 },
             };

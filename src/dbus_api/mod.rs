@@ -507,7 +507,7 @@ pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
                 })
                 .collect();
             let slice = SliceStatus {
-                unit: format!("gpu-{name}.slice"),
+                unit: crate::systemd::props::slice_unit(name),
                 wanted: tv.map(|t| t.slice.clone()),
                 live,
                 active_state: usage.as_ref().map(|u| u.active_state.clone()),

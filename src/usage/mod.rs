@@ -346,6 +346,24 @@ mod tests {
     }
 
     #[test]
+    fn a_teams_own_mps_server_is_not_a_stray() {
+        let mut u = sample();
+        let cg = "/gpu.slice/gpu-infer.slice/gpu-infer-gpus.slice/gpuctl-mps@infer-gpus.service";
+        u.gpus[0].processes.push(ProcessUsage {
+            pid: 7,
+            team: procfs::team_of_cgroup(cg),
+            team_unit: procfs::team_unit_of_cgroup(cg),
+            ..proc_in(7, None)
+        });
+        attribute(&mut u, &owners());
+        let mps = u.gpus[0].processes.iter().find(|p| p.pid == 7).unwrap();
+        assert_eq!(mps.team.as_deref(), Some("infer"));
+        assert!(!mps.stray, "{mps:?}");
+        // Not a unit idle reclaim could stop: it sits in the share's slice, not the team's.
+        assert_eq!(mps.team_unit, None);
+    }
+
+    #[test]
     fn a_shared_gpu_accepts_every_owner() {
         let mut u = sample();
         let mut o = owners();

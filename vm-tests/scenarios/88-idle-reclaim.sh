@@ -6,7 +6,7 @@
 # idle service on GPU 2: reported, untouched. The journal names user and unit. Who sees what:
 # carol (research) reads research's holders by name and infer's without; bob (no team) and the
 # exporter read no unit or user at all, root reads everything.
-# vmtest: timeout=420
+# vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
