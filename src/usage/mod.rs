@@ -182,7 +182,11 @@ fn hide(
     hidden: &mut Vec<HiddenProcesses>,
     sees: &dyn Fn(Option<&str>) -> bool,
 ) {
-    for p in procs.extract_if(.., |p| !sees(p.team.as_deref())) {
+    let (shown, gone): (Vec<_>, Vec<_>) = std::mem::take(procs)
+        .into_iter()
+        .partition(|p| sees(p.team.as_deref()));
+    *procs = shown;
+    for p in gone {
         let at = hidden
             .iter()
             .position(|h| h.team == p.team && h.stray == p.stray);
