@@ -55,6 +55,7 @@ const KEYS_HOST: &[&str] = &[
     "reconfigure",
     "drain-timeout",
     "nvml-library",
+    "admin-group",
     "mps-control",
 ];
 /// The team settings' keys come from the one settings table, so a new setting is fuzzed too.

@@ -11,14 +11,24 @@
 //! (hyper + hyper-util + http-body-util) would add a dozen crates to a build that CI compiles
 //! on two cores, for features (keep-alive, chunking, HTTP/2, bodies) this endpoint refuses
 //! anyway. What it guards against instead:
-//! - a slow or silent client: the request head must arrive within [`Options::read_timeout`];
+//! - a slow or silent client: the request head must arrive within [`Options::read_timeout`]
+//!   (short: Prometheus sends it at once);
+//! - slot filling: at most [`Options::max_connections`] at once; when all are taken, the
+//!   connection that has waited longest without sending its request head is dropped for the new
+//!   one, so silent connections cannot lock a scraper out;
+//! - a flood of real requests (every slot serving): the next ones get a well-formed `503`
+//!   after their request is read, never a reset (closing a socket with unread input makes the
+//!   kernel send RST instead of the answer); at most [`Options::max_connections`] of those at
+//!   once, the rest are closed;
 //! - a huge head: at most [`MAX_HEAD`] bytes, else `431`;
-//! - garbage: anything that is not `METHOD SP TARGET SP HTTP/x` gets `400`;
-//! - a flood: at most [`Options::max_connections`] at once; the next ones get `503` at once.
+//! - garbage: anything that is not `METHOD SP TARGET SP HTTP/x` gets `400`.
 //!
 //! Every connection is its own task, so none of these holds up another scrape.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::future::Future;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -45,7 +55,7 @@ pub struct Options {
 impl Default for Options {
     fn default() -> Self {
         Options {
-            read_timeout: Duration::from_secs(10),
+            read_timeout: Duration::from_secs(3),
             fetch_timeout: Duration::from_secs(20),
             max_connections: 64,
         }
@@ -140,16 +150,64 @@ async fn read_head(s: &mut TcpStream) -> Result<Vec<u8>, Vec<u8>> {
     }
 }
 
-async fn handle<F, Fut, E>(mut s: TcpStream, opts: Arc<Options>, fetch: F)
-where
+/// Connections still waiting for their request head, oldest first: the ones to drop when
+/// every slot is taken. Each waits on its receiver; sending (or dropping the sender) drops it.
+#[derive(Default)]
+struct Silent {
+    next: u64,
+    waiting: BTreeMap<u64, tokio::sync::oneshot::Sender<()>>,
+}
+
+/// Connection count and the silent ones, shared by the accept loop and the connection tasks
+/// (one thread: `spawn_local`).
+#[derive(Default)]
+struct Slots {
+    busy: usize,
+    refusing: usize,
+    silent: Silent,
+}
+
+/// Frees a slot however the task ends.
+struct Slot(Rc<RefCell<Slots>>, bool);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut s = self.0.borrow_mut();
+        if self.1 {
+            s.refusing -= 1;
+        } else {
+            s.busy -= 1;
+        }
+    }
+}
+
+async fn handle<F, Fut, E>(
+    mut s: TcpStream,
+    opts: Arc<Options>,
+    fetch: F,
+    silent: (u64, tokio::sync::oneshot::Receiver<()>),
+    slots: Rc<RefCell<Slots>>,
+    _slot: Slot,
+) where
     F: Fn() -> Fut,
     Fut: Future<Output = Result<String, E>>,
     E: std::fmt::Display,
 {
-    let reply = match tokio::time::timeout(opts.read_timeout, read_head(&mut s)).await {
-        Err(_) => text("408 Request Timeout", "request head not received in time\n"),
-        Ok(Err(r)) => r,
-        Ok(Ok(head)) => match parse_request(&head) {
+    let (id, dropped) = silent;
+    let head = tokio::select! {
+        h = tokio::time::timeout(opts.read_timeout, read_head(&mut s)) => Some(h),
+        _ = dropped => None,
+    };
+    slots.borrow_mut().silent.waiting.remove(&id);
+    let reply = match head {
+        // Dropped for a newer connection while it had sent no request.
+        None => text(
+            "503 Service Unavailable",
+            "dropped for a newer connection\n",
+        ),
+        Some(Err(_)) => text("408 Request Timeout", "request head not received in time\n"),
+        Some(Ok(Err(r))) => r,
+        Some(Ok(Ok(head))) => match parse_request(&head) {
             Request::Metrics { head } => {
                 match tokio::time::timeout(opts.fetch_timeout, fetch()).await {
                     Ok(Ok(body)) => response("200 OK", CONTENT_TYPE, &body, head),
@@ -171,6 +229,26 @@ where
     let _ = s.shutdown().await;
 }
 
+/// Every slot serves a request: read this one's request (so closing sends FIN, not RST),
+/// answer `503`, and wait briefly for the client to close.
+async fn refuse(mut s: TcpStream, opts: Arc<Options>, _slot: Slot) {
+    let wait = opts.read_timeout.min(Duration::from_secs(1));
+    let _ = tokio::time::timeout(wait, read_head(&mut s)).await;
+    let r = text("503 Service Unavailable", "too many connections\n");
+    if tokio::time::timeout(wait, s.write_all(&r)).await.is_ok() {
+        let _ = s.shutdown().await;
+        let mut sink = [0u8; 1024];
+        let _ = tokio::time::timeout(wait, async {
+            while let Ok(n) = s.read(&mut sink).await {
+                if n == 0 {
+                    break;
+                }
+            }
+        })
+        .await;
+    }
+}
+
 /// Serve until the listener fails. `fetch` produces the metrics text for one scrape; its error
 /// (gpuctld's, e.g. a `zbus::Error`) is shown in the `503` body.
 pub async fn serve<F, Fut, E>(listener: TcpListener, opts: Options, fetch: F) -> std::io::Result<()>
@@ -180,24 +258,38 @@ where
     E: std::fmt::Display + 'static,
 {
     let opts = Arc::new(opts);
-    let slots = Arc::new(tokio::sync::Semaphore::new(opts.max_connections));
+    let slots = Rc::new(RefCell::new(Slots::default()));
     loop {
-        let (mut s, _) = listener.accept().await?;
-        match slots.clone().try_acquire_owned() {
-            Ok(permit) => {
-                let (o, f) = (opts.clone(), fetch.clone());
-                tokio::task::spawn_local(async move {
-                    handle(s, o, f).await;
-                    drop(permit);
-                });
-            }
-            Err(_) => {
-                tokio::task::spawn_local(async move {
-                    let r = text("503 Service Unavailable", "too many connections\n");
-                    let _ = tokio::time::timeout(Duration::from_secs(1), s.write_all(&r)).await;
-                });
-            }
+        let (s, _) = listener.accept().await?;
+        let mut sl = slots.borrow_mut();
+        // When full, the oldest silent connection makes room: it ends at once, and until its
+        // task has unwound the count is over the limit by one.
+        let evicted = sl.busy >= opts.max_connections
+            && sl
+                .silent
+                .waiting
+                .pop_first()
+                .map(|(_, tx)| tx.send(()))
+                .is_some();
+        if sl.busy < opts.max_connections || evicted {
+            sl.busy += 1;
+            // Registered here, not in its task: a burst of connections is accepted before any
+            // task runs, and each must already count as silent for the next.
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let id = sl.silent.next;
+            sl.silent.next += 1;
+            sl.silent.waiting.insert(id, tx);
+            drop(sl);
+            let slot = Slot(slots.clone(), false);
+            let (o, f, sc) = (opts.clone(), fetch.clone(), slots.clone());
+            tokio::task::spawn_local(handle(s, o, f, (id, rx), sc, slot));
+        } else if sl.refusing < opts.max_connections {
+            sl.refusing += 1;
+            drop(sl);
+            let slot = Slot(slots.clone(), true);
+            tokio::task::spawn_local(refuse(s, opts.clone(), slot));
         }
+        // Else: as many refusals as slots are under way; this one is closed unanswered.
     }
 }
 

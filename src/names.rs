@@ -155,3 +155,77 @@ mod tests {
         assert!(serde_json::from_str::<TeamName>("\"../x\"").is_err());
     }
 }
+
+/// Where a cgroup v2 path (`/proc/<pid>/cgroup`) runs in gpuctl's terms: the one reading of that
+/// fact, for usage, idle reclaim, drain and the planner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CgroupPlace<'a> {
+    /// The team whose `gpu-<team>.slice` holds the path: the outermost `gpu-<x>.slice` whose
+    /// `x` is a team name. A team's MPS shares nest slices of their own inside it
+    /// (`gpu-infer.slice/gpu-infer-gpus.slice/…`); team names have no `-`, so the outermost
+    /// one names the team and the inner ones never do.
+    pub team: &'a str,
+    /// The service or scope directly inside the team's slice: the unit the host's systemd runs
+    /// and can stop. `None` when a slice comes next (an MPS share) or nothing does. Under a
+    /// nested manager (a container's own systemd: `…/ctr.scope/…/x.service`) it is the outer
+    /// unit, which the host knows.
+    pub unit: Option<&'a str>,
+}
+
+/// Read `path` ([`CgroupPlace`]); `None` outside every team slice.
+pub fn cgroup_place(path: &str) -> Option<CgroupPlace<'_>> {
+    let mut parts = path.split('/').filter(|c| !c.is_empty());
+    let team = parts.by_ref().find_map(|c| {
+        let t = c.strip_prefix("gpu-")?.strip_suffix(".slice")?;
+        valid_team_name(t).then_some(t)
+    })?;
+    let unit = parts
+        .next()
+        .filter(|c| c.ends_with(".service") || c.ends_with(".scope"));
+    Some(CgroupPlace { team, unit })
+}
+
+#[cfg(test)]
+mod cgroup_tests {
+    use super::*;
+
+    #[test]
+    fn one_reading_of_a_cgroup_path() {
+        let p = |s| cgroup_place(s).map(|p| (p.team, p.unit));
+        assert_eq!(
+            p("/gpu.slice/gpu-infer.slice/train.service/payload"),
+            Some(("infer", Some("train.service")))
+        );
+        // A team's MPS share: its own server is the team's, in no unit of the team slice.
+        assert_eq!(
+            p("/gpu.slice/gpu-infer.slice/gpu-infer-gpus.slice/gpuctl-mps@infer-gpus.service"),
+            Some(("infer", None))
+        );
+        assert_eq!(
+            p("/gpu.slice/gpu-train.slice/gpu-train-0.slice/gpuctl-mps@train-0.service"),
+            Some(("train", None))
+        );
+        // A container with its own manager: the outer scope is the unit the host can stop.
+        assert_eq!(
+            p("/gpu.slice/gpu-infer.slice/ctr.scope/system.slice/x.service"),
+            Some(("infer", Some("ctr.scope")))
+        );
+        assert_eq!(
+            p("/gpu.slice/gpu-train.slice/gpuctl-run-train-4240.scope"),
+            Some(("train", Some("gpuctl-run-train-4240.scope")))
+        );
+        // The bare slice; paths outside team slices; names that are no team.
+        assert_eq!(p("/gpu.slice/gpu-infer.slice"), Some(("infer", None)));
+        assert_eq!(p("/system.slice/cron.service"), None);
+        assert_eq!(p("/gpu.slice/x.service"), None);
+        assert_eq!(p("/gpu.slice/gpu-.slice/x.service"), None);
+        assert_eq!(p("/gpu.slice/gpu-Bad.slice/x.service"), None);
+        assert_eq!(p("/user.slice/user-1000.slice/session-3.scope"), None);
+        // A slice of a removed team is still read as that team's: the planner and usage name
+        // the team its jobs run in, policy or not.
+        assert_eq!(
+            p("/gpu.slice/gpu-gone.slice/old.service"),
+            Some(("gone", Some("old.service")))
+        );
+    }
+}

@@ -743,3 +743,40 @@ fn without_nvml_slices_and_env_still_converge_and_say_why() {
     assert_eq!(d.slice("infer").memory_max, Some(2113929216 * 1024 / 2));
     assert!(d.env("infer").contains("CUDA_VISIBLE_DEVICES=\n"));
 }
+
+/// The daemon checks the policy against the host as `gpuctl check` does: a drop-in naming a
+/// GPU the host lacks leaves the run not converged, saying which entry and why, while the rest
+/// of the policy is applied; removing the drop-in converges.
+#[test]
+fn a_policy_naming_a_missing_gpu_is_not_converged_and_says_why() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    d.put(
+        "20-ghost.toml",
+        "version = 1\n[teams.ghost]\n[[gpu]]\nindex = [7]\nowner = \"ghost\"\n",
+    );
+    let r = d.rec.reconcile(&d.load());
+    assert!(!r.converged(), "{r:#?}");
+    let why = r.errors.join("\n");
+    assert!(why.contains("does not fit this host"), "{why}");
+    assert!(
+        why.contains("20-ghost.toml:3:1"),
+        "names file and line: {why}"
+    );
+    assert!(why.contains("gpu 7 does not exist"), "{why}");
+    assert!(
+        r.summary()
+            .contains("error(s), first: the policy does not fit"),
+        "{}",
+        r.summary()
+    );
+    // The rest is in force all the same.
+    assert!(
+        d.env("infer").contains("CUDA_VISIBLE_DEVICES=GPU-"),
+        "{}",
+        d.env("infer")
+    );
+
+    std::fs::remove_file(d.root().join("/etc/gpuctl/policy.d/20-ghost.toml")).unwrap();
+    converged(&d.rec.reconcile(&d.load()));
+}

@@ -178,6 +178,7 @@ fn full_snapshot() -> Snapshot {
                     memory_total: Some(40 << 30),
                     activity: Some(12.5),
                     processes: vec![p(3, Some("train"), false)],
+                    hidden: vec![],
                 }],
                 ..Default::default()
             },
@@ -463,4 +464,40 @@ fn dashboard_queries_name_only_exported_metrics() {
     ] {
         assert!(seen.contains(n), "dashboard lacks {n}");
     }
+}
+
+/// The exporter's rule: holders the scraper may not read (every one, for the unprivileged
+/// exporter) keep their team, device and state but lose `user` and `unit`; two of them on one
+/// device are one series counting both.
+#[test]
+fn redacted_idle_holders_carry_no_user_or_unit_labels() {
+    let mut s = full_snapshot();
+    let mut second = s.idle[0].clone();
+    second.unit = "other.service".into();
+    second.user = Some("alice2".into());
+    second.idle_seconds = 9000;
+    s.idle.push(second);
+    for h in &mut s.idle {
+        h.redact();
+    }
+    let text = metrics::encode_prometheus_text(&s, metrics::counters());
+    for leak in ["alice", "nb.scope", "other.service", "mig.service", "4242"] {
+        assert!(!text.contains(leak), "{leak} in:\n{text}");
+    }
+    let line = |name: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(name) && l.contains(r#"device="0""#))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        line("gpuctl_idle_holder{"),
+        [
+            r#"gpuctl_idle_holder{team="infer",user="",unit="",device="0",state="warned",reason="idle",excluded="false"} 2"#
+        ]
+    );
+    // The longest idle time among them.
+    assert_eq!(
+        line("gpuctl_idle_seconds{"),
+        [r#"gpuctl_idle_seconds{team="infer",user="",unit="",device="0"} 9000"#]
+    );
 }

@@ -13,9 +13,10 @@ struct Args {
     #[arg(long, value_name = "ADDR:PORT", default_value = "127.0.0.1:9849")]
     listen: String,
     /// Seconds a client has to send its request.
-    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    #[arg(long, value_name = "SECS", default_value_t = 3)]
     read_timeout: u64,
-    /// Connections served at once; more get 503.
+    /// Connections served at once; when all are taken, the oldest one still silent is dropped
+    /// for a new one, else the new one gets 503.
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_connections: usize,
 }

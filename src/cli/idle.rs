@@ -88,7 +88,7 @@ pub fn render(r: &IdleReply, all: bool) -> String {
             "{:<10} {:<10} {:<36} {:<14} {:<22} {:>8}  {}\n",
             h.team,
             h.user.as_deref().unwrap_or("?"),
-            h.unit,
+            h.shown_unit(),
             dev,
             state(h),
             idle,

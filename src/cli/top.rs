@@ -4,7 +4,7 @@
 
 use super::shell::{parse_reply, with_agent, Failure};
 use crate::settings::value::compact_bytes;
-use crate::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
+use crate::usage::{GpuUsage, HiddenProcesses, MigUsage, ProcessUsage, Usage};
 use clap::Args;
 use std::time::Duration;
 
@@ -13,7 +13,9 @@ use std::time::Duration;
 #[command(
     after_long_help = "Per GPU and MIG device: owning team(s), memory used/total, \
 utilisation (whole GPUs) or GPM activity (MIG devices on Hopper+), power and temperature, then \
-each process with pid, user, team, unit and GPU memory. `!` marks a stray: a process on a team's \
+each process with pid, user, team, unit and GPU memory (of teams you are not a member of: \
+their count and memory only, `(hidden)`, unless you are root or in the policy's \
+`[host] admin-group`). `!` marks a stray: a process on a team's \
 device outside that team's slice. `[idle]`, `[warned]`, `[stopping]`, `[activity unknown]`: \
 flagged by its team's idle rule (`gpuctl idle`). `n/a`: the driver does not offer the value (e.g. utilisation \
 of a MIG device); never shown as 0.
@@ -73,6 +75,22 @@ fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
     }
 }
 
+/// Processes of teams the caller may not read one by one: a count per team, with memory.
+fn hidden_lines(o: &mut String, hidden: &[HiddenProcesses]) {
+    for h in hidden {
+        let who = format!("{} process(es)", h.processes);
+        o.push_str(&format!(
+            "    {}{:<12} {:<10} {:<12} {:<36} {:>8}\n",
+            if h.stray { "!" } else { " " },
+            "-",
+            "(hidden)",
+            h.team.as_deref().unwrap_or("-"),
+            who,
+            bytes(h.used_memory),
+        ));
+    }
+}
+
 fn gpu_line(g: &GpuUsage) -> String {
     let util = match (g.mig, g.utilization_gpu, g.activity) {
         (true, _, _) => "n/a (MIG)".to_string(),
@@ -112,19 +130,22 @@ pub fn render(u: &Usage) -> String {
     if let Some(why) = &u.nvml_unavailable {
         o.push_str(&format!("{why}\n"));
     }
-    let strays = u.processes().filter(|(_, _, p)| p.stray).count();
+    let (hidden, hidden_strays) = u.hidden_counts();
+    let strays = u.processes().filter(|(_, _, p)| p.stray).count() + hidden_strays as usize;
     o.push_str(&format!(
         "{} GPU(s), {} process(es), {} stray(s)\n",
         u.gpus.len(),
-        u.processes().count(),
+        u.processes().count() + hidden as usize,
         strays
     ));
     for g in &u.gpus {
         o.push_str(&gpu_line(g));
         proc_lines(&mut o, &g.processes);
+        hidden_lines(&mut o, &g.hidden);
         for m in &g.mig_devices {
             o.push_str(&mig_line(m));
             proc_lines(&mut o, &m.processes);
+            hidden_lines(&mut o, &m.hidden);
         }
     }
     o
@@ -276,6 +297,7 @@ mod tests {
                             stray: true,
                             ..Default::default()
                         }],
+                        hidden: vec![],
                     }],
                     ..Default::default()
                 },
@@ -300,6 +322,37 @@ mod tests {
         assert!(s.contains("activity n/a"), "never a made-up 0: {s}");
         let stray = s.lines().find(|l| l.contains("cron.service")).unwrap();
         assert!(stray.trim_start().starts_with('!'), "{stray}");
+    }
+
+    #[test]
+    fn a_redacted_view_counts_other_teams_processes_without_names() {
+        let mut u = sample();
+        u.redact(|t| t == Some("train"));
+        let s = render(&u);
+        assert!(
+            s.starts_with("2 GPU(s), 2 process(es), 1 stray(s)\n"),
+            "{s}"
+        );
+        for name in [
+            "alice",
+            "serve.service",
+            "python3",
+            "4242",
+            "root",
+            "cron.service",
+        ] {
+            assert!(!s.contains(name), "{name}: {s}");
+        }
+        let hidden: Vec<&str> = s.lines().filter(|l| l.contains("(hidden)")).collect();
+        assert_eq!(hidden.len(), 2, "{s}");
+        assert!(hidden[0].contains("infer") && hidden[0].contains("1 process(es)"));
+        assert!(hidden[1].trim_start().starts_with("!-"), "{}", hidden[1]);
+        // --team keeps a team's hidden processes on devices it does not own.
+        let mut u = sample();
+        u.redact(|_| false);
+        u.filter_team("infer");
+        assert_eq!(u.gpus.len(), 1);
+        assert_eq!(u.gpus[0].hidden.len(), 1);
     }
 
     #[test]

@@ -184,12 +184,15 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
         Event::Warn(h) => {
             let rule = rules.get(&h.team);
             let below = rule.map_or(0.0, |r| r.below);
+            // Only a stop that will come is announced (Tracker: not for an excluded unit, a
+            // session, or a unit in use on another device).
             let then = match (h.stop_at_ms, &h.not_stopped) {
                 (Some(_), _) => format!(
                     "It will be stopped in {} unless it becomes active.",
                     secs(rule.map_or(0, |r| r.grace.as_secs()))
                 ),
-                _ => String::new(),
+                (None, Some(no)) => format!("It is not stopped automatically ({no})."),
+                (None, None) => String::new(),
             };
             let text = format!(
                 "Your GPU job {} (team {}) on device {}: {} for {} (activity below {below}%). {then}",
@@ -221,7 +224,10 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
                 Some(Some(no)) => Some(no),
                 Some(None) => match in_team_slice(sd, &h).await {
                     Ok(true) => None,
-                    Ok(false) => Some(format!("it is not in gpu-{}.slice", h.team)),
+                    Ok(false) => Some(format!(
+                        "it is not in {}",
+                        crate::systemd::props::slice_unit(&h.team)
+                    )),
                     Err(e) => Some(format!("cannot read its slice: {e}")),
                 },
             };

@@ -214,6 +214,7 @@ impl CoreReconciler {
                 o
             }
         };
+        host_check(policy, &obs, r);
         let pl = plan::plan(policy, &obs);
         laps.lap("plan");
         let mut journal = FileJournal::new(self.host.root());
@@ -284,6 +285,35 @@ impl CoreReconciler {
             teams: d.teams,
             gpus: end.gpus,
         });
+    }
+}
+
+/// The host checks `gpuctl plan` and `check` make ([`crate::policy::validate::check_against_host`]:
+/// GPUs, CPUs and RAM the policy names that this host lacks): each error is an error of the run,
+/// so `status` says why the host is not converged, and the rest of the policy is applied all
+/// the same. Without NVML the GPU checks wait (the run already warns that no GPU is seen).
+fn host_check(policy: &Policy, obs: &Observed, r: &mut ReconcileReport) {
+    let unseen;
+    let p = if obs.nvml_unavailable.is_some() {
+        unseen = Policy {
+            gpus: vec![],
+            ..policy.clone()
+        };
+        &unseen
+    } else {
+        policy
+    };
+    for d in crate::policy::validate::check_against_host(p, obs) {
+        if d.severity == crate::policy::Severity::Error {
+            warn!(
+                gpuctl_action = "host-check",
+                "the policy does not fit this host: {d}"
+            );
+            r.errors
+                .push(format!("the policy does not fit this host: {d}"));
+        } else {
+            r.warnings.push(d.to_string());
+        }
     }
 }
 

@@ -9,12 +9,16 @@
 //! | `Join(s team) -> (a{ss} env, s scope)` | method: move the caller's own process into a new scope in `gpu-<team>.slice` | members, root |
 //! | `Env(s team) -> a{ss}` | method: the team's environment | members, root |
 //! | `Teams() -> s` | method, JSON: the teams the caller may use and what each gives | anyone (sees own teams) |
-//! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone |
-//! | `Idle() -> s` | method, JSON of [`reply::IdleReply`]: holders tracked by the idle rules | anyone |
+//! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone (per-process detail: see below) |
+//! | `Idle() -> s` | method, JSON of [`reply::IdleReply`]: holders tracked by the idle rules | anyone (same) |
 //! | `Report(s from, s to, s by) -> s` | method, JSON of [`reply::LedgerReply`]: GPU-hours held and used ([`ledger`]) | anyone (sees the teams it may use; root all) |
-//! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone |
+//! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone (same) |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
+//!
+//! `Usage`, `Idle` and `Metrics` show a process's or idle holder's user, pid, command and unit
+//! only to root, the policy's `[host] admin-group` and the members of its team
+//! ([`crate::join::Viewer`]); to everyone else as counts per team and device.
 //!
 //! Root-only methods ask the bus daemon for the caller's uid (`GetConnectionUnixUser` on the
 //! message's sender), never trusting anything the client sends. The join methods ([`join`])
@@ -156,10 +160,13 @@ pub struct Agent {
     queued_plans: Arc<AtomicUsize>,
     /// The last `Metrics` document per format and when it was made: every caller within the
     /// usage interval gets it as it is (one scrape's systemd and cgroup reads serve them all).
-    metrics_cache: Mutex<Vec<(String, Instant, String)>>,
+    metrics_cache: Mutex<Vec<MetricsDoc>>,
     /// How long a usage collection (and so a metrics document) serves every reader.
     cache_for: std::time::Duration,
 }
+
+/// A cached `Metrics` document: format, for whom, when made, text.
+type MetricsDoc = (String, crate::join::Viewer, Instant, String);
 
 /// Decrements the queued-plan count however the call ends (answered, dropped, cancelled).
 struct Queued(Arc<AtomicUsize>);
@@ -326,7 +333,8 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         self.admit(conn, &hdr, &self.reads, "Usage").await?;
-        let u = usage::usage_marked(&*self.backend, &self.root).await?;
+        let v = usage::viewer(&*self.backend, conn, &hdr).await?;
+        let u = usage::usage_for(&*self.backend, &self.root, &v).await?;
         serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
@@ -338,7 +346,10 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         self.admit(conn, &hdr, &self.reads, "Idle").await?;
-        serde_json::to_string(&self.backend.idle()).map_err(|e| fdo::Error::Failed(e.to_string()))
+        let v = usage::viewer(&*self.backend, conn, &hdr).await?;
+        let mut r = self.backend.idle();
+        usage::redact_idle(&mut r.holders, &v);
+        serde_json::to_string(&r).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
     /// Prometheus metrics in `format` (`openmetrics` or `prometheus-text`).
@@ -351,21 +362,23 @@ impl Agent {
         // A document still fresh is served without drawing from the caller's budget: it costs a
         // string copy, and the budget bounds work (vm-tests 89's 1,000 back-to-back scrapes were
         // refused when every cached answer was charged).
+        // Cached per format and per viewer: documents differ in their per-process labels.
+        let v = usage::viewer(&*self.backend, conn, &hdr).await?;
         let now = Instant::now();
-        let fresh = |c: &(String, Instant, String)| c.0 == format && now - c.1 < self.cache_for;
+        let fresh = |c: &MetricsDoc| c.0 == format && c.1 == v && now - c.2 < self.cache_for;
         let cached = self
             .metrics_cache
             .lock()
             .ok()
             .and_then(|m| m.iter().find(|c| fresh(c)).cloned());
         if let Some(c) = cached {
-            return Ok(c.2);
+            return Ok(c.3);
         }
         self.admit(conn, &hdr, &self.reads, "Metrics").await?;
-        let text = usage::metrics(&*self.backend, &self.sd, &self.root, &format).await?;
+        let text = usage::metrics(&*self.backend, &self.sd, &self.root, &format, &v).await?;
         if let Ok(mut m) = self.metrics_cache.lock() {
-            m.retain(|c| c.0 != format);
-            m.push((format, now, text.clone()));
+            m.retain(|c| !(c.0 == format && c.1 == v) && now - c.2 < self.cache_for);
+            m.push((format, v, now, text.clone()));
         }
         Ok(text)
     }
@@ -510,7 +523,7 @@ pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
                 })
                 .collect();
             let slice = SliceStatus {
-                unit: format!("gpu-{name}.slice"),
+                unit: crate::systemd::props::slice_unit(name),
                 wanted: tv.map(|t| t.slice.clone()),
                 live,
                 active_state: usage.as_ref().map(|u| u.active_state.clone()),

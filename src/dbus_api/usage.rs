@@ -1,13 +1,16 @@
 //! The `Usage` and `Metrics` methods of `org.gpuctl.Agent1`, and the dcgm-exporter job map
 //! gpuctld keeps after each reconcile.
 //!
-//! Both methods are open to every user (the bus policy lets them through): a member sees the
-//! same truth as root. Each serves the one [`Collector`] of the process, so a flood of calls
+//! Both methods (and `Idle`) are open to every user (the bus policy lets them through), but
+//! per-process detail (user, uid, pid, command, unit) only of the teams the caller may read
+//! ([`Viewer`]: root and the `[host] admin-group` all, a member its own teams); the rest is
+//! counted per team and device. Each serves the one [`Collector`] of the process, so a flood of calls
 //! costs one NVML collection per interval; collections run on a blocking thread, never on the
 //! runtime thread that serves the bus.
 
 use super::{AgentState, Backend};
 use crate::join::nss::Nss;
+use crate::join::Viewer;
 use crate::metrics::{self, cgroup, Snapshot};
 use crate::paths::Root;
 use crate::systemd::{mps, Systemd};
@@ -56,17 +59,70 @@ pub async fn usage_marked(backend: &dyn Backend, root: &Root) -> fdo::Result<Usa
     Ok(u)
 }
 
+/// Whose per-process detail the sender of `hdr` may read. Decided once per (uid, groups) per
+/// usage interval: the rule may ask NSS (LDAP) once per team, and a scraper calls every few
+/// seconds.
+pub async fn viewer(
+    backend: &dyn Backend,
+    conn: &zbus::Connection,
+    hdr: &zbus::message::Header<'_>,
+) -> fdo::Result<Viewer> {
+    type Seen = Vec<((u32, Option<Vec<u32>>), std::time::Instant, Viewer)>;
+    static SEEN: Mutex<Seen> = Mutex::new(Vec::new());
+    const MAX_SEEN: usize = 256;
+    let caller = super::join::bus_caller(conn, hdr)
+        .await
+        .map_err(|e| fdo::Error::AccessDenied(format!("who is calling: {e}")))?
+        .caller;
+    let key = (caller.uid, caller.gids.clone());
+    let ttl = Collector::interval_from_env();
+    let lock = || SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(v) = lock()
+        .iter()
+        .find(|(k, at, _)| *k == key && at.elapsed() < ttl)
+    {
+        return Ok(v.2.clone());
+    }
+    let policy = backend.policy().ok();
+    let v =
+        tokio::task::spawn_blocking(move || crate::join::viewer(&caller, policy.as_ref(), &Nss))
+            .await
+            .map_err(|e| fdo::Error::Failed(format!("authorization task failed: {e}")))?;
+    let mut seen = lock();
+    seen.retain(|(k, at, _)| *k != key && at.elapsed() < ttl);
+    if seen.len() < MAX_SEEN {
+        seen.push((key, std::time::Instant::now(), v.clone()));
+    }
+    Ok(v)
+}
+
+/// [`usage_marked`] as `viewer` may read it ([`Usage::redact`]).
+pub async fn usage_for(backend: &dyn Backend, root: &Root, viewer: &Viewer) -> fdo::Result<Usage> {
+    let mut u = usage_marked(backend, root).await?;
+    u.redact(|t| viewer.sees(t));
+    Ok(u)
+}
+
+/// Hide the unit, user and pids of every holder `viewer` may not read.
+pub fn redact_idle(holders: &mut [crate::idle::IdleHolder], viewer: &Viewer) {
+    for h in holders.iter_mut().filter(|h| !viewer.sees(Some(&h.team))) {
+        h.redact();
+    }
+}
+
 /// How long one usage collection is served (the idle sampler adds it to its own interval).
 pub fn collector_interval() -> std::time::Duration {
     Collector::interval_from_env()
 }
 
-/// Everything a scrape shows, encoded in `format` (one of [`FORMATS`]).
+/// Everything a scrape shows, encoded in `format` (one of [`FORMATS`]), with per-process labels
+/// (`user`, `unit` of the idle series) only where `viewer` may read them.
 pub async fn metrics(
     backend: &dyn Backend,
     sd: &Systemd,
     root: &Root,
     format: &str,
+    viewer: &Viewer,
 ) -> fdo::Result<String> {
     if !FORMATS.contains(&format) {
         return Err(fdo::Error::InvalidArgs(format!(
@@ -114,6 +170,8 @@ pub async fn metrics(
     })
     .await
     .map_err(|e| fdo::Error::Failed(format!("cgroup read failed: {e}")))?;
+    let mut idle = backend.idle().holders;
+    redact_idle(&mut idle, viewer);
     let snap = Snapshot {
         usage,
         teams: cgroups,
@@ -121,7 +179,7 @@ pub async fn metrics(
         policy_valid: sh.policy_error.is_none() && sh.policy.is_some(),
         last_good_in_force: sh.policy_error.is_some() && sh.policy_origin == Some("last-good"),
         last_converged: sh.last_report.as_ref().map(|r| r.converged()),
-        idle: backend.idle().holders,
+        idle,
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),

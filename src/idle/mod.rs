@@ -36,7 +36,7 @@
 
 use crate::policy::{IdleAction, IdleRule};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 pub mod sample;
 
@@ -165,11 +165,29 @@ pub struct IdleHolder {
 }
 
 impl IdleHolder {
+    /// Drop what names the holder (unit, user, uid, pids) for a caller who may not read its
+    /// team's per-process detail ([`crate::join::Viewer`]); team, device, state and times stay.
+    pub fn redact(&mut self) {
+        self.unit.clear();
+        self.user = None;
+        self.uid = None;
+        self.pids.clear();
+    }
+
+    /// Its unit as shown: `(hidden)` once [`IdleHolder::redact`]ed.
+    pub fn shown_unit(&self) -> &str {
+        if self.unit.is_empty() {
+            "(hidden)"
+        } else {
+            &self.unit
+        }
+    }
+
     /// The pending idle action, in words, for `gpuctl plan` (`None`: nothing pending).
     pub fn pending(&self, now_ms: u64) -> Option<String> {
         let who = format!(
             "{} ({}, user {}, device {})",
-            self.unit,
+            self.shown_unit(),
             self.team,
             self.user.as_deref().unwrap_or("?"),
             self.device
@@ -392,6 +410,14 @@ impl Tracker {
                 events.push(Event::Gone(view(&t, rule)));
             }
         }
+        // A warning says what will happen: a unit still busy on another device is not stopped,
+        // so it is told it is idle, not given a stop time.
+        let busy = self.busy_units();
+        for e in &mut events {
+            if let Event::Warn(h) = e {
+                busy_elsewhere(h, &busy);
+            }
+        }
         // Stops: per unit, when every holder of it is due.
         let mut due: BTreeMap<(String, String), bool> = BTreeMap::new();
         for ((team, unit, _), t) in &self.tracks {
@@ -428,10 +454,38 @@ impl Tracker {
 
     /// Every tracked holder, as `gpuctl idle` lists them.
     pub fn holders(&self) -> Vec<IdleHolder> {
+        let busy = self.busy_units();
         self.tracks
             .iter()
-            .filter_map(|((team, _, _), t)| Some(view(t, self.rules.get(team)?)))
+            .filter_map(|((team, _, _), t)| {
+                let mut v = view(t, self.rules.get(team)?);
+                busy_elsewhere(&mut v, &busy);
+                Some(v)
+            })
             .collect()
+    }
+
+    /// (team, unit) of every unit with a holder that is not flagged: the stop rule waits for all
+    /// of a unit's holders, so such a unit is not stopped.
+    fn busy_units(&self) -> BTreeSet<(String, String)> {
+        self.tracks
+            .iter()
+            .filter(|(_, t)| t.reason.is_none() && !t.stopping)
+            .map(|((team, unit, _), _)| (team.clone(), unit.clone()))
+            .collect()
+    }
+}
+
+/// A flagged holder whose unit is busy on another device: no stop time, and why not.
+fn busy_elsewhere(h: &mut IdleHolder, busy: &BTreeSet<(String, String)>) {
+    let flagged = h.reason.is_some();
+    if flagged
+        && h.action == IdleAction::Stop
+        && h.not_stopped.is_none()
+        && busy.contains(&(h.team.clone(), h.unit.clone()))
+    {
+        h.stop_at_ms = None;
+        h.not_stopped = Some("in use on another device".into());
     }
 }
 

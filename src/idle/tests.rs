@@ -306,6 +306,29 @@ fn a_unit_busy_on_another_device_is_not_stopped() {
         ]
     });
     assert_eq!(kinds(&ev), vec![(60_000, "idle"), (60_000, "warn")]);
+    // The warning promises no stop that will not come.
+    let warned = ev.iter().find_map(|(_, e)| match e {
+        Event::Warn(h) => Some(h.clone()),
+        _ => None,
+    });
+    let warned = warned.expect("a warning");
+    assert_eq!(warned.stop_at_ms, None);
+    assert_eq!(
+        warned.not_stopped.as_deref(),
+        Some("in use on another device")
+    );
+    let h = t.holders().into_iter().find(|h| h.device == "0").unwrap();
+    assert_eq!(
+        (h.stop_at_ms, h.not_stopped.as_deref()),
+        (None, Some("in use on another device"))
+    );
+    assert!(
+        h.pending(0)
+            .unwrap()
+            .contains("not stopped: in use on another device"),
+        "{:?}",
+        h.pending(0)
+    );
     // Once device 1 goes idle too, both are due; one stop for the unit.
     let ev = run(&mut t, 300_000, 12, |_| {
         vec![

@@ -278,6 +278,62 @@ pub fn joinable(caller: &Caller, policy: &Policy, dir: &dyn Directory) -> Vec<(S
         .collect()
 }
 
+/// Whose per-process detail (user, uid, pid, command, unit) a caller may read in `Usage`,
+/// `Idle` and `Metrics`: everyone's for root and members of the policy's `[host]
+/// admin-group`, else only that of the teams the caller may join ([`authorize`]'s rule).
+/// Per-device and per-team aggregates are for everyone (docs/monitoring.md, "Who sees what").
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Viewer {
+    /// Root or the admin group.
+    All,
+    /// The teams the caller may join (empty: none).
+    Teams(std::collections::BTreeSet<String>),
+}
+
+impl Viewer {
+    /// Whether the detail of a process or holder of `team` (`None`: in no team's slice) may be
+    /// shown. Processes outside every team are root's and the admins' to see.
+    pub fn sees(&self, team: Option<&str>) -> bool {
+        match self {
+            Viewer::All => true,
+            Viewer::Teams(t) => team.is_some_and(|x| t.contains(x)),
+        }
+    }
+}
+
+/// The [`Viewer`] `caller` is under `policy` (`None`: no policy loaded: root sees all, the
+/// rest nothing one by one).
+pub fn viewer(caller: &Caller, policy: Option<&Policy>, dir: &dyn Directory) -> Viewer {
+    if caller.uid == 0 {
+        return Viewer::All;
+    }
+    let Some(policy) = policy else {
+        return Viewer::Teams(Default::default());
+    };
+    // A group NSS does not know has no members (as a team's `@group` grants nothing).
+    let admin = policy
+        .host
+        .admin_group
+        .as_deref()
+        .and_then(|g| dir.group_gid(g));
+    if let Some(gid) = admin {
+        let in_bus = caller.gids.as_ref().is_some_and(|v| v.contains(&gid));
+        if in_bus
+            || dir
+                .user_by_uid(caller.uid)
+                .is_some_and(|a| dir.groups_of(&a).contains(&gid))
+        {
+            return Viewer::All;
+        }
+    }
+    Viewer::Teams(
+        joinable(caller, policy, dir)
+            .into_iter()
+            .map(|t| t.0)
+            .collect(),
+    )
+}
+
 /// What identifies a process across a check and a move: all four uids and its start time
 /// (which a recycled pid does not share).
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -365,3 +365,40 @@ fn device_less_teams_are_joinable_and_missing_devices_are_named() {
 fn tn(s: &str) -> crate::policy::TeamName {
     s.parse().unwrap()
 }
+
+#[test]
+fn viewers_see_their_own_teams_root_and_admins_everything() {
+    let mut p = policy();
+    let teams = |v: Viewer| match v {
+        Viewer::All => vec!["*".to_string()],
+        Viewer::Teams(t) => t.into_iter().collect(),
+    };
+    assert_eq!(teams(viewer(&caller(0), Some(&p), &FakeDir)), ["*"]);
+    assert_eq!(teams(viewer(&caller(1000), Some(&p), &FakeDir)), ["infer"]);
+    assert_eq!(teams(viewer(&caller(1001), Some(&p), &FakeDir)), ["solo"]);
+    assert!(teams(viewer(&caller(1002), Some(&p), &FakeDir)).is_empty());
+    // No policy yet: root still sees all, the rest nothing one by one.
+    assert_eq!(teams(viewer(&caller(0), None, &FakeDir)), ["*"]);
+    assert!(teams(viewer(&caller(1000), None, &FakeDir)).is_empty());
+
+    p.host.admin_group = Some("ml-train".into());
+    // carol is in ml-train only through the bus's groups; alice only through NSS.
+    let mut carol = caller(1002);
+    carol.gids = Some(vec![2001]);
+    assert_eq!(viewer(&carol, Some(&p), &FakeDir), Viewer::All);
+    p.host.admin_group = Some("ml-infer".into());
+    assert_eq!(viewer(&caller(1000), Some(&p), &FakeDir), Viewer::All);
+    assert_eq!(teams(viewer(&caller(1001), Some(&p), &FakeDir)), ["solo"]);
+    // A group NSS does not know makes nobody an admin.
+    p.host.admin_group = Some("no-such-group".into());
+    assert_eq!(teams(viewer(&caller(1000), Some(&p), &FakeDir)), ["infer"]);
+
+    let v = viewer(&caller(1000), Some(&p), &FakeDir);
+    assert!(v.sees(Some("infer")));
+    assert!(!v.sees(Some("train")));
+    assert!(
+        !v.sees(None),
+        "a process in no team's slice is root's and the admins' to see"
+    );
+    assert!(Viewer::All.sees(None));
+}

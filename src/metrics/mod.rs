@@ -395,10 +395,13 @@ fn register_idle(r: &mut Registry, holders: &[crate::idle::IdleHolder]) {
             ("unit", &h.unit),
             ("device", &h.device),
         ]);
+        // Holders whose unit and user the caller may not read share one series per team and
+        // device (`user=""`, `unit=""`): a count, and the longest idle time among them.
         if h.activity_unknown {
-            unknown.get_or_create(&base).set(1);
+            unknown.get_or_create(&base).inc();
         } else {
-            seconds.get_or_create(&base).set(h.idle_seconds as i64);
+            let g = seconds.get_or_create(&base);
+            g.set(g.get().max(h.idle_seconds as i64));
         }
         let state = match h.phase {
             Phase::Idle => "idle",
@@ -412,7 +415,7 @@ fn register_idle(r: &mut Registry, holders: &[crate::idle::IdleHolder]) {
         };
         let fl = with(with(base, "state", state), "reason", reason);
         let fl = with(fl, "excluded", &h.excluded.to_string());
-        flagged.get_or_create(&fl).set(1);
+        flagged.get_or_create(&fl).inc();
     }
     r.register(
         "idle_holder",

@@ -207,10 +207,7 @@ pub fn holder(p: &GpuProcess) -> String {
 
 /// The team of a process from its cgroup (`…/gpu-<team>.slice/…`), `None` outside team slices.
 pub(crate) fn team_of_process(p: &GpuProcess) -> Option<&str> {
-    p.cgroup
-        .as_deref()?
-        .split('/')
-        .find_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
+    crate::names::cgroup_place(p.cgroup.as_deref()?).map(|c| c.team)
 }
 
 /// The team a process belongs to: the instance owner, else the `gpu-<team>.slice` in its cgroup.
@@ -280,10 +277,7 @@ pub fn drain_unit(p: &GpuProcess) -> Result<&str, String> {
         if unit.ends_with(".scope") {
             return Err(format!("transient scope {unit} cannot be started again"));
         }
-        let pos = parts.iter().position(|c| *c == unit);
-        let in_team_slice = pos
-            .and_then(|i| i.checked_sub(1))
-            .is_some_and(|i| parts[i].starts_with("gpu-") && parts[i].ends_with(".slice"));
+        let in_team_slice = crate::names::cgroup_place(cg).and_then(|c| c.unit) == Some(unit);
         if !in_team_slice {
             return Err(format!("{unit} is not a service in a team slice"));
         }

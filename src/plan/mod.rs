@@ -477,26 +477,7 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
 /// What differs between a live slice and the policy's, in systemd's words: `MemoryMax=1073741824
 /// (policy: 5368709120)`, `DeviceAllow +/dev/nvidia1`. The drift log line of issue 17.
 pub fn slice_drift(have: &SliceSpec, want: &SliceSpec) -> String {
-    fn opt<T: fmt::Display>(v: &Option<T>) -> String {
-        v.as_ref()
-            .map_or_else(|| "(unset)".to_string(), ToString::to_string)
-    }
-    let mut out = Vec::new();
-    let mut field = |name: &str, h: String, w: String| {
-        if h != w {
-            out.push(format!("{name}={h} (policy: {w})"));
-        }
-    };
-    field("MemoryMax", opt(&have.memory_max), opt(&want.memory_max));
-    field("MemoryHigh", opt(&have.memory_high), opt(&want.memory_high));
-    field("CPUWeight", opt(&have.cpu_weight), opt(&want.cpu_weight));
-    field(
-        "AllowedCPUs",
-        opt(&have.allowed_cpus),
-        opt(&want.allowed_cpus),
-    );
-    field("TasksMax", opt(&have.tasks_max), opt(&want.tasks_max));
-    field("IOWeight", opt(&have.io_weight), opt(&want.io_weight));
+    let mut out = have.drift(want);
     for d in have.device_allow.difference(&want.device_allow) {
         out.push(format!("DeviceAllow +{d}"));
     }
@@ -661,5 +642,45 @@ impl fmt::Display for ActionKind {
                 fence.allow.len()
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod drift_tests {
+    use super::*;
+
+    /// Every setting of the table takes part in the drift line, from the table itself: a drifted
+    /// IO bandwidth limit is named, not "(no field differs)".
+    #[test]
+    fn slice_drift_names_every_differing_setting() {
+        let want = SliceSpec::default();
+        assert_eq!(slice_drift(&want, &want), "(no field differs)");
+        let have = SliceSpec {
+            memory_max: Some(1 << 30),
+            io_read_bandwidth_max: Some([("/dev/sda".to_string(), 10 << 20)].into()),
+            io_write_bandwidth_max: Some([("/dev/sdb".to_string(), 1 << 20)].into()),
+            device_allow: ["/dev/nvidia1".to_string()].into(),
+            ..Default::default()
+        };
+        assert_eq!(
+            slice_drift(&have, &want),
+            "MemoryMax=1073741824 (policy: (unset)), \
+             IOReadBandwidthMax=/dev/sda 10485760 (policy: (unset)), \
+             IOWriteBandwidthMax=/dev/sdb 1048576 (policy: (unset)), \
+             DeviceAllow +/dev/nvidia1"
+        );
+        let settings = crate::settings::KEYS.len();
+        let all = SliceSpec {
+            memory_max: Some(1),
+            memory_high: Some(1),
+            cpu_weight: Some(1),
+            allowed_cpus: Some("0".parse().unwrap()),
+            tasks_max: Some(1),
+            io_weight: Some(1),
+            io_read_bandwidth_max: Some([("/dev/a".to_string(), 1)].into()),
+            io_write_bandwidth_max: Some([("/dev/a".to_string(), 1)].into()),
+            device_allow: Default::default(),
+        };
+        assert_eq!(all.drift(&want).len(), settings);
     }
 }

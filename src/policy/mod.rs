@@ -147,6 +147,10 @@ pub struct HostSettings {
     /// reads as the default.
     #[serde(default)]
     pub outside: Outside,
+    /// Members of this group (and root) read every team's per-process detail (user, pid,
+    /// command, unit) from `Usage`, `Idle` and `Metrics`; others only their own teams'.
+    #[serde(default)]
+    pub admin_group: Option<String>,
 }
 
 /// `[host] accounting`: when gpuctld keeps the GPU-hours ledger (docs/ledger.md).
@@ -171,6 +175,7 @@ impl Default for HostSettings {
             nvml_library: None,
             accounting: Accounting::Auto,
             outside: Outside::Closed,
+            admin_group: None,
         }
     }
 }

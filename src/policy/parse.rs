@@ -53,6 +53,8 @@ pub struct HostPart {
     pub accounting: Option<At<Accounting>>,
     /// `outside`.
     pub outside: Option<At<Outside>>,
+    /// `admin-group`.
+    pub admin_group: Option<At<String>>,
 }
 
 /// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
@@ -154,6 +156,7 @@ const HOST_KEYS: &[&str] = &[
     "nvml-library",
     "accounting",
     "outside",
+    "admin-group",
 ];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
@@ -517,6 +520,20 @@ impl<'a> Cx<'a> {
                     format!("unknown outside mode '{s}'"),
                     Some("expected one of: closed, open".into()),
                 )),
+            }),
+            admin_group: self.field(t, "host", "admin-group", |i| {
+                let s = want_str(i)?;
+                match s.strip_prefix('@').unwrap_or(s) {
+                    g if valid_unix_name(g) => Ok(g.to_string()),
+                    _ => Err((
+                        format!("invalid group name '{s}'"),
+                        Some(
+                            "a group name as NSS knows it, e.g. \"gpu-admins\" (letters, digits, \
+                             _ - ., at most 32 characters)"
+                                .into(),
+                        ),
+                    )),
+                }
             }),
         }
     }
@@ -1047,6 +1064,21 @@ mod tests {
         }
         for bad in ["", "1000", "-x", "a b", "a:b", &"a".repeat(33)] {
             assert!(!valid_unix_name(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn admin_group_is_a_group_name_with_or_without_its_at() {
+        for (v, want) in [("gpu-admins", "gpu-admins"), ("@ops.team", "ops.team")] {
+            let (f, d) = parse(&format!("version = 1\n[host]\nadmin-group = \"{v}\"\n"));
+            assert!(d.is_empty(), "{d:?}");
+            assert_eq!(f.unwrap().host.admin_group.unwrap().value, want);
+        }
+        for bad in ["\"\"", "\"1000\"", "\"a b\"", "[\"x\"]", "\"@\""] {
+            let (_, d) = parse(&format!("version = 1\n[host]\nadmin-group = {bad}\n"));
+            assert_eq!(d.len(), 1, "{bad}: {d:?}");
+            assert_eq!(d[0].key, "host.admin-group");
+            assert_eq!(d[0].loc.as_ref().unwrap().line, 3, "{bad}");
         }
     }
 

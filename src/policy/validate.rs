@@ -47,6 +47,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut host.nvml_library, &f.host.nvml_library);
         overlay(&mut host.accounting, &f.host.accounting);
         overlay(&mut host.outside, &f.host.outside);
+        overlay(&mut host.admin_group, &f.host.admin_group);
         for t in &f.teams {
             teams
                 .entry(t.name.clone())
@@ -74,6 +75,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             nvml_library: value(&host.nvml_library),
             accounting: value(&host.accounting).unwrap_or(defaults.accounting),
             outside: value(&host.outside).unwrap_or(defaults.outside),
+            admin_group: value(&host.admin_group),
         },
         teams: teams
             .values()

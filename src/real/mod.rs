@@ -312,7 +312,7 @@ impl UnitEffector for RealHost {
 
 impl SliceEffector for RealHost {
     fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError> {
-        self.systemd(&format!("gpu-{team}.slice"))?
+        self.systemd(&crate::systemd::props::slice_unit(team))?
             .set_slice(team, spec)
     }
     fn update_slice(
@@ -321,11 +321,11 @@ impl SliceEffector for RealHost {
         spec: &SliceSpec,
         live: Option<&SliceSpec>,
     ) -> Result<(), EffectError> {
-        self.systemd(&format!("gpu-{team}.slice"))?
+        self.systemd(&crate::systemd::props::slice_unit(team))?
             .update_slice(team, spec, live)
     }
     fn remove_slice(&mut self, team: &TeamName) -> Result<(), EffectError> {
-        self.systemd(&format!("gpu-{team}.slice"))?
+        self.systemd(&crate::systemd::props::slice_unit(team))?
             .remove_slice(team)
     }
     fn set_fence(&mut self, slice: &str, fence: &crate::observe::Fence) -> Result<(), EffectError> {

@@ -4,25 +4,18 @@
 use crate::observe::{HostInfo, Major};
 use crate::paths::Root;
 
-/// The cgroup (v2 unified line, else the first line) and unit of a PID, from
-/// `/proc/<pid>/cgroup` under `root`. The unit is the innermost path component that names a
-/// service or scope (`…/train.service/payload` → `train.service`).
+/// The cgroup v2 path and unit of a PID, from `/proc/<pid>/cgroup` under `root`, read by the one
+/// parser of that file ([`crate::join::cgroup::parse_proc_cgroup`]). The unit is the innermost
+/// path component that names a service or scope (`…/train.service/payload` → `train.service`).
 pub fn pid_cgroup(root: &Root, pid: u32) -> (Option<String>, Option<String>) {
-    let Ok(text) = std::fs::read_to_string(root.join(format!("/proc/{pid}/cgroup"))) else {
-        return (None, None);
-    };
-    let line = text
-        .lines()
-        .find(|l| l.starts_with("0::"))
-        .or_else(|| text.lines().next());
-    let Some(cg) = line.and_then(|l| l.splitn(3, ':').nth(2)) else {
+    let Some(cg) = crate::join::cgroup::read_proc_cgroup(root, pid) else {
         return (None, None);
     };
     let unit = cg
         .rsplit('/')
         .find(|c| c.ends_with(".service") || c.ends_with(".scope"))
         .map(str::to_string);
-    (Some(cg.to_string()), unit)
+    (Some(cg), unit)
 }
 
 /// Memory (`/proc/meminfo`) and online CPUs (`/sys/devices/system/cpu/online`, else what the

@@ -171,6 +171,24 @@ macro_rules! team_settings {
                 out
             }
 
+            /// `Property=have (policy: want)` for every setting where `self` (the host) differs
+            /// from `want`, values as the unit file writes them (`(unset)`: systemd's default).
+            pub fn drift(&self, want: &SliceSpec) -> Vec<String> {
+                fn shown<K: Kind>(v: Option<&K::Live>) -> String {
+                    v.map_or_else(|| "(unset)".into(), |v| K::unit_values(v).join(" "))
+                }
+                let mut out = Vec::new();
+                $( if self.$field != want.$field {
+                    out.push(format!(
+                        "{}={} (policy: {})",
+                        $prop,
+                        shown::<$kind>(self.$field.as_ref()),
+                        shown::<$kind>(want.$field.as_ref()),
+                    ));
+                } )*
+                out
+            }
+
             /// The settings systemd reports through `get` (a property of the `Slice`
             /// interface by name); no devices.
             pub fn from_bus<'a>(get: impl Fn(&str) -> Option<&'a Value<'a>>) -> SliceSpec {

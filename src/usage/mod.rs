@@ -66,6 +66,9 @@ pub struct GpuUsage {
     /// Processes on the whole GPU (outside MIG devices).
     #[serde(default)]
     pub processes: Vec<ProcessUsage>,
+    /// Processes the caller may not see one by one, per team ([`Usage::redact`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<HiddenProcesses>,
 }
 
 /// One MIG device.
@@ -92,6 +95,23 @@ pub struct MigUsage {
     /// Processes on it.
     #[serde(default)]
     pub processes: Vec<ProcessUsage>,
+    /// Processes the caller may not see one by one, per team ([`Usage::redact`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden: Vec<HiddenProcesses>,
+}
+
+/// Processes of a team whose per-process detail (user, pid, command, unit) the caller may not
+/// read ([`crate::join::Viewer`]): how many there are and their memory, nothing that names them.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HiddenProcesses {
+    /// The team whose slice they run in (`None`: no team's).
+    pub team: Option<String>,
+    /// They run outside every owning team's slice.
+    pub stray: bool,
+    /// How many.
+    pub processes: u32,
+    /// Their GPU memory together; `None` when the driver did not say for one of them.
+    pub used_memory: Option<u64>,
 }
 
 /// One process on a GPU or MIG device.
@@ -156,25 +176,98 @@ pub fn attribute(usage: &mut Usage, owners: &Owners) {
     }
 }
 
+/// Move the processes `sees` refuses out of `procs` into per-(team, stray) counts.
+fn hide(
+    procs: &mut Vec<ProcessUsage>,
+    hidden: &mut Vec<HiddenProcesses>,
+    sees: &dyn Fn(Option<&str>) -> bool,
+) {
+    let (shown, gone): (Vec<_>, Vec<_>) = std::mem::take(procs)
+        .into_iter()
+        .partition(|p| sees(p.team.as_deref()));
+    *procs = shown;
+    for p in gone {
+        let at = hidden
+            .iter()
+            .position(|h| h.team == p.team && h.stray == p.stray);
+        let h = match at {
+            Some(i) => &mut hidden[i],
+            None => {
+                hidden.push(HiddenProcesses {
+                    team: p.team.clone(),
+                    stray: p.stray,
+                    processes: 0,
+                    used_memory: Some(0),
+                });
+                hidden.last_mut().expect("just pushed")
+            }
+        };
+        h.processes += 1;
+        h.used_memory = h.used_memory.zip(p.used_memory).map(|(a, b)| a + b);
+    }
+}
+
 impl Usage {
+    /// Leave per-process detail only where `sees(team)` allows (the caller's
+    /// [`crate::join::Viewer`]); every other process becomes a count with its memory in its
+    /// device's `hidden`, so device and team totals stay whole.
+    pub fn redact(&mut self, sees: impl Fn(Option<&str>) -> bool) {
+        for g in &mut self.gpus {
+            hide(&mut g.processes, &mut g.hidden, &sees);
+            for m in &mut g.mig_devices {
+                hide(&mut m.processes, &mut m.hidden, &sees);
+            }
+        }
+    }
+
+    /// Processes counted in `hidden` entries, and how many of them are strays.
+    pub fn hidden_counts(&self) -> (u32, u32) {
+        let all = self.gpus.iter().flat_map(|g| {
+            g.hidden
+                .iter()
+                .chain(g.mig_devices.iter().flat_map(|m| &m.hidden))
+        });
+        all.fold((0, 0), |(n, s), h| {
+            (n + h.processes, s + if h.stray { h.processes } else { 0 })
+        })
+    }
+
     /// Keep only what concerns `team`: devices it owns, and processes it runs anywhere.
     pub fn filter_team(&mut self, team: &str) {
         let t = |teams: &[String]| teams.iter().any(|x| x == team);
         let p = |p: &ProcessUsage| p.team.as_deref() == Some(team);
+        let h = |h: &HiddenProcesses| h.team.as_deref() == Some(team);
         self.gpus.retain_mut(|g| {
             g.mig_devices.retain_mut(|m| {
                 if t(&m.teams) {
                     return true;
                 }
                 m.processes.retain(p);
-                !m.processes.is_empty()
+                m.hidden.retain(h);
+                !m.processes.is_empty() || !m.hidden.is_empty()
             });
-            let keep = t(&g.teams) || g.processes.iter().any(p) || !g.mig_devices.is_empty();
+            let keep = t(&g.teams)
+                || g.processes.iter().any(p)
+                || g.hidden.iter().any(h)
+                || !g.mig_devices.is_empty();
             if !t(&g.teams) {
                 g.processes.retain(p);
+                g.hidden.retain(h);
             }
             keep
         });
+    }
+
+    /// Every process, to change in place.
+    #[cfg(test)]
+    fn processes_mut(&mut self) -> impl Iterator<Item = &mut ProcessUsage> {
+        self.gpus.iter_mut().flat_map(|g| {
+            g.processes.iter_mut().chain(
+                g.mig_devices
+                    .iter_mut()
+                    .flat_map(|m| m.processes.iter_mut()),
+            )
+        })
     }
 
     /// Every process with the device it runs on (GPU index, MIG UUID if any).
@@ -257,6 +350,24 @@ mod tests {
     }
 
     #[test]
+    fn a_teams_own_mps_server_is_not_a_stray() {
+        let mut u = sample();
+        let cg = "/gpu.slice/gpu-infer.slice/gpu-infer-gpus.slice/gpuctl-mps@infer-gpus.service";
+        u.gpus[0].processes.push(ProcessUsage {
+            pid: 7,
+            team: procfs::team_of_cgroup(cg),
+            team_unit: procfs::team_unit_of_cgroup(cg),
+            ..proc_in(7, None)
+        });
+        attribute(&mut u, &owners());
+        let mps = u.gpus[0].processes.iter().find(|p| p.pid == 7).unwrap();
+        assert_eq!(mps.team.as_deref(), Some("infer"));
+        assert!(!mps.stray, "{mps:?}");
+        // Not a unit idle reclaim could stop: it sits in the share's slice, not the team's.
+        assert_eq!(mps.team_unit, None);
+    }
+
+    #[test]
     fn a_shared_gpu_accepts_every_owner() {
         let mut u = sample();
         let mut o = owners();
@@ -269,6 +380,73 @@ mod tests {
             .map(|p| (p.pid, p.stray))
             .collect();
         assert_eq!(stray, vec![(1, false), (2, true), (9, false)]);
+    }
+
+    #[test]
+    fn redaction_leaves_detail_of_visible_teams_and_counts_the_rest() {
+        let mut u = sample();
+        for p in u.processes_mut() {
+            p.user = Some(format!("user{}", p.pid));
+            p.command = Some("secret".into());
+            p.unit = Some(format!("job{}.service", p.pid));
+            p.used_memory = Some(u64::from(p.pid) << 20);
+        }
+        u.gpus[1].mig_devices[0].processes[1].used_memory = None;
+        attribute(&mut u, &owners());
+        // alice, a member of infer only.
+        u.redact(|t| t == Some("infer"));
+        let pids: Vec<u32> = u.processes().map(|(_, _, p)| p.pid).collect();
+        assert_eq!(pids, vec![1, 4], "only infer's processes keep their detail");
+        let json = serde_json::to_string(&u).unwrap();
+        for gone in [
+            "user2",
+            "user3",
+            "user5",
+            "job3.service",
+            "\"pid\":3",
+            "\"pid\":5",
+        ] {
+            assert!(!json.contains(gone), "{gone} leaked: {json}");
+        }
+        // The root job on infer's GPU: a stray of no team, counted with its memory.
+        assert_eq!(
+            u.gpus[0].hidden,
+            vec![HiddenProcesses {
+                team: None,
+                stray: true,
+                processes: 1,
+                used_memory: Some(2 << 20),
+            }]
+        );
+        // train's job on its own MIG device; the unowned device's process.
+        assert_eq!(u.gpus[1].mig_devices[0].hidden.len(), 1);
+        assert_eq!(
+            u.gpus[1].mig_devices[0].hidden[0].team.as_deref(),
+            Some("train")
+        );
+        assert_eq!(u.gpus[1].mig_devices[1].hidden[0].team, None);
+        assert!(!u.gpus[1].mig_devices[1].hidden[0].stray);
+        assert_eq!(u.hidden_counts(), (3, 1));
+
+        // Two hidden processes of one team on one device are one entry; an unknown memory
+        // makes the sum unknown, never a partial figure.
+        let mut u = sample();
+        u.gpus[1].mig_devices[0].processes[1].team = Some("train".into());
+        u.gpus[1].mig_devices[0].processes[0].used_memory = Some(7);
+        attribute(&mut u, &owners());
+        u.redact(|_| false);
+        let h = &u.gpus[1].mig_devices[0].hidden;
+        assert_eq!(h.len(), 1);
+        assert_eq!((h[0].processes, h[0].used_memory), (2, None));
+        assert_eq!(u.processes().count(), 0);
+
+        // Root (or an admin) sees everything as it was.
+        let mut u = sample();
+        attribute(&mut u, &owners());
+        let before = u.clone();
+        u.redact(|_| true);
+        assert_eq!(u, before);
+        assert!(!serde_json::to_string(&u).unwrap().contains("hidden"));
     }
 
     #[test]

@@ -22,36 +22,21 @@ pub struct ProcInfo {
     pub command: Option<String>,
     /// systemd unit or scope owning the cgroup.
     pub unit: Option<String>,
-    /// Team of the innermost `gpu-<team>.slice` in the cgroup path.
+    /// Team whose `gpu-<team>.slice` the cgroup path runs in.
     pub team: Option<String>,
     /// The unit directly inside that slice (see [`team_unit_of_cgroup`]).
     pub team_unit: Option<String>,
 }
 
-/// The team whose slice a cgroup path runs in: the innermost `gpu-<team>.slice` component.
-/// systemd nests dashed slice names (`gpu.slice/gpu-ml.slice/gpu-ml-infer.slice`), so the
-/// innermost one carries the full team name.
+/// The team whose slice a cgroup path runs in ([`crate::names::cgroup_place`]).
 pub fn team_of_cgroup(cgroup: &str) -> Option<String> {
-    cgroup
-        .rsplit('/')
-        .filter_map(|c| c.strip_prefix("gpu-")?.strip_suffix(".slice"))
-        .find(|t| !t.is_empty())
-        .map(str::to_string)
+    crate::names::cgroup_place(cgroup).map(|p| p.team.to_string())
 }
 
-/// The service or scope directly inside the innermost `gpu-<team>.slice` of a cgroup path: the
-/// unit this host's systemd runs and can stop. It differs from the innermost unit when the
-/// process runs under a nested manager (a container's own systemd, `…/ctr.scope/…/x.service`),
-/// whose units the host's systemd does not know.
+/// The service or scope directly inside the team's slice ([`crate::names::cgroup_place`]): the
+/// unit this host's systemd runs and can stop.
 pub fn team_unit_of_cgroup(cgroup: &str) -> Option<String> {
-    let parts: Vec<&str> = cgroup.split('/').collect();
-    let slice = parts
-        .iter()
-        .rposition(|c| c.starts_with("gpu-") && c.ends_with(".slice"))?;
-    parts
-        .get(slice + 1)
-        .filter(|c| c.ends_with(".service") || c.ends_with(".scope"))
-        .map(|c| c.to_string())
+    crate::names::cgroup_place(cgroup)?.unit.map(str::to_string)
 }
 
 /// Read `/proc/<pid>/{status,cgroup,comm}` under `root`; `None` when the process is gone.
@@ -127,14 +112,18 @@ mod tests {
     }
 
     #[test]
-    fn team_comes_from_the_innermost_team_slice() {
+    fn team_comes_from_the_team_slice_not_an_mps_share_inside_it() {
         assert_eq!(
             team_of_cgroup("/gpu.slice/gpu-infer.slice/train.service").as_deref(),
             Some("infer")
         );
+        // infer's own MPS server runs in its share's slice inside infer's.
         assert_eq!(
-            team_of_cgroup("/gpu.slice/gpu-ml.slice/gpu-ml-infer.slice/x.scope").as_deref(),
-            Some("ml-infer")
+            team_of_cgroup(
+                "/gpu.slice/gpu-infer.slice/gpu-infer-gpus.slice/gpuctl-mps@infer-gpus.service"
+            )
+            .as_deref(),
+            Some("infer")
         );
         assert_eq!(team_of_cgroup("/system.slice/cron.service"), None);
         assert_eq!(team_of_cgroup("/gpu.slice/x.service"), None);

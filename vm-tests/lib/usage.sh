@@ -7,7 +7,8 @@
 #                      stray-job (root, system.slice), put on the GPUs through the fake NVML's
 #                      process list (infer 78000 MiB on GPU 0: over 90% of it; train and the
 #                      stray on train's MIG device). Sets P_INFER, P_TRAIN, P_STRAY.
-#   http ARGS...       the python HTTP helper below (get URL, query URL EXPR, ...)
+#   http ARGS...       the python HTTP helper below (get URL, query URL EXPR, slots URL N,
+#                      burst URL N, ...)
 #   gpuctld_wakeups S  context switches of gpuctld's main thread over S seconds: its wakeups
 #   exporter_setup     usage_setup, then gpuctld's wakeups over 10 s before anything scrapes
 #                      (IDLE_BEFORE), then gpuctl-exporter.socket started; E is its /metrics URL
@@ -104,6 +105,39 @@ elif cmd == "stall":
     print(f"{(time.perf_counter()-a)*1e3:.0f} {line}")
     for s in idle:
         s.close()
+elif cmd == "slots":
+    # N clients that connect and send nothing, then a real scrape: its status line.
+    idle = [socket.create_connection((host, port)) for _ in range(int(sys.argv[3]))]
+    time.sleep(0.5)
+    try:
+        print(raw(f"GET {u.path} HTTP/1.1\r\n\r\n".encode()).split(b"\r\n")[0].decode())
+    except OSError as e:
+        print(f"error {e!r}")
+    for s in idle:
+        s.close()
+elif cmd == "burst":
+    # N scrapes at once: how many got a whole 200, a whole 503, a reset, a cut answer, another error.
+    import threading
+    res = []
+    def one():
+        try:
+            r = raw(f"GET {u.path} HTTP/1.1\r\nHost: x\r\n\r\n".encode(), timeout=60)
+        except ConnectionResetError:
+            return res.append("reset")
+        except OSError:
+            return res.append("error")
+        head, _, body = r.partition(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        cl = [int(l.split(b":")[1]) for l in lines[1:] if l.lower().startswith(b"content-length:")]
+        whole = bool(cl) and len(body) == cl[0]
+        st = lines[0][9:12].decode(errors="replace")
+        res.append(st if whole and st in ("200", "503") else "cut")
+    ts = [threading.Thread(target=one) for _ in range(int(sys.argv[3]))]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    print(" ".join(f"{k}={res.count(k)}" for k in ["200", "503", "reset", "cut", "error"]))
 PY
 }
 

@@ -1,7 +1,8 @@
 #!/bin/bash
 # 52: a file dropped into /etc/gpuctl/policy.d converges via inotify (rename dance, loaded once the file has landed);
 # moving GPU 1 from train to infer removes it from train's device list (reset-then-set), so a
-# process in gpu-train.slice now gets EPERM on /dev/nvidia1.
+# process in gpu-train.slice now gets EPERM on /dev/nvidia1. A drop-in naming a GPU the host
+# lacks leaves gpuctld not converged (status exits 1) and says which file, line and GPU.
 # vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
@@ -53,4 +54,21 @@ echo junk > /etc/gpuctl/policy.d/.20-gpu1.toml.swp; sleep 1.5
 n2=$(gpuctld_journal | grep -c '^reconcile (')
 check "swap file ignored" test "$n1" = "$n2"
 rm -f /etc/gpuctl/policy.d/.20-gpu1.toml.swp
+
+# One view of the host: the daemon makes the host checks `gpuctl check` makes.
+put_policy 30-ghost.toml <<'P'
+version = 1
+[[gpu]]
+index = [7]
+owner = "train"
+P
+reload_wait
+st=$(gpuctl status 2>&1); rc=$?
+sed 's/^/    status| /' <<<"$st"
+check_output "a drop-in naming missing GPU 7: status exits 1" test "$rc" = 1
+check "and says why, with file and line" grep -q "30-ghost.toml:3:1: .*gpu 7 does not exist" <<<"$st"
+check_output "StatusText is not converged" sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "does not fit this host"'
+rm -f /etc/gpuctl/policy.d/30-ghost.toml
+reload_wait
+check_output "without it: converged again" gpuctl status
 finish

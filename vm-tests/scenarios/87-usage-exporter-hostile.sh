@@ -2,7 +2,8 @@
 # 87: the exporter under bad clients and a steady scraper. Five clients that never finish their
 # request do not stall a scrape; a malformed request gets 400, an unknown path 404; 200 scrapes
 # back to back (past the reads budget's burst of 50; one uid, the exporter's, for all of them) are
-# all answered 200; and gpuctld's wakeups over 10 s idle after the scrapes stopped are no more
+# all answered 200; 70 silent connections (more than its 64 slots) do not stop a scrape; 200
+# concurrent scrapes each get a whole 200 or 503, never a reset; and gpuctld's wakeups over 10 s idle after the scrapes stopped are no more
 # than before any scrape (it does not poll when nobody asks). The latency benchmark against
 # Prometheus's own /metrics is 89 (benchmark-only).
 # vmtest: timeout=420
@@ -27,6 +28,13 @@ check "metrics still served" served
 read -r g50 g99 < <(http bench $E 200)
 echo "    200 scrapes back to back: p50 ${g50:-?} ms, p99 ${g99:-?} ms"
 check "200 scrapes back to back, every one answered 200" test -n "$g99"
+
+r=$(http slots $E 70)
+check_output "70 silent connections do not stop a scrape (got: $r)" test "$r" = "HTTP/1.1 200 OK"
+r=$(http burst $E 200)
+echo "    200 concurrent scrapes: $r"
+check_output "200 concurrent scrapes: a whole 200 or 503 each, never a reset" \
+    test "${r#* 503=* }" = "reset=0 cut=0 error=0"
 
 sleep 3
 idle_after=$(gpuctld_wakeups 10)

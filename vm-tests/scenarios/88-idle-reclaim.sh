@@ -3,12 +3,15 @@
 # rule with short windows: its idle holder, a `gpuctl run` scope of alice's on GPU 0, is warned
 # (on her terminal and in the journal with her uid) and then stopped; its busy service on GPU 1
 # (GPM activity 80%) and an excluded idle service on GPU 0 survive. infer (report only) has an
-# idle service on GPU 2: reported, untouched. The journal names user and unit.
-# vmtest: timeout=420
+# idle service on GPU 2: reported, untouched. The journal names user and unit. Who sees what:
+# carol (research) reads research's holders by name and infer's without; bob (no team) and the
+# exporter read no unit or user at all, root reads everything.
+# vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
+. lib/usage.sh
 
 gpuctld_setup 3
 test_users
@@ -101,6 +104,36 @@ plan=$(gpuctl plan 2>&1)
 check_output "gpuctl plan says what is pending" grep -E '^idle actions' <<<"$plan"
 metrics=$(gpuctl metrics 2>&1)
 check_output "the idle metric names it" grep -E 'gpuctl_idle_holder\{.*unit="infer-nb.service"' <<<"$metrics"
+
+carol=(setpriv --reuid=carol --regid=carol --init-groups)
+bob=(setpriv --reuid=bob --regid=bob --init-groups)
+names() { jq -c '[.holders[] | [.team, .unit, .user, (.pids | length)]] | sort' <<<"$1"; }
+ic=$("${carol[@]}" gpuctl idle --json)
+ib=$("${bob[@]}" gpuctl idle --json)
+names "$ic" | sed 's/^/    carol idle| /'
+names "$ib" | sed 's/^/    bob idle| /'
+check_output "carol (research) reads research's holders by name" \
+    test "$(jq -r '[.holders[] | select(.team == "research") | .unit] | sort | join(",")' <<<"$ic")" = "train-busy.service,triton-x.service"
+check_output "but not infer's: no unit, user or pids" \
+    test "$(jq -c '[.holders[] | select(.team == "infer") | [.unit, .user, .uid, (.pids | length)]] | unique' <<<"$ic")" = '[["",null,null,0]]'
+check_output "bob (no team) reads every holder, without unit, user or pids" \
+    test "$(jq -c '[.holders[] | [.unit, .user, .uid, (.pids | length)]] | unique' <<<"$ib"),$(jq '[.holders[].team] | unique' <<<"$ib" | jq -c .)" = \
+    '[["",null,null,0]],["infer","research"]'
+check_output "bob's gpuctl idle shows the holders as (hidden)" \
+    sh -c '"$@" gpuctl idle | grep -q "(hidden)" && ! "$@" gpuctl idle | grep -qE "alice|carol|infer-nb|triton"' _ "${bob[@]}"
+mb=$("${bob[@]}" gpuctl metrics 2>&1)
+check_output "bob's metrics: idle series without unit or user" \
+    sh -c 'grep -q "^gpuctl_idle_holder{team=\"infer\",user=\"\",unit=\"\"" && ! grep -qE "(user|unit)=\"[^\"]"' <<<"$mb"
+tb=$("${bob[@]}" gpuctl top --once 2>&1)
+check_output "bob's top names nobody" sh -c '! grep -qE "alice|carol|infer-nb|triton|train-busy|gpuctl-run"' <<<"$tb"
+check_output "bob's top counts the processes" grep -qE "^[0-9]+ GPU\(s\), [1-9][0-9]* process" <<<"$tb"
+systemctl start gpuctl-exporter.socket
+E=http://127.0.0.1:9849/metrics
+ex=$(http get "$E" 2>&1)
+grep '^gpuctl_idle_holder' <<<"$ex" | sed 's/^/    exporter| /'
+check_output "the exporter's scrape: idle series, no unit or user label" \
+    sh -c 'grep -q "^gpuctl_idle_holder{team=\"infer\"" && ! grep -qE "(user|unit)=\"[^\"]"' <<<"$ex"
+systemctl stop gpuctl-exporter.socket gpuctl-exporter.service 2>/dev/null || true
 systemctl stop triton-x.service train-busy.service infer-nb.service 2>/dev/null || true
 pkill -u alice -x script || true
 finish

@@ -3,7 +3,9 @@
 # the .deb, pushes a two-team policy (limits live), a second run changes nothing (changed=0), a
 # broken variable is caught by `gpuctl validate --as` before anything is installed (file, limits
 # and gpuctld's status stay), a problem gpuctld reports fails the play, and a changed limit goes
-# live. BENCH: ansible-playbook start -> new MemoryMax live, against a no-op run of the same play.
+# live; a drop-in the role installed from gpuctl_extra_dropins is removed once no longer listed
+# (idempotently), and a drop-in naming a GPU the host lacks fails the play's default verify.
+# BENCH: ansible-playbook start -> new MemoryMax live, against a no-op run of the same play.
 # Under TCG each task is a python start: on a quiet host (release deb) the first run took 128 s,
 # a no-op run 74 s, the scenario about 400 s; on a host loaded by compiles, over 1800 s.
 # vmtest: timeout=1500
@@ -122,5 +124,51 @@ check "the play fails while gpuctld reports a policy error" test $rc != 0
 check "... naming gpuctl status's report" grep -q "policy error" "$W/last.log"
 rm -f /etc/gpuctl/policy.d/90-hand.toml
 reload_wait
+
+# 6. The role owns what it installs: an extra drop-in, then the list without it. Only the policy
+# and verify tasks run (the rest changes nothing, as step 2 showed).
+vars 384M
+cat >>"$W/vars.yml" <<'EOF2'
+gpuctl_extra_dropins:
+  60-extra.toml: |
+    version = 1
+    [teams.extra]
+    members = ["alice"]
+EOF2
+play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
+echo "extra drop-in run: $(recap)"
+check "the play with an extra drop-in succeeds" test $rc = 0
+check "the extra drop-in is installed, marked as the role's" \
+    grep -q "^# installed by the gpuctl Ansible role" /etc/gpuctl/policy.d/60-extra.toml
+check "its team's slice exists" systemctl cat gpu-extra.slice
+echo 'version = 1' >/etc/gpuctl/policy.d/61-hand.toml
+vars 384M
+play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
+echo "run without it: $(recap)"
+check "the play without it succeeds" test $rc = 0
+check "the drop-in no longer listed is removed" test ! -e /etc/gpuctl/policy.d/60-extra.toml
+check "a drop-in the role did not install stays" test -e /etc/gpuctl/policy.d/61-hand.toml
+check_output "gpuctld no longer has the team" sh -c '! gpuctl status --json | jq -e ".teams.extra" >/dev/null'
+play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
+check "and again: changed=0" grep -Eq '^localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' <(recap)
+rm -f /etc/gpuctl/policy.d/61-hand.toml
+
+# 7. A drop-in naming a GPU the host lacks passes validate --as (which cannot know the GPUs),
+# and the default verify (gpuctl status) fails the play.
+cat >>"$W/vars.yml" <<'EOF2'
+gpuctl_extra_dropins:
+  70-ghost.toml: |
+    version = 1
+    [[gpu]]
+    index = [7]
+    owner = "train"
+EOF2
+play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
+_vm_show "$(grep -A3 'gpuctld reports no problem' "$W/last.log")" 8
+check "the play fails on a GPU the host lacks" test $rc != 0
+check "... naming it" grep -q "gpu 7 does not exist" "$W/last.log"
+vars 384M
+play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
+check "without it the play succeeds again (the role removed it)" test $rc = 0
 
 finish
