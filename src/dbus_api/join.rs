@@ -22,8 +22,10 @@
 //! Debian bookworm has systemd 252 and dbus-daemon 1.14, so the daemon uses `GetUnitByPIDFD` and
 //! its own pidfd there, and `ProcessFD` wherever the bus offers it.
 
+use super::place::{self, JoinOptions};
 use super::reply::TeamInfo;
 use super::Backend;
+use crate::placement::Lease;
 use crate::join::{
     self, check_team_name, nss::Nss, parse_env_file, scope_name, verify_process, Caller,
     ProcIdentity, Refusal, Via,
@@ -60,6 +62,11 @@ pub enum JoinError {
     NoPolicy(String),
     /// Authorized, but systemd could not place the process.
     PlacementFailed(String),
+    /// Every device the job could have is held to capacity now; the message names the holders.
+    NoFreeDevice(String),
+    /// The placement asked for can never be met (two MIG devices, a device outside the share,
+    /// a memory cap nothing enforces), or an option is unknown.
+    PlacementRefused(String),
 }
 
 /// The outcome label of a `Join` result for metrics: `ok` or the refusal's kind.
@@ -74,6 +81,8 @@ pub fn outcome<T>(r: &Result<T, JoinError>) -> &'static str {
         Err(JoinError::NotYourProcess(_)) => "not-your-process",
         Err(JoinError::NoPolicy(_)) => "no-policy",
         Err(JoinError::PlacementFailed(_)) => "placement-failed",
+        Err(JoinError::NoFreeDevice(_)) => "no-free-device",
+        Err(JoinError::PlacementRefused(_)) => "placement-refused",
     }
 }
 
@@ -180,12 +189,17 @@ pub async fn env(
 /// `Teams()`: JSON array of the teams the caller may use and what each gives.
 pub async fn teams(
     backend: &dyn Backend,
+    sd: &Systemd,
     root: &Root,
     conn: &Connection,
     hdr: &Header<'_>,
 ) -> Result<String, JoinError> {
     let c = bus_caller(conn, hdr).await?.caller;
     let policy = backend.policy()?;
+    let state = backend.state();
+    let view = state.last_report.as_ref().and_then(|r| r.view.as_ref());
+    // Shown as "not available" (no holds) when systemd cannot list them, not as all free.
+    let leases = place::leases(sd, root).await.ok();
     let p = policy.clone();
     let mine: Vec<(String, Via)> =
         tokio::task::spawn_blocking(move || join::joinable(&c, &p, &Nss))
@@ -209,6 +223,10 @@ pub async fn teams(
                 limits: t.limits.clone(),
                 mps: t.mps.clone(),
                 members: t.members.iter().map(ToString::to_string).collect(),
+                share: match (view, &leases) {
+                    (Some(v), Some(l)) => place::holds(t, &place::share(v, &name), l),
+                    _ => Vec::new(),
+                },
                 team: name,
                 via,
             }
@@ -316,18 +334,35 @@ async fn put_back(
     }
 }
 
-/// `Join(team)`: authorize the caller, move its own process into a new scope in the team's
-/// slice, and return the team's environment and the scope's name.
+/// What a `Join` needs from the agent besides the caller.
+pub struct JoinCtx<'a> {
+    /// The daemon's state and policy.
+    pub backend: &'a dyn Backend,
+    /// systemd.
+    pub sd: &'a Systemd,
+    /// The shared job waiter.
+    pub jobs: &'a JobWaiter,
+    /// Held from reading the leases until the new scope exists, so two joins never pick the
+    /// same free device.
+    pub placing: &'a tokio::sync::Mutex<()>,
+    /// The host root.
+    pub root: &'a Root,
+}
+
+/// `Join(team)` / `JoinWith(team, options)`: authorize the caller, place the job on devices of
+/// the team's share (unless the team sets `jobs-per-device = 0` and the job asks for nothing),
+/// move its own process into a new scope in the team's slice fenced to those devices, and
+/// return the job's environment and the scope's name.
 pub async fn join(
-    backend: &dyn Backend,
-    sd: &Systemd,
-    jobs: &JobWaiter,
-    root: &Root,
+    cx: &JoinCtx<'_>,
     conn: &Connection,
     hdr: &Header<'_>,
     team: &str,
+    options: &HashMap<String, String>,
 ) -> Result<(HashMap<String, String>, String), JoinError> {
+    let (backend, sd, jobs, root) = (cx.backend, cx.sd, cx.jobs, cx.root);
     let team = &check_team_name(team)?;
+    let opts = JoinOptions::parse(options).map_err(JoinError::PlacementRefused)?;
     let bc = bus_caller(conn, hdr).await?;
     let uid = bc.caller.uid;
     let grant = match authorize(backend, &bc.caller, team).await {
@@ -387,13 +422,47 @@ pub async fn join(
     // rejects.
     let origin = record_origin(conn, root, pid, &pidfd).await;
     let scope = scope_name(team, pid);
-    let description = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
-    if let Err(e) = sd.start_scope(jobs, &scope, &slice, pid, description).await {
+    let t = policy
+        .teams
+        .get(&**team)
+        .ok_or_else(|| JoinError::NoPolicy(format!("team \"{team}\" left the policy")))?;
+    // A device-less team is joinable as before: nothing to place on.
+    let placing = !opts.is_empty() || (t.placement.enabled() && join::has_devices(&env));
+    let _placing = if placing {
+        Some(cx.placing.lock().await)
+    } else {
+        None
+    };
+    let (env, description, allow, lease) = if placing {
+        let p = place_job(backend, sd, root, t, &opts).await?;
+        let lease = Lease {
+            unit: scope.clone(),
+            team: team.to_string(),
+            user: grant.user.clone(),
+            uid,
+            pid,
+            devices: p.devices.iter().map(|d| d.id.clone()).collect(),
+            since: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
+        };
+        let env = place::placed_env(&env, &p, lease.gpu_memory);
+        (env, lease.description(), Some(p.allow), Some(lease))
+    } else {
+        let d = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
+        (env, d, None, None)
+    };
+    if let Err(e) = sd
+        .start_scope(jobs, &scope, &slice, pid, description, allow.as_deref())
+        .await
+    {
         return Err(JoinError::PlacementFailed(format!(
             "cannot place pid {pid} of {} in {slice}: {e}",
             grant.user
         )));
     }
+    drop(_placing);
     let after = ProcIdentity::read(root, pid);
     if !pidfd_alive(&pidfd) || after.as_ref().ok() != Some(&before) {
         // The checked process is gone: the pid may now be someone else's. Nothing is killed
@@ -410,14 +479,61 @@ pub async fn join(
             "pid {pid}: the process changed while it was placed in {scope}"
         )));
     }
-    info!(
-        gpuctl_team = %team,
-        gpuctl_action = "join",
-        uid,
-        pid,
-        "{} joined team {team} ({}) as {scope}",
-        grant.user,
-        grant.via
-    );
+    match &lease {
+        Some(l) => info!(
+            gpuctl_team = %team,
+            gpuctl_action = "lease",
+            gpuctl_unit = %scope,
+            gpuctl_devices = %l.devices.join(","),
+            uid,
+            pid,
+            "{} joined team {team} ({}) as {scope} on {}",
+            grant.user,
+            grant.via,
+            l.devices.join(",")
+        ),
+        None => info!(
+            gpuctl_team = %team,
+            gpuctl_action = "join",
+            uid,
+            pid,
+            "{} joined team {team} ({}) as {scope}",
+            grant.user,
+            grant.via
+        ),
+    }
     Ok((env.into_iter().collect(), scope))
+}
+
+/// Choose the job's devices: the share from the last reconcile, the live leases from systemd,
+/// the load from the usage collector's last figures (none yet: placed by leases alone).
+async fn place_job(
+    backend: &dyn Backend,
+    sd: &Systemd,
+    root: &Root,
+    team: &crate::policy::Team,
+    opts: &JoinOptions,
+) -> Result<place::Placed, JoinError> {
+    let state = backend.state();
+    let view = state
+        .last_report
+        .as_ref()
+        .and_then(|r| r.view.as_ref())
+        .ok_or_else(|| {
+            JoinError::PlacementFailed("gpuctld has not finished its first reconcile".into())
+        })?;
+    let share = place::share(view, &team.name);
+    let leases = place::leases(sd, root)
+        .await
+        .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
+    let load = super::usage::last_collection()
+        .map(|u| place::load_of(&u))
+        .unwrap_or_default();
+    place::place(team, &share, &leases, &load, opts).map_err(|r| {
+        if r.busy {
+            JoinError::NoFreeDevice(r.message)
+        } else {
+            JoinError::PlacementRefused(r.message)
+        }
+    })
 }

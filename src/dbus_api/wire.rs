@@ -93,23 +93,51 @@ pub fn system_bus_socket() -> Option<PathBuf> {
     }
 }
 
-/// Call `Join(team)` on gpuctld through the bus at `socket`; returns the environment and the
-/// scope's name.
-pub fn join(socket: &Path, team: &str) -> Result<(BTreeMap<String, String>, String), WireError> {
+/// Call `Join(team)` on gpuctld through the bus at `socket`, or `JoinWith(team, options)` when
+/// there are options (so a plain `gpuctl run` still speaks to a gpuctld without `JoinWith`);
+/// returns the environment and the scope's name.
+pub fn join(
+    socket: &Path,
+    team: &str,
+    options: &BTreeMap<String, String>,
+) -> Result<(BTreeMap<String, String>, String), WireError> {
     let mut body = Vec::new();
     put_string(&mut body, team);
+    let (member, signature) = if options.is_empty() {
+        ("Join", "s")
+    } else {
+        put_string_map(&mut body, options);
+        ("JoinWith", "sa{ss}")
+    };
     let reply = call(
         socket,
         &Call {
             destination: super::BUS_NAME,
             path: super::OBJECT_PATH,
             interface: "org.gpuctl.Agent1",
-            member: "Join",
-            signature: "s",
+            member,
+            signature,
             body: &body,
         },
     )?;
     join_reply(&reply)
+}
+
+/// Marshal an `a{ss}`, little-endian, aligned relative to the start of `m`.
+pub fn put_string_map(m: &mut Vec<u8>, map: &BTreeMap<String, String>) {
+    pad(m, 4);
+    let len_at = m.len();
+    m.extend([0u8; 4]);
+    // The array's length counts from its first element, which is 8-aligned (a dict entry).
+    pad(m, 8);
+    let start = m.len();
+    for (k, v) in map {
+        pad(m, 8);
+        put_string(m, k);
+        put_string(m, v);
+    }
+    let len = (m.len() - start) as u32;
+    m[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// The body of a `Join` reply: the environment and the scope name.
@@ -522,6 +550,58 @@ mod tests {
     }
 
     #[test]
+    fn join_with_options_round_trips_through_zbus_parser() {
+        let mut body = Vec::new();
+        put_string(&mut body, "interns");
+        let opts: BTreeMap<String, String> = [("device", "MIG-1"), ("gpus", "1")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        put_string_map(&mut body, &opts);
+        let bytes = message(
+            3,
+            &Call {
+                destination: "org.gpuctl.Agent1",
+                path: "/org/gpuctl/Agent1",
+                interface: "org.gpuctl.Agent1",
+                member: "JoinWith",
+                signature: "sa{ss}",
+                body: &body,
+            },
+        );
+        let data = zbus::zvariant::serialized::Data::new(
+            bytes,
+            zbus::zvariant::serialized::Context::new_dbus(zbus::zvariant::LE, 0),
+        );
+        // SAFETY: the bytes carry no file descriptors.
+        let msg = unsafe { zbus::Message::from_bytes(data) }.expect("zbus parses our call");
+        let (team, got): (String, HashMap<String, String>) =
+            msg.body().deserialize().expect("body is (s, a{ss})");
+        assert_eq!(team, "interns");
+        assert_eq!(got.into_iter().collect::<BTreeMap<_, _>>(), opts);
+        // An empty map too (alignment with nothing after the length).
+        let mut body = Vec::new();
+        put_string(&mut body, "abc");
+        put_string_map(&mut body, &BTreeMap::new());
+        let bytes = message(
+            4,
+            &Call {
+                destination: "org.gpuctl.Agent1",
+                path: "/org/gpuctl/Agent1",
+                interface: "org.gpuctl.Agent1",
+                member: "JoinWith",
+                signature: "sa{ss}",
+                body: &body,
+            },
+        );
+        let ctx = zbus::zvariant::serialized::Context::new_dbus(zbus::zvariant::LE, 0);
+        let data = zbus::zvariant::serialized::Data::new(bytes, ctx);
+        // SAFETY: the bytes carry no file descriptors.
+        let msg = unsafe { zbus::Message::from_bytes(data) }.expect("zbus parses our call");
+        let (t, m): (String, HashMap<String, String>) = msg.body().deserialize().expect("parses");
+        assert_eq!((t.as_str(), m.len()), ("abc", 0));
+    }
+
+    #[test]
     fn strings_with_an_interior_nul_are_refused() {
         let mut b = Vec::new();
         put_string(&mut b, "a\0b");
@@ -624,7 +704,7 @@ mod tests {
                     .unwrap(),
             ]
         });
-        let (env, scope) = join(&path, "infer").unwrap();
+        let (env, scope) = join(&path, "infer", &BTreeMap::new()).unwrap();
         t.join().unwrap();
         assert_eq!(scope, "gpuctl-run-infer-9.scope");
         assert_eq!(env.len(), 3);
@@ -644,7 +724,7 @@ mod tests {
                     .unwrap(),
             ]
         });
-        match join(&path, "x") {
+        match join(&path, "x", &BTreeMap::new()) {
             Err(WireError::Method { name, message }) => {
                 assert_eq!(name, "org.gpuctl.Agent1.Error.NoDevices");
                 assert_eq!(message.as_deref(), Some("team \"x\" has no GPU"));
@@ -658,7 +738,10 @@ mod tests {
                 .build(&"just a string")
                 .unwrap()]
         });
-        assert!(matches!(join(&path, "x"), Err(WireError::Protocol(_))));
+        assert!(matches!(
+            join(&path, "x", &BTreeMap::new()),
+            Err(WireError::Protocol(_))
+        ));
         t.join().unwrap();
     }
 }

@@ -155,6 +155,9 @@ pub struct Team {
     /// `[teams.NAME.idle]`: what to do about idle holders; `None` means nothing happens.
     #[serde(default)]
     pub idle: Option<IdleRule>,
+    /// `[teams.NAME.placement]`: how jobs are placed on the share's devices.
+    #[serde(default)]
+    pub placement: PlacementSettings,
     /// Where the team was (last) defined.
     pub loc: Option<Loc>,
 }
@@ -174,6 +177,26 @@ impl fmt::Display for Member {
             Member::User(u) => write!(f, "{u}"),
             Member::Group(g) => write!(f, "@{g}"),
         }
+    }
+}
+
+/// How a team's jobs are placed on its share's devices (`[teams.NAME.placement]`, see
+/// [`crate::placement`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementSettings {
+    /// Jobs per device: `None` is the default (1 on MIG devices and whole GPUs without MPS,
+    /// no cap on MPS devices), `Some(0)` turns placement off (every job gets the whole share).
+    pub jobs_per_device: Option<u32>,
+    /// Devices a job gets unless it asks (`None`: 1).
+    pub gpus: Option<crate::placement::Gpus>,
+    /// A job's MPS pinned device memory limit in bytes unless it asks.
+    pub gpu_memory: Option<u64>,
+}
+
+impl PlacementSettings {
+    /// Whether jobs are placed at all (`jobs-per-device = 0` keeps the whole share per job).
+    pub fn enabled(&self) -> bool {
+        self.jobs_per_device != Some(0)
     }
 }
 
