@@ -354,7 +354,12 @@ pub fn holders(leases: &[Lease], devices: &[&str]) -> String {
     let mut out = Vec::new();
     for d in devices {
         for l in leases.iter().filter(|l| l.devices.iter().any(|x| x == d)) {
-            out.push(format!("{d}: {} ({}) since {}", l.user, l.unit, utc(l.since)));
+            out.push(format!(
+                "{d}: {} ({}) since {}",
+                l.user,
+                l.unit,
+                utc(l.since)
+            ));
         }
     }
     if out.is_empty() {
@@ -416,7 +421,11 @@ mod tests {
             share[i[0]].held += 1;
             got.push(i[0]);
         }
-        assert_eq!(got, vec![0, 1, 2, 3], "free first, ties in the share's order");
+        assert_eq!(
+            got,
+            vec![0, 1, 2, 3],
+            "free first, ties in the share's order"
+        );
         assert_eq!(
             choose(&share, &Request::default(), None, None),
             Err(PlaceError::Busy {
@@ -425,7 +434,10 @@ mod tests {
             })
         );
         // Two jobs per device: the least held goes first again.
-        assert_eq!(choose(&share, &Request::default(), None, Some(2)), Ok(vec![0]));
+        assert_eq!(
+            choose(&share, &Request::default(), None, Some(2)),
+            Ok(vec![0])
+        );
     }
 
     #[test]
@@ -487,7 +499,10 @@ mod tests {
             choose(&share, &req(None, Some("MIG-a")), None, None),
             Ok(vec![0])
         );
-        assert_eq!(choose(&share, &req(None, Some("0")), None, None), Ok(vec![0]));
+        assert_eq!(
+            choose(&share, &req(None, Some("0")), None, None),
+            Ok(vec![0])
+        );
         assert_eq!(
             choose(&share, &req(None, Some("1")), None, None),
             Err(PlaceError::Busy {
@@ -501,7 +516,12 @@ mod tests {
             assert!(e.to_string().contains("0=MIG-a, 1=MIG-b"), "{e}");
         }
         assert_eq!(
-            choose(&share, &req(Some(Gpus::Count(2)), Some("MIG-a")), None, None),
+            choose(
+                &share,
+                &req(Some(Gpus::Count(2)), Some("MIG-a")),
+                None,
+                None
+            ),
             Err(PlaceError::DeviceAndCount(Gpus::Count(2)))
         );
     }

@@ -17,7 +17,8 @@ use std::process::Command;
 fn join_through_a_real_bus_returns_the_services_reply_and_our_own_credentials() {
     let Some(bus) = start_bus() else { return };
     serve(&bus.socket);
-    let (env, scope) = wire::join(&bus.socket, "infer", &Default::default()).expect("Join succeeds");
+    let (env, scope) =
+        wire::join(&bus.socket, "infer", &Default::default()).expect("Join succeeds");
     assert_eq!(scope, "gpuctl-run-infer-1.scope");
     assert_eq!(env["GPUCTL_TEAM"], "infer");
     // The bus vouches for this very process: pipelining did not change who is asking.

@@ -153,7 +153,16 @@ mod tests {
     #[test]
     fn placement_options_parse_through_clap() {
         let a = argv(&[
-            "run", "--team", "t", "--gpus", "all", "--device", "1", "--gpu-memory", "2G", "--",
+            "run",
+            "--team",
+            "t",
+            "--gpus",
+            "all",
+            "--device",
+            "1",
+            "--gpu-memory",
+            "2G",
+            "--",
             "true",
         ]);
         let Command::Run(r) = Cli::try_parse_from(&a).unwrap().command else {

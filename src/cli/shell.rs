@@ -34,7 +34,7 @@ macro_rules! exit_table {
             "  5  the team has no GPU or MIG device on this host now\n",
             "  6  gpuctld is not running (systemctl start gpuctld), the system bus is unreachable, or\n     gpuctld has no valid policy yet\n",
             "  7  gpuctld could not place the process in the team's slice, or the placement asked\n     for can never be met (--gpus 2 on MIG devices, --device outside the share)\n",
-            "  8  every device the job could have is held now (the message names the holders)\n",
+            "  8  every device the job could have is held now, also after --wait=DURATION (the\n     message names the holders)\n",
             "  2  any other failure (bad reply, refused by the bus policy)\n",
             "126  ",
             $what,
@@ -70,6 +70,18 @@ pub struct PlaceArgs {
     /// where no MPS daemon serves the device.
     #[arg(long, value_name = "SIZE", value_parser = parse_gpu_memory)]
     pub gpu_memory: Option<u64>,
+    /// When no device is free, wait in gpuctld's queue (round-robin across users) for at most
+    /// DURATION (e.g. 10m), or without a limit when none is given.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
+          default_missing_value = "forever", value_parser = parse_wait)]
+    pub wait: Option<std::time::Duration>,
+}
+
+fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
+    if s == "forever" {
+        return Ok(crate::dbus_api::place::MAX_WAIT);
+    }
+    crate::settings::value::parse_duration(s)
 }
 
 fn parse_gpu_memory(s: &str) -> Result<u64, String> {
@@ -91,6 +103,9 @@ impl PlaceArgs {
         }
         if let Some(b) = self.gpu_memory {
             m.insert("gpu-memory".into(), b.to_string());
+        }
+        if let Some(w) = self.wait {
+            m.insert("wait".into(), w.as_millis().to_string());
         }
         m
     }
@@ -247,6 +262,11 @@ pub fn print_json(text: String) {
 /// hostile name never even travels to the daemon.
 pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, String>, Failure> {
     let options = place.options();
+    if place.wait.is_some() {
+        eprintln!(
+            "gpuctl: placing in team {team}; if no device is free, waiting in gpuctld's queue"
+        );
+    }
     // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
     let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
         Some(socket) => wire::join(&socket, team, &options).map_err(wire_failure)?,
@@ -313,8 +333,8 @@ fn login_shell() -> Result<OsString, Failure> {
 
 /// Run `gpuctl shell`.
 pub fn run(args: &ShellArgs) -> i32 {
-    let joined = checked_team(&args.team)
-        .and_then(|t| Ok((login_shell()?, join_team(&t, &args.place)?)));
+    let joined =
+        checked_team(&args.team).and_then(|t| Ok((login_shell()?, join_team(&t, &args.place)?)));
     let (shell, env) = match joined {
         Ok(x) => x,
         Err(f) => return f.report(),

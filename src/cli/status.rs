@@ -188,7 +188,7 @@ mod tests {
         assert_eq!(
             lease_line(&l),
             "interns MIG-a: alice (uid 1000) gpuctl-run-interns-812.scope since \
-             1970-01-01T00:00:00Z, gpu-memory 2.0G"
+             1970-01-01T00:00:00Z, gpu-memory 2 GiB"
         );
     }
 }

@@ -25,12 +25,12 @@
 use super::place::{self, JoinOptions};
 use super::reply::TeamInfo;
 use super::Backend;
-use crate::placement::Lease;
 use crate::join::{
     self, check_team_name, nss::Nss, parse_env_file, scope_name, verify_process, Caller,
     ProcIdentity, Refusal, Via,
 };
 use crate::paths::Root;
+use crate::placement::Lease;
 use crate::policy::TeamName;
 use crate::systemd::scope::{call_manager, string_property, JobWaiter};
 use crate::systemd::{props, Systemd, SystemdError};
@@ -347,6 +347,10 @@ pub struct JoinCtx<'a> {
     pub placing: &'a tokio::sync::Mutex<()>,
     /// The host root.
     pub root: &'a Root,
+    /// Requests waiting for a free device (`--wait`).
+    pub queue: &'a std::sync::Mutex<super::queue::Queues>,
+    /// Signalled when a waiting request leaves the queue.
+    pub queue_changed: &'a tokio::sync::Notify,
 }
 
 /// `Join(team)` / `JoinWith(team, options)`: authorize the caller, place the job on devices of
@@ -418,9 +422,6 @@ pub async fn join(
         return Err(JoinError::PlacementFailed(why));
     }
 
-    // Recorded after the checks and right before the move, to put back what the after-check
-    // rejects.
-    let origin = record_origin(conn, root, pid, &pidfd).await;
     let scope = scope_name(team, pid);
     let t = policy
         .teams
@@ -428,13 +429,16 @@ pub async fn join(
         .ok_or_else(|| JoinError::NoPolicy(format!("team \"{team}\" left the policy")))?;
     // A device-less team is joinable as before: nothing to place on.
     let placing = !opts.is_empty() || (t.placement.enabled() && join::has_devices(&env));
-    let _placing = if placing {
-        Some(cx.placing.lock().await)
+    let (_placing, placed) = if placing {
+        let (guard, p) = place_or_wait(cx, t, &opts, uid, &pidfd).await?;
+        (Some(guard), Some(p))
     } else {
-        None
+        (None, None)
     };
-    let (env, description, allow, lease) = if placing {
-        let p = place_job(backend, sd, root, t, &opts).await?;
+    // Recorded after the checks and right before the move, to put back what the after-check
+    // rejects.
+    let origin = record_origin(conn, root, pid, &pidfd).await;
+    let (env, description, allow, lease) = if let Some(p) = placed {
         let lease = Lease {
             unit: scope.clone(),
             team: team.to_string(),
@@ -503,6 +507,125 @@ pub async fn join(
         ),
     }
     Ok((env.into_iter().collect(), scope))
+}
+
+/// Place the job, or with `--wait` queue it (round-robin across users, [`super::queue`]) and
+/// try again whenever it is its turn: every [`WAIT_TICK`] and whenever another waiter leaves.
+/// Returns the placement lock still held, so the devices are taken before anyone else looks.
+async fn place_or_wait<'a>(
+    cx: &'a JoinCtx<'_>,
+    team: &crate::policy::Team,
+    opts: &JoinOptions,
+    uid: u32,
+    pidfd: &OwnedFd,
+) -> Result<(tokio::sync::MutexGuard<'a, ()>, place::Placed), JoinError> {
+    let started = std::time::Instant::now();
+    let mut waiting: Option<Waiting<'_>> = None;
+    loop {
+        let turn = waiting.as_ref().is_none_or(|w| w.is_turn());
+        if turn {
+            let guard = cx.placing.lock().await;
+            match place_job(cx.backend, cx.sd, cx.root, team, opts).await {
+                Ok(p) => {
+                    if waiting.is_some() {
+                        info!(
+                            gpuctl_team = %team.name,
+                            gpuctl_action = "queue-placed",
+                            uid,
+                            "uid {uid}'s request placed after {} ms in the queue",
+                            started.elapsed().as_millis()
+                        );
+                    }
+                    return Ok((guard, p));
+                }
+                Err(JoinError::NoFreeDevice(m)) if opts.wait.is_some() => {
+                    if waiting.is_none() {
+                        let w = Waiting::new(cx, &team.name, uid).map_err(|e| {
+                            JoinError::NoFreeDevice(format!("{m}; cannot wait: {e}"))
+                        })?;
+                        info!(
+                            gpuctl_team = %team.name,
+                            gpuctl_action = "queued",
+                            uid,
+                            "uid {uid} waits for a device of team {}: position {}",
+                            team.name,
+                            w.position()
+                        );
+                        waiting = Some(w);
+                    }
+                    let limit = opts.wait.unwrap_or_default();
+                    if started.elapsed() >= limit {
+                        return Err(JoinError::NoFreeDevice(format!(
+                            "waited {} ms: {m}",
+                            started.elapsed().as_millis()
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !pidfd_alive(pidfd) {
+            return Err(JoinError::NotYourProcess(
+                "the waiting process has exited".into(),
+            ));
+        }
+        let left = opts
+            .wait
+            .unwrap_or_default()
+            .saturating_sub(started.elapsed());
+        tokio::select! {
+            _ = cx.queue_changed.notified() => {}
+            _ = tokio::time::sleep(WAIT_TICK.min(left)) => {}
+        }
+    }
+}
+
+/// How often a waiting request whose turn it is looks for a free device: a scope ends without
+/// telling gpuctld, so "starts within a second of a device freeing" is a poll of the leases.
+pub const WAIT_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A queued request; leaves the queue however the wait ends (placed, timed out, the client
+/// gone, the call dropped) and wakes the others, whose turn it may now be.
+struct Waiting<'a> {
+    queue: &'a std::sync::Mutex<super::queue::Queues>,
+    changed: &'a tokio::sync::Notify,
+    team: String,
+    ticket: super::queue::Ticket,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(cx: &'a JoinCtx<'_>, team: &str, uid: u32) -> Result<Self, String> {
+        let ticket = cx
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join(team, uid)?;
+        Ok(Waiting {
+            queue: cx.queue,
+            changed: cx.queue_changed,
+            team: team.to_string(),
+            ticket,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, super::queue::Queues> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_turn(&self) -> bool {
+        self.lock().head(&self.team) == Some(self.ticket)
+    }
+
+    fn position(&self) -> usize {
+        self.lock().position(&self.team, self.ticket).unwrap_or(0)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.lock().leave(&self.team, self.ticket);
+        self.changed.notify_waiters();
+    }
 }
 
 /// Choose the job's devices: the share from the last reconcile, the live leases from systemd,

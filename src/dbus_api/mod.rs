@@ -47,6 +47,7 @@ use zbus::{fdo, interface, message::Header, Connection};
 pub mod client;
 pub mod join;
 pub mod place;
+pub mod queue;
 pub mod reply;
 pub mod usage;
 pub mod wire;
@@ -151,6 +152,9 @@ pub struct Agent {
     jobs: Arc<JobWaiter>,
     /// Serializes placements ([`join::JoinCtx::placing`]).
     placing: tokio::sync::Mutex<()>,
+    /// `--wait` requests ([`queue`]).
+    queue: Mutex<queue::Queues>,
+    queue_changed: tokio::sync::Notify,
     /// The per-uid budgets bus calls draw from ([`crate::ratelimit`] says why each).
     light: Mutex<RateLimiter>,
     heavy: Mutex<RateLimiter>,
@@ -325,6 +329,8 @@ impl Agent {
             jobs: &self.jobs,
             placing: &self.placing,
             root: &self.root,
+            queue: &self.queue,
+            queue_changed: &self.queue_changed,
         };
         let r = join::join(&cx, conn, &hdr, &team, &options).await;
         crate::metrics::counters().joined(&team, join::outcome(&r));
@@ -441,6 +447,8 @@ pub async fn serve(
                 root,
                 jobs,
                 placing: tokio::sync::Mutex::new(()),
+                queue: Mutex::new(queue::Queues::default()),
+                queue_changed: tokio::sync::Notify::new(),
                 light: Mutex::new(RateLimiter::new(Limits::light())),
                 heavy: Mutex::new(RateLimiter::new(Limits::heavy())),
                 reads: Mutex::new(RateLimiter::new(Limits::reads())),

@@ -21,7 +21,12 @@ pub struct JoinOptions {
     pub device: Option<String>,
     /// `gpu-memory`: bytes.
     pub gpu_memory: Option<u64>,
+    /// `wait`: how long to queue for a free device (`forever`, or milliseconds).
+    pub wait: Option<std::time::Duration>,
 }
+
+/// The longest `--wait`: a week (`forever` is this too), so a deadline never overflows.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 
 impl JoinOptions {
     /// Read the options map; an unknown key or a bad value is refused in words.
@@ -31,6 +36,15 @@ impl JoinOptions {
             match k.as_str() {
                 "gpus" => o.gpus = Some(v.parse()?),
                 "device" if !v.is_empty() && v.len() <= 128 => o.device = Some(v.clone()),
+                "wait" => {
+                    let ms: u64 = match v.as_str() {
+                        "forever" => MAX_WAIT.as_millis() as u64,
+                        v => v
+                            .parse()
+                            .map_err(|_| format!("wait {v:?}: not milliseconds"))?,
+                    };
+                    o.wait = Some(std::time::Duration::from_millis(ms).min(MAX_WAIT));
+                }
                 "gpu-memory" => {
                     o.gpu_memory = Some(
                         v.parse()
@@ -41,7 +55,7 @@ impl JoinOptions {
                 }
                 _ => {
                     return Err(format!(
-                        "unknown or bad option {} (options: gpus, device, gpu-memory)",
+                        "unknown or bad option {} (options: gpus, device, gpu-memory, wait)",
                         crate::settings::value::quote(k)
                     ))
                 }
@@ -61,6 +75,9 @@ impl JoinOptions {
         }
         if let Some(b) = self.gpu_memory {
             m.insert("gpu-memory".into(), b.to_string());
+        }
+        if let Some(w) = self.wait {
+            m.insert("wait".into(), w.as_millis().to_string());
         }
         m
     }
@@ -162,7 +179,11 @@ pub fn populated(events: &str) -> bool {
 
 /// Each device of `team`'s share with its leases and capacity, for `Teams` (empty when the
 /// team places no jobs).
-pub fn holds(team: &Team, share: &[ShareDevice], leases: &[Lease]) -> Vec<super::reply::DeviceHold> {
+pub fn holds(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+) -> Vec<super::reply::DeviceHold> {
     if !team.placement.enabled() {
         return Vec::new();
     }
@@ -269,7 +290,11 @@ pub fn place(
         Refused { message, busy }
     })?;
     let devices: Vec<ShareDevice> = picked.iter().map(|i| share[*i].clone()).collect();
-    check_gpu_memory(team, &devices, opts.gpu_memory.or(team.placement.gpu_memory))?;
+    check_gpu_memory(
+        team,
+        &devices,
+        opts.gpu_memory.or(team.placement.gpu_memory),
+    )?;
     let mut allow: Vec<String> = devices.iter().flat_map(|d| d.nodes.clone()).collect();
     allow.sort();
     allow.dedup();

@@ -129,6 +129,7 @@ pub async fn metrics(
         last_good_in_force: sh.policy_error.is_some() && sh.policy_origin == Some("last-good"),
         last_converged: sh.last_report.as_ref().map(|r| r.converged()),
         idle: backend.idle().holders,
+        leases: super::place::leases(sd, root).await.ok(),
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),

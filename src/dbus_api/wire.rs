@@ -123,6 +123,23 @@ pub fn join(
     join_reply(&reply)
 }
 
+/// The `wait` option (milliseconds) of a `JoinWith` body this client marshalled.
+fn wait_of(body: &[u8]) -> Option<Duration> {
+    let mut r = Reader::new(body, false);
+    r.string().ok()?;
+    let len = r.u32().ok()? as usize;
+    r.align(8).ok()?;
+    let end = r.pos + len;
+    while r.pos < end {
+        r.align(8).ok()?;
+        let (k, v) = (r.string().ok()?, r.string().ok()?);
+        if k == "wait" {
+            return v.parse().ok().map(Duration::from_millis);
+        }
+    }
+    None
+}
+
 /// Marshal an `a{ss}`, little-endian, aligned relative to the start of `m`.
 pub fn put_string_map(m: &mut Vec<u8>, map: &BTreeMap<String, String>) {
     pad(m, 4);
@@ -207,7 +224,12 @@ pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
         path: socket.to_path_buf(),
         source,
     })?;
-    s.set_read_timeout(Some(REPLY_TIMEOUT))
+    // A `--wait` call is answered when a device frees: no deadline but the one it carries.
+    let wait = (c.member == "JoinWith")
+        .then(|| wait_of(c.body))
+        .flatten()
+        .unwrap_or_default();
+    s.set_read_timeout(Some(REPLY_TIMEOUT + wait))
         .map_err(WireError::Io)?;
 
     let uid = nix::unistd::getuid().as_raw().to_string();
@@ -578,6 +600,13 @@ mod tests {
             msg.body().deserialize().expect("body is (s, a{ss})");
         assert_eq!(team, "interns");
         assert_eq!(got.into_iter().collect::<BTreeMap<_, _>>(), opts);
+        assert_eq!(wait_of(&body), None);
+        let mut with_wait = opts.clone();
+        with_wait.insert("wait".into(), "1500".into());
+        let mut b = Vec::new();
+        put_string(&mut b, "interns");
+        put_string_map(&mut b, &with_wait);
+        assert_eq!(wait_of(&b), Some(Duration::from_millis(1500)));
         // An empty map too (alignment with nothing after the length).
         let mut body = Vec::new();
         put_string(&mut body, "abc");

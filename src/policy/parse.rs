@@ -590,7 +590,8 @@ impl<'a> Cx<'a> {
                 int_in(i, 0, MAX_JOBS_PER_DEVICE).map(|n| n as u32)
             }),
             gpus: self.field(t, path, "gpus", |i| {
-                let help = Some("a whole number from 1, or \"all\" (gpus = 2, gpus = \"all\")".into());
+                let help =
+                    Some("a whole number from 1, or \"all\" (gpus = 2, gpus = \"all\")".into());
                 match (i.as_integer(), i.as_str()) {
                     (Some(n), _) if (1..=i64::from(u32::MAX)).contains(&n) => {
                         Ok(crate::placement::Gpus::Count(n as u32))

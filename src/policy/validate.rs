@@ -16,8 +16,7 @@ use super::parse::{
 };
 use super::{
     Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
-    PlacementSettings,
-    Policy, Selector, Size, Team, TeamName,
+    PlacementSettings, Policy, Selector, Size, Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};

@@ -179,8 +179,7 @@ impl Systemd {
             description: &description,
             devices,
         };
-        match self.start_scope_once(jobs, &s, with_oom).await
-        {
+        match self.start_scope_once(jobs, &s, with_oom).await {
             Err(e) if with_oom && e.to_string().contains("OOMPolicy") => {
                 SCOPE_OOM_POLICY.store(false, Ordering::Relaxed);
                 tracing::warn!(
@@ -316,7 +315,9 @@ mod tests {
         // Unplaced (jobs-per-device = 0): the slice's fence alone, as before.
         let open = ScopeSpec { devices: None, ..s };
         let p = scope_properties(&open, false);
-        assert!(!p.iter().any(|(n, _)| n.starts_with("Device") || *n == "OOMPolicy"));
+        assert!(!p
+            .iter()
+            .any(|(n, _)| n.starts_with("Device") || *n == "OOMPolicy"));
     }
 
     #[tokio::test]

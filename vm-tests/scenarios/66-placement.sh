@@ -3,7 +3,8 @@
 # instances for team interns, GPUs 1 and 2 whole for team train (MPS, daemon limit 8G).
 # Four concurrent `gpuctl run --team interns` get four distinct MIG UUIDs, each opens exactly its
 # own two cap nodes and gets EPERM on the neighbours'; a fifth exits 8 naming the holders; the
-# leases survive a gpuctld restart and end with `kill -9`; `--gpus 2` is refused on the MIG share
+# leases survive a gpuctld restart and end with `kill -9`; a `--wait` job starts within 1 s of a
+# device freeing; alice's ten queued requests do not hold back bob's one; `--gpus 2` is refused on the MIG share
 # and gives two whole GPUs on train; `--gpu-memory 2G` on train's MPS devices puts the client
 # limit in the job's environment and 20G (above the daemon's 8G) is refused.
 # vmtest: timeout=420
@@ -80,13 +81,49 @@ rc=0
 su -s /bin/sh carol -c "gpuctl run --team interns -- true" >/dev/null 2>&1 || rc=$?
 check "after a restart a fifth job still exits 8" test "$rc" = 8
 
+scope_on() { # the scope holding device $1
+    for u in $(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | awk '{print $1}'); do
+        systemctl show -P Description "$u" | grep -q "$1" && echo "$u"
+    done
+}
 victim=$(grep -h '^DEV=' "$d/job2" | cut -d= -f2)
-scope_of_victim=$(for u in $(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | awk '{print $1}'); do systemctl show -P Description "$u" | grep -q "$victim" && echo "$u"; done)
+scope_of_victim=$(scope_on "$victim")
+# --wait: carol's fifth queues, and starts when kill -9 ends a job.
+su -s /bin/sh carol -c "gpuctl run --team interns --wait=120s -- sh -c 'date +%s%N >$d/waited; echo \$CUDA_VISIBLE_DEVICES >$d/waited.dev'" \
+    >"$d/wait.out" 2>&1 &
+sleep 3
+check "the waiting job has not started while every device is held" test ! -e "$d/waited"
 echo "    killing $scope_of_victim ($victim)"
+t_end=$(date +%s%N)
 systemctl kill -s KILL "$scope_of_victim"
+wait_for 30 test -s "$d/waited.dev"
+delay=$((($(cat "$d/waited") - t_end) / 1000000))
+echo "BENCH --wait job start after kill -9 of a holder: ${delay} ms"
+check "kill -9 freed the lease: the waiting job got that device" test "$(cat "$d/waited.dev")" = "$victim"
+check "a --wait job starts within 1 s of a device freeing" test "$delay" -lt 1000
 wait_for 20 sh -c "! systemctl is-active --quiet $scope_of_victim"
 out=$(su -s /bin/sh bob -c "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
-check "kill -9 freed the lease: the next job gets that device" test "$out" = "$victim"
+check "after the waiter ended, the next job gets that device again" test "$out" = "$victim"
+
+# Fairness: every device held again, alice queues ten, then bob one; one device frees: bob's
+# is served second, not eleventh.
+su -s /bin/sh carol -c "gpuctl run --team interns -- sleep 300" >/dev/null 2>&1 &
+wait_for 30 sh -c "test \$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | wc -l) = 4"
+: >"$d/order"
+chmod 666 "$d/order"
+for i in $(seq 10); do
+    su -s /bin/sh alice -c "gpuctl run --team interns --wait=300s -- sh -c 'echo alice >>$d/order; sleep 1'" >/dev/null 2>&1 &
+done
+sleep 4
+su -s /bin/sh bob -c "gpuctl run --team interns --wait=300s -- sh -c 'echo bob >>$d/order; sleep 1'" >/dev/null 2>&1 &
+sleep 2
+gpuctld_journal GPUCTL_ACTION=queued | tail -3 | sed 's/^/    /'
+systemctl kill -s KILL "$(scope_on "$(grep -h '^DEV=' "$d/job1" | cut -d= -f2)")"
+wait_for 60 sh -c "grep -q bob $d/order"
+echo "    start order: $(tr '\n' ' ' <"$d/order")"
+check "bob's one request is served within the first two, not behind alice's ten" sh -c "head -2 $d/order | grep -q bob"
+wait_for 90 sh -c "test \$(wc -l <$d/order) = 11"
+check "all eleven queued requests ran" test "$(wc -l <"$d/order")" = 11
 
 rc=0
 out=$(su -s /bin/sh alice -c "gpuctl run --team interns --gpus 2 -- true" 2>&1) || rc=$?

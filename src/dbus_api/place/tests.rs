@@ -58,13 +58,14 @@ fn view() -> HostView {
     });
     let mut train = tv("train");
     train.whole_gpus = vec![1, 2];
-    train
-        .mps
-        .insert("train-gpus".into(), MpsSpec::default());
+    train.mps.insert("train-gpus".into(), MpsSpec::default());
     HostView {
-        teams: [("interns".parse().unwrap(), interns), ("train".parse().unwrap(), train)]
-            .into_iter()
-            .collect(),
+        teams: [
+            ("interns".parse().unwrap(), interns),
+            ("train".parse().unwrap(), train),
+        ]
+        .into_iter()
+        .collect(),
         gpus: vec![gpu(0, 0), gpu(1, 1), gpu(2, 2)],
     }
 }
@@ -97,7 +98,11 @@ fn lease(team: &str, user: &str, devices: &[&str]) -> Lease {
 #[test]
 fn a_mig_share_is_its_existing_instances_with_their_own_cap_nodes() {
     let s = share(&view(), "interns");
-    assert_eq!(s.len(), 4, "the instance still to be created is not placeable");
+    assert_eq!(
+        s.len(),
+        4,
+        "the instance still to be created is not placeable"
+    );
     assert_eq!(s[2].id, "MIG-2");
     assert_eq!(
         s[2].nodes,
@@ -202,7 +207,11 @@ fn whole_gpus_with_mps_get_the_daemon_and_a_memory_cap_within_its_limit() {
         ..Default::default()
     };
     let e = place(&t, &s, &[], &load, &big).unwrap_err();
-    assert!(e.message.contains("above the MPS daemon's own limit"), "{}", e.message);
+    assert!(
+        e.message.contains("above the MPS daemon's own limit"),
+        "{}",
+        e.message
+    );
     // Without MPS nothing can enforce it: said, not pretended.
     let interns = share(&v, "interns");
     let e = place(&team("interns"), &interns, &[], &load, &opts).unwrap_err();
@@ -215,6 +224,7 @@ fn options_round_trip_and_unknown_ones_are_refused() {
         gpus: Some(Gpus::All),
         device: Some("MIG-1".into()),
         gpu_memory: Some(1 << 30),
+        wait: Some(std::time::Duration::from_secs(5)),
     };
     let m: HashMap<String, String> = o.to_map().into_iter().collect();
     assert_eq!(JoinOptions::parse(&m), Ok(o));
@@ -224,6 +234,8 @@ fn options_round_trip_and_unknown_ones_are_refused() {
     let e = JoinOptions::parse(&bad).unwrap_err();
     assert!(!e.contains('\n'), "{e}");
     assert!(JoinOptions::parse(&HashMap::new()).unwrap().is_empty());
+    let forever: HashMap<String, String> = [("wait".to_string(), "forever".to_string())].into();
+    assert_eq!(JoinOptions::parse(&forever).unwrap().wait, Some(MAX_WAIT));
 }
 
 #[test]
