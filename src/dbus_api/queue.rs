@@ -158,7 +158,8 @@ mod tests {
         assert!(e.contains("MAX_WAITING_PER_USER"), "{e}");
         let mut uid = 2;
         while q.len() < MAX_WAITING {
-            q.join("t", 1000 + uid / 8).unwrap_or_else(|e| panic!("{e}"));
+            q.join("t", 1000 + uid / 8)
+                .unwrap_or_else(|e| panic!("{e}"));
             uid += 1;
         }
         assert!(q.join("t", 99_999).unwrap_err().contains("MAX_WAITING"));
