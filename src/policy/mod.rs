@@ -184,8 +184,9 @@ impl fmt::Display for Member {
 /// [`crate::placement`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacementSettings {
-    /// Jobs per device: `None` is the default (1 on MIG devices and whole GPUs without MPS,
-    /// no cap on MPS devices), `Some(0)` turns placement off (every job gets the whole share).
+    /// Jobs per device: `None` places only jobs that ask (`--gpus`, `--device`,
+    /// `--gpu-memory`; then 1 per MIG device or whole GPU without MPS, no cap on MPS devices),
+    /// `Some(0)` turns placement off (every job gets the whole share).
     pub jobs_per_device: Option<u32>,
     /// Devices a job gets unless it asks (`None`: 1).
     pub gpus: Option<crate::placement::Gpus>,
@@ -194,9 +195,10 @@ pub struct PlacementSettings {
 }
 
 impl PlacementSettings {
-    /// Whether jobs are placed at all (`jobs-per-device = 0` keeps the whole share per job).
+    /// Whether jobs are placed without asking: only where the team sets `jobs-per-device`
+    /// (opt-in until the VM scenario 66 has passed on the real systemd path).
     pub fn enabled(&self) -> bool {
-        self.jobs_per_device != Some(0)
+        matches!(self.jobs_per_device, Some(n) if n > 0)
     }
 }
 

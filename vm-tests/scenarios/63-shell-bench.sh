@@ -18,6 +18,8 @@
 shell_setup
 put_policy 63-open.toml <<'P'
 version = 1
+[teams.infer.placement]
+jobs-per-device = 1
 [teams.open]
 members = ["alice"]
 [teams.open.placement]

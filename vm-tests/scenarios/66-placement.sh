@@ -19,6 +19,8 @@ put_policy 66-placement.toml <<'P'
 version = 1
 [teams.interns]
 members = ["alice", "bob", "carol"]
+[teams.interns.placement]
+jobs-per-device = 1
 [teams.train]
 members = ["alice", "carol"]
 [teams.train.mps]
