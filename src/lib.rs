@@ -36,6 +36,7 @@ pub mod names;
 pub mod nvml;
 pub mod observe;
 pub mod paths;
+pub mod placement;
 pub mod plan;
 pub mod policy;
 pub mod profiles;

@@ -208,6 +208,16 @@ fn full_snapshot() -> Snapshot {
         last_good_in_force: false,
         last_converged: Some(true),
         idle: idle_holders(),
+        leases: Some(vec![gpuctl::placement::Lease {
+            unit: "gpuctl-run-infer-812.scope".into(),
+            team: "infer".into(),
+            user: "alice".into(),
+            uid: 1000,
+            pid: 812,
+            devices: vec!["GPU-aaaa".into()],
+            since: 0,
+            gpu_memory: None,
+        }]),
     }
 }
 

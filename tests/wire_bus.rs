@@ -17,7 +17,8 @@ use std::process::Command;
 fn join_through_a_real_bus_returns_the_services_reply_and_our_own_credentials() {
     let Some(bus) = start_bus() else { return };
     serve(&bus.socket);
-    let (env, scope) = wire::join(&bus.socket, "infer").expect("Join succeeds");
+    let (env, scope) =
+        wire::join(&bus.socket, "infer", &Default::default()).expect("Join succeeds");
     assert_eq!(scope, "gpuctl-run-infer-1.scope");
     assert_eq!(env["GPUCTL_TEAM"], "infer");
     // The bus vouches for this very process: pipelining did not change who is asking.
@@ -33,7 +34,7 @@ fn join_through_a_real_bus_returns_the_services_reply_and_our_own_credentials() 
 fn errors_come_back_with_their_name_and_message() {
     let Some(bus) = start_bus() else { return };
     serve(&bus.socket);
-    match wire::join(&bus.socket, "nope") {
+    match wire::join(&bus.socket, "nope", &Default::default()) {
         Err(WireError::Method { name, message }) => {
             assert_eq!(name, "org.gpuctl.Agent1.Error.NotMember");
             assert_eq!(
@@ -67,7 +68,7 @@ fn errors_come_back_with_their_name_and_message() {
 fn a_missing_bus_is_a_connect_error_naming_the_socket() {
     let dir = tempfile::tempdir().unwrap();
     let socket = dir.path().join("no-bus");
-    match wire::join(&socket, "infer") {
+    match wire::join(&socket, "infer", &Default::default()) {
         Err(e @ WireError::Connect { .. }) => {
             assert!(e.to_string().contains("no-bus"), "{e}")
         }

@@ -45,6 +45,8 @@ pub mod exit {
     }
     /// gpuctld authorized the request but could not place the process in the team's slice.
     pub const PLACEMENT: i32 = 7;
+    /// `shell`/`run`: every device the job could have is held to capacity now.
+    pub const NO_FREE_DEVICE: i32 = 8;
 }
 
 /// Make a shared NVIDIA GPU host match a declarative team policy

@@ -3,7 +3,7 @@
 //! Same placement as `gpuctl shell` ([`super::shell`]); the command replaces gpuctl in place,
 //! so its exit status, signals, terminal and stdin are its own.
 
-use super::shell::{checked_team, exec_with, exit_table, join_team, Failure, ShellArgs};
+use super::shell::{checked_team, exec_with, exit_table, join_team, Failure, PlaceArgs, ShellArgs};
 use clap::Args;
 use std::ffi::OsString;
 
@@ -14,6 +14,9 @@ pub struct RunArgs {
     /// The team whose share the command runs in.
     #[arg(long, short = 't', value_name = "TEAM")]
     pub team: String,
+    /// Which of the share's devices.
+    #[command(flatten)]
+    pub place: PlaceArgs,
     /// The command and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -50,9 +53,13 @@ pub fn parse_fast(argv: &[OsString]) -> Option<Fast> {
     }
     let rest = &argv[2 + used..];
     match sub {
-        "shell" if rest.is_empty() => Some(Fast::Shell(ShellArgs { team: team.into() })),
+        "shell" if rest.is_empty() => Some(Fast::Shell(ShellArgs {
+            team: team.into(),
+            place: PlaceArgs::default(),
+        })),
         "run" if rest.len() >= 2 && rest[0] == "--" => Some(Fast::Run(RunArgs {
             team: team.into(),
+            place: PlaceArgs::default(),
             command: rest[1..].to_vec(),
         })),
         _ => None,
@@ -73,7 +80,7 @@ pub fn run(args: &RunArgs) -> i32 {
     let Some((program, rest)) = args.command.split_first() else {
         return Failure::new(super::exit::UNREADABLE, "no command given").report();
     };
-    match checked_team(&args.team).and_then(|team| join_team(&team)) {
+    match checked_team(&args.team).and_then(|team| join_team(&team, &args.place)) {
         Ok(env) => exec_with(program, rest, &env),
         Err(f) => f.report(),
     }
@@ -109,9 +116,15 @@ mod tests {
             let slow = Cli::try_parse_from(&a).unwrap_or_else(|e| panic!("{c:?}: {e}"));
             match (fast, slow.command) {
                 (Fast::Run(f), Command::Run(s)) => {
-                    assert_eq!((f.team, f.command), (s.team, s.command), "{c:?}")
+                    assert_eq!(
+                        (f.team, f.place, f.command),
+                        (s.team, s.place, s.command),
+                        "{c:?}"
+                    )
                 }
-                (Fast::Shell(f), Command::Shell(s)) => assert_eq!(f.team, s.team, "{c:?}"),
+                (Fast::Shell(f), Command::Shell(s)) => {
+                    assert_eq!((f.team, f.place), (s.team, s.place), "{c:?}")
+                }
                 (f, s) => panic!("{c:?}: fast {f:?}, clap {s:?}"),
             }
         }
@@ -138,10 +151,44 @@ mod tests {
     }
 
     #[test]
+    fn placement_options_parse_through_clap() {
+        let a = argv(&[
+            "run",
+            "--team",
+            "t",
+            "--gpus",
+            "all",
+            "--device",
+            "1",
+            "--gpu-memory",
+            "2G",
+            "--",
+            "true",
+        ]);
+        let Command::Run(r) = Cli::try_parse_from(&a).unwrap().command else {
+            panic!("not run");
+        };
+        assert_eq!(r.place.gpus, Some(crate::placement::Gpus::All));
+        assert_eq!(r.place.gpu_memory, Some(2 << 30));
+        assert_eq!(
+            r.place.options().get("gpu-memory").map(String::as_str),
+            Some("2147483648")
+        );
+        for bad in [
+            &["run", "--team", "t", "--gpus", "0", "--", "true"][..],
+            &["run", "--team", "t", "--gpu-memory", "50%", "--", "true"],
+        ] {
+            assert!(Cli::try_parse_from(argv(bad)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
     fn anything_unusual_is_left_to_clap() {
         let cases: &[&[&str]] = &[
             &["run", "--help"],
             &["run", "--team", "infer", "true"],
+            &["run", "--team", "infer", "--gpus", "2", "--", "true"],
+            &["shell", "--team", "infer", "--device", "MIG-1"],
             &["run", "--team", "infer", "--"],
             &["run", "--team", "-x", "--", "true"],
             &["run", "--team="],

@@ -33,7 +33,8 @@ macro_rules! exit_table {
             "  4  no such team, or not a valid team name\n",
             "  5  the team has no GPU or MIG device on this host now\n",
             "  6  gpuctld is not running (systemctl start gpuctld), the system bus is unreachable, or\n     gpuctld has no valid policy yet\n",
-            "  7  gpuctld could not place the process in the team's slice\n",
+            "  7  gpuctld could not place the process in the team's slice, or the placement asked\n     for can never be met (--gpus 2 on MIG devices, --device outside the share)\n",
+            "  8  every device the job could have is held now, also after --wait=DURATION (the\n     message names the holders)\n",
             "  2  any other failure (bad reply, refused by the bus policy)\n",
             "126  ",
             $what,
@@ -50,6 +51,64 @@ pub struct ShellArgs {
     /// The team whose share the shell runs in.
     #[arg(long, short = 't', value_name = "TEAM")]
     pub team: String,
+    /// Which of the share's devices.
+    #[command(flatten)]
+    pub place: PlaceArgs,
+}
+
+/// Placement options of `gpuctl run` and `shell` (docs/shell.md, "Placement").
+#[derive(Debug, Args, Default, Clone, PartialEq, Eq)]
+pub struct PlaceArgs {
+    /// How many devices of the team's share (a number, or `all`); default from the team's
+    /// policy, else 1. A job gets one MIG device at most.
+    #[arg(long, value_name = "N")]
+    pub gpus: Option<crate::placement::Gpus>,
+    /// The device to run on: its UUID, MIG UUID, or its number in `gpuctl teams`.
+    #[arg(long, value_name = "ID")]
+    pub device: Option<String>,
+    /// Cap on the job's GPU memory (e.g. 10G), enforced by the device's MPS daemon; refused
+    /// where no MPS daemon serves the device.
+    #[arg(long, value_name = "SIZE", value_parser = parse_gpu_memory)]
+    pub gpu_memory: Option<u64>,
+    /// When no device is free, wait in gpuctld's queue (round-robin across users) for at most
+    /// DURATION (e.g. 10m), or without a limit when none is given.
+    #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
+          default_missing_value = "forever", value_parser = parse_wait)]
+    pub wait: Option<std::time::Duration>,
+}
+
+fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
+    if s == "forever" {
+        return Ok(crate::dbus_api::place::MAX_WAIT);
+    }
+    crate::settings::value::parse_duration(s)
+}
+
+fn parse_gpu_memory(s: &str) -> Result<u64, String> {
+    match crate::settings::value::parse_size(s)? {
+        Some(crate::policy::Size::Bytes(b)) if b > 0 => Ok(b),
+        _ => Err(format!("{s:?} is not a positive size (e.g. 10G, 512M)")),
+    }
+}
+
+impl PlaceArgs {
+    /// The `JoinWith` options map (empty: a plain `Join`).
+    pub fn options(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        if let Some(g) = self.gpus {
+            m.insert("gpus".into(), g.to_string());
+        }
+        if let Some(d) = &self.device {
+            m.insert("device".into(), d.clone());
+        }
+        if let Some(b) = self.gpu_memory {
+            m.insert("gpu-memory".into(), b.to_string());
+        }
+        if let Some(w) = self.wait {
+            m.insert("wait".into(), w.as_millis().to_string());
+        }
+        m
+    }
 }
 
 const SHELL_HELP: &str = concat!(
@@ -115,9 +174,10 @@ fn method_failure(name: &str, msg: String) -> Failure {
         }
         "org.gpuctl.Agent1.Error.NoDevices" => exit::NO_DEVICES,
         "org.gpuctl.Agent1.Error.NoPolicy" => exit::NO_DAEMON,
-        "org.gpuctl.Agent1.Error.PlacementFailed" | "org.gpuctl.Agent1.Error.NotYourProcess" => {
-            exit::PLACEMENT
-        }
+        "org.gpuctl.Agent1.Error.PlacementFailed"
+        | "org.gpuctl.Agent1.Error.NotYourProcess"
+        | "org.gpuctl.Agent1.Error.PlacementRefused" => exit::PLACEMENT,
+        "org.gpuctl.Agent1.Error.NoFreeDevice" => exit::NO_FREE_DEVICE,
         // The bus policy refused the call (an old policy file or a method not meant for this
         // user), or anything else.
         _ => exit::UNREADABLE,
@@ -200,12 +260,24 @@ pub fn print_json(text: String) {
 /// Ask gpuctld to place this process in `team`'s slice; returns the environment to set (the
 /// daemon's, plus `GPUCTL_SCOPE`). The name was checked where it came in (a [`TeamName`]), so a
 /// hostile name never even travels to the daemon.
-pub fn join_team(team: &TeamName) -> Result<BTreeMap<String, String>, Failure> {
+pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, String>, Failure> {
+    let options = place.options();
+    if place.wait.is_some() {
+        eprintln!(
+            "gpuctl: placing in team {team}; if no device is free, waiting in gpuctld's queue"
+        );
+    }
     // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
     let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
-        Some(socket) => wire::join(&socket, team).map_err(wire_failure)?,
+        Some(socket) => wire::join(&socket, team, &options).map_err(wire_failure)?,
         None => {
-            let (env, scope) = with_agent("Join", async |p| p.join(team).await)?;
+            let (env, scope) = with_agent("Join", async |p| {
+                if options.is_empty() {
+                    p.join(team).await
+                } else {
+                    p.join_with(team, options.into_iter().collect()).await
+                }
+            })?;
             (env.into_iter().collect(), scope)
         }
     };
@@ -261,7 +333,8 @@ fn login_shell() -> Result<OsString, Failure> {
 
 /// Run `gpuctl shell`.
 pub fn run(args: &ShellArgs) -> i32 {
-    let joined = checked_team(&args.team).and_then(|t| Ok((login_shell()?, join_team(&t)?)));
+    let joined =
+        checked_team(&args.team).and_then(|t| Ok((login_shell()?, join_team(&t, &args.place)?)));
     let (shell, env) = match joined {
         Ok(x) => x,
         Err(f) => return f.report(),

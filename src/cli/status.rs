@@ -80,6 +80,13 @@ pub fn render(s: &StatusReply) -> String {
         }
         o.push('\n');
     }
+    o.push_str("leases:\n");
+    if s.leases.is_empty() {
+        o.push_str("  none\n");
+    }
+    for l in &s.leases {
+        o.push_str(&format!("  {}\n", lease_line(l)));
+    }
     o.push_str("gpus:\n");
     for g in &s.gpus {
         o.push_str(&format!(
@@ -118,6 +125,24 @@ pub fn stray_lines(u: &crate::usage::Usage) -> Vec<String> {
         }
     }
     out
+}
+
+/// One lease for humans: `interns MIG-a: alice (uid 1000) gpuctl-run-interns-812.scope since
+/// 2026-12-03T17:50:02Z`, with its GPU memory cap when one was set.
+pub fn lease_line(l: &crate::placement::Lease) -> String {
+    let mem = l
+        .gpu_memory
+        .map(|b| format!(", gpu-memory {}", crate::settings::value::human_bytes(b)))
+        .unwrap_or_default();
+    format!(
+        "{} {}: {} (uid {}) {} since {}{mem}",
+        l.team,
+        l.devices.join(","),
+        l.user,
+        l.uid,
+        l.unit,
+        crate::placement::utc(l.since)
+    )
 }
 
 /// Run `gpuctl status`.
@@ -207,5 +232,25 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("  0 /dev/nvidia0: teams [infer], MIG not supported\n"));
+        assert!(s.contains("leases:\n  none\n"), "{s}");
+    }
+
+    #[test]
+    fn leases_name_holder_unit_devices_and_since() {
+        let l = crate::placement::Lease {
+            unit: "gpuctl-run-interns-812.scope".into(),
+            team: "interns".into(),
+            user: "alice".into(),
+            uid: 1000,
+            pid: 812,
+            devices: vec!["MIG-a".into()],
+            since: 0,
+            gpu_memory: Some(2 << 30),
+        };
+        assert_eq!(
+            lease_line(&l),
+            "interns MIG-a: alice (uid 1000) gpuctl-run-interns-812.scope since \
+             1970-01-01T00:00:00Z, gpu-memory 2 GiB"
+        );
     }
 }

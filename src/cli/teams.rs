@@ -63,6 +63,28 @@ pub fn render(list: &[TeamInfo]) -> String {
             [t.slice.clone(), limits_line(&limits)].join(" ").trim_end(),
             if t.mps.is_none() { "no" } else { "yes" },
         ));
+        for d in &t.share {
+            let cap = d.capacity.map_or("no cap".to_string(), |c| c.to_string());
+            let state = if d.capacity.is_some_and(|c| d.leases.len() as u32 >= c) {
+                "held"
+            } else {
+                "free"
+            };
+            s.push_str(&format!(
+                "  [{}] {} {state} ({}/{cap})\n",
+                d.index,
+                d.id,
+                d.leases.len()
+            ));
+            for l in &d.leases {
+                s.push_str(&format!(
+                    "      {} {} since {}\n",
+                    l.user,
+                    l.unit,
+                    crate::placement::utc(l.since)
+                ));
+            }
+        }
     }
     s
 }
@@ -106,5 +128,24 @@ mod tests {
         assert!(!s.contains("tasks-max"));
         assert!(s.contains("mps:     yes"));
         assert!(render(&[]).starts_with("You may not join any team"));
+        assert!(!s.contains('['), "no share lines without placement: {s}");
+    }
+
+    #[test]
+    fn renders_free_and_held_devices_with_holders() {
+        let v = json!([{
+            "team": "interns", "via": "root", "slice": "gpu-interns.slice",
+            "devices": "MIG-a,MIG-b", "limits": {}, "mps": null,
+            "share": [
+                {"index": 0, "id": "MIG-a", "mig": true, "capacity": 1, "leases": [{
+                    "unit": "gpuctl-run-interns-9.scope", "team": "interns", "user": "bob",
+                    "uid": 1001, "pid": 9, "devices": ["MIG-a"], "since": 0}]},
+                {"index": 1, "id": "MIG-b", "mig": true, "capacity": 1, "leases": []},
+            ],
+        }]);
+        let list: Vec<TeamInfo> = serde_json::from_value(v).unwrap();
+        let s = render(&list);
+        assert!(s.contains("  [0] MIG-a held (1/1)\n      bob gpuctl-run-interns-9.scope since 1970-01-01T00:00:00Z\n"), "{s}");
+        assert!(s.contains("  [1] MIG-b free (0/1)\n"), "{s}");
     }
 }

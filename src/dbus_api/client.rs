@@ -21,6 +21,12 @@ pub trait Agent1 {
     fn reload(&self) -> zbus::Result<String>;
     /// Move the calling process into a new scope in the team's slice; returns (env, scope).
     fn join(&self, team: &str) -> zbus::Result<(HashMap<String, String>, String)>;
+    /// `Join` with placement options; returns (env, scope).
+    fn join_with(
+        &self,
+        team: &str,
+        options: HashMap<String, String>,
+    ) -> zbus::Result<(HashMap<String, String>, String)>;
     /// The team's environment.
     fn env(&self, team: &str) -> zbus::Result<HashMap<String, String>>;
     /// JSON array of the caller's teams.

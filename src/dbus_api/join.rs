@@ -22,6 +22,7 @@
 //! Debian bookworm has systemd 252 and dbus-daemon 1.14, so the daemon uses `GetUnitByPIDFD` and
 //! its own pidfd there, and `ProcessFD` wherever the bus offers it.
 
+use super::place::{self, JoinOptions};
 use super::reply::TeamInfo;
 use super::Backend;
 use crate::join::{
@@ -29,6 +30,7 @@ use crate::join::{
     ProcIdentity, Refusal, Via,
 };
 use crate::paths::Root;
+use crate::placement::Lease;
 use crate::policy::TeamName;
 use crate::systemd::scope::{call_manager, string_property, JobWaiter};
 use crate::systemd::{props, Systemd, SystemdError};
@@ -60,6 +62,11 @@ pub enum JoinError {
     NoPolicy(String),
     /// Authorized, but systemd could not place the process.
     PlacementFailed(String),
+    /// Every device the job could have is held to capacity now; the message names the holders.
+    NoFreeDevice(String),
+    /// The placement asked for can never be met (two MIG devices, a device outside the share,
+    /// a memory cap nothing enforces), or an option is unknown.
+    PlacementRefused(String),
 }
 
 /// The outcome label of a `Join` result for metrics: `ok` or the refusal's kind.
@@ -74,6 +81,8 @@ pub fn outcome<T>(r: &Result<T, JoinError>) -> &'static str {
         Err(JoinError::NotYourProcess(_)) => "not-your-process",
         Err(JoinError::NoPolicy(_)) => "no-policy",
         Err(JoinError::PlacementFailed(_)) => "placement-failed",
+        Err(JoinError::NoFreeDevice(_)) => "no-free-device",
+        Err(JoinError::PlacementRefused(_)) => "placement-refused",
     }
 }
 
@@ -180,12 +189,17 @@ pub async fn env(
 /// `Teams()`: JSON array of the teams the caller may use and what each gives.
 pub async fn teams(
     backend: &dyn Backend,
+    sd: &Systemd,
     root: &Root,
     conn: &Connection,
     hdr: &Header<'_>,
 ) -> Result<String, JoinError> {
     let c = bus_caller(conn, hdr).await?.caller;
     let policy = backend.policy()?;
+    let state = backend.state();
+    let view = state.last_report.as_ref().and_then(|r| r.view.as_ref());
+    // Shown as "not available" (no holds) when systemd cannot list them, not as all free.
+    let leases = place::leases(sd, root).await.ok();
     let p = policy.clone();
     let mine: Vec<(String, Via)> =
         tokio::task::spawn_blocking(move || join::joinable(&c, &p, &Nss))
@@ -209,6 +223,10 @@ pub async fn teams(
                 limits: t.limits.clone(),
                 mps: t.mps.clone(),
                 members: t.members.iter().map(ToString::to_string).collect(),
+                share: match (view, &leases) {
+                    (Some(v), Some(l)) => place::holds(t, &place::share(v, &name), l),
+                    _ => Vec::new(),
+                },
                 team: name,
                 via,
             }
@@ -316,18 +334,39 @@ async fn put_back(
     }
 }
 
-/// `Join(team)`: authorize the caller, move its own process into a new scope in the team's
-/// slice, and return the team's environment and the scope's name.
+/// What a `Join` needs from the agent besides the caller.
+pub struct JoinCtx<'a> {
+    /// The daemon's state and policy.
+    pub backend: &'a dyn Backend,
+    /// systemd.
+    pub sd: &'a Systemd,
+    /// The shared job waiter.
+    pub jobs: &'a JobWaiter,
+    /// Held from reading the leases until the new scope exists, so two joins never pick the
+    /// same free device.
+    pub placing: &'a tokio::sync::Mutex<()>,
+    /// The host root.
+    pub root: &'a Root,
+    /// Requests waiting for a free device (`--wait`).
+    pub queue: &'a std::sync::Mutex<super::queue::Queues>,
+    /// Signalled when a waiting request leaves the queue.
+    pub queue_changed: &'a tokio::sync::Notify,
+}
+
+/// `Join(team)` / `JoinWith(team, options)`: authorize the caller, place the job on devices of
+/// the team's share (unless the team sets `jobs-per-device = 0` and the job asks for nothing),
+/// move its own process into a new scope in the team's slice fenced to those devices, and
+/// return the job's environment and the scope's name.
 pub async fn join(
-    backend: &dyn Backend,
-    sd: &Systemd,
-    jobs: &JobWaiter,
-    root: &Root,
+    cx: &JoinCtx<'_>,
     conn: &Connection,
     hdr: &Header<'_>,
     team: &str,
+    options: &HashMap<String, String>,
 ) -> Result<(HashMap<String, String>, String), JoinError> {
+    let (backend, sd, jobs, root) = (cx.backend, cx.sd, cx.jobs, cx.root);
     let team = &check_team_name(team)?;
+    let opts = JoinOptions::parse(options).map_err(JoinError::PlacementRefused)?;
     let bc = bus_caller(conn, hdr).await?;
     let uid = bc.caller.uid;
     let grant = match authorize(backend, &bc.caller, team).await {
@@ -383,17 +422,51 @@ pub async fn join(
         return Err(JoinError::PlacementFailed(why));
     }
 
+    let scope = scope_name(team, pid);
+    let t = policy
+        .teams
+        .get(&**team)
+        .ok_or_else(|| JoinError::NoPolicy(format!("team \"{team}\" left the policy")))?;
+    // A device-less team is joinable as before: nothing to place on.
+    let placing = !opts.is_empty() || (t.placement.enabled() && join::has_devices(&env));
+    let (_placing, placed) = if placing {
+        let (guard, p) = place_or_wait(cx, t, &opts, uid, &pidfd).await?;
+        (Some(guard), Some(p))
+    } else {
+        (None, None)
+    };
     // Recorded after the checks and right before the move, to put back what the after-check
     // rejects.
     let origin = record_origin(conn, root, pid, &pidfd).await;
-    let scope = scope_name(team, pid);
-    let description = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
-    if let Err(e) = sd.start_scope(jobs, &scope, &slice, pid, description).await {
+    let (env, description, allow, lease) = if let Some(p) = placed {
+        let lease = Lease {
+            unit: scope.clone(),
+            team: team.to_string(),
+            user: grant.user.clone(),
+            uid,
+            pid,
+            devices: p.devices.iter().map(|d| d.id.clone()).collect(),
+            since: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
+        };
+        let env = place::placed_env(&env, &p, lease.gpu_memory);
+        (env, lease.description(), Some(p.allow), Some(lease))
+    } else {
+        let d = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
+        (env, d, None, None)
+    };
+    if let Err(e) = sd
+        .start_scope(jobs, &scope, &slice, pid, description, allow.as_deref())
+        .await
+    {
         return Err(JoinError::PlacementFailed(format!(
             "cannot place pid {pid} of {} in {slice}: {e}",
             grant.user
         )));
     }
+    drop(_placing);
     let after = ProcIdentity::read(root, pid);
     if !pidfd_alive(&pidfd) || after.as_ref().ok() != Some(&before) {
         // The checked process is gone: the pid may now be someone else's. Nothing is killed
@@ -410,14 +483,180 @@ pub async fn join(
             "pid {pid}: the process changed while it was placed in {scope}"
         )));
     }
-    info!(
-        gpuctl_team = %team,
-        gpuctl_action = "join",
-        uid,
-        pid,
-        "{} joined team {team} ({}) as {scope}",
-        grant.user,
-        grant.via
-    );
+    match &lease {
+        Some(l) => info!(
+            gpuctl_team = %team,
+            gpuctl_action = "lease",
+            gpuctl_unit = %scope,
+            gpuctl_devices = %l.devices.join(","),
+            uid,
+            pid,
+            "{} joined team {team} ({}) as {scope} on {}",
+            grant.user,
+            grant.via,
+            l.devices.join(",")
+        ),
+        None => info!(
+            gpuctl_team = %team,
+            gpuctl_action = "join",
+            uid,
+            pid,
+            "{} joined team {team} ({}) as {scope}",
+            grant.user,
+            grant.via
+        ),
+    }
     Ok((env.into_iter().collect(), scope))
+}
+
+/// Place the job, or with `--wait` queue it (round-robin across users, [`super::queue`]) and
+/// try again whenever it is its turn: every [`WAIT_TICK`] and whenever another waiter leaves.
+/// Returns the placement lock still held, so the devices are taken before anyone else looks.
+async fn place_or_wait<'a>(
+    cx: &'a JoinCtx<'_>,
+    team: &crate::policy::Team,
+    opts: &JoinOptions,
+    uid: u32,
+    pidfd: &OwnedFd,
+) -> Result<(tokio::sync::MutexGuard<'a, ()>, place::Placed), JoinError> {
+    let started = std::time::Instant::now();
+    let mut waiting: Option<Waiting<'_>> = None;
+    loop {
+        let turn = waiting.as_ref().is_none_or(|w| w.is_turn());
+        if turn {
+            let guard = cx.placing.lock().await;
+            match place_job(cx.backend, cx.sd, cx.root, team, opts).await {
+                Ok(p) => {
+                    if waiting.is_some() {
+                        info!(
+                            gpuctl_team = %team.name,
+                            gpuctl_action = "queue-placed",
+                            uid,
+                            "uid {uid}'s request placed after {} ms in the queue",
+                            started.elapsed().as_millis()
+                        );
+                    }
+                    return Ok((guard, p));
+                }
+                Err(JoinError::NoFreeDevice(m)) if opts.wait.is_some() => {
+                    if waiting.is_none() {
+                        let w = Waiting::new(cx, &team.name, uid).map_err(|e| {
+                            JoinError::NoFreeDevice(format!("{m}; cannot wait: {e}"))
+                        })?;
+                        info!(
+                            gpuctl_team = %team.name,
+                            gpuctl_action = "queued",
+                            uid,
+                            "uid {uid} waits for a device of team {}: position {}",
+                            team.name,
+                            w.position()
+                        );
+                        waiting = Some(w);
+                    }
+                    let limit = opts.wait.unwrap_or_default();
+                    if started.elapsed() >= limit {
+                        return Err(JoinError::NoFreeDevice(format!(
+                            "waited {} ms: {m}",
+                            started.elapsed().as_millis()
+                        )));
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        if !pidfd_alive(pidfd) {
+            return Err(JoinError::NotYourProcess(
+                "the waiting process has exited".into(),
+            ));
+        }
+        let left = opts
+            .wait
+            .unwrap_or_default()
+            .saturating_sub(started.elapsed());
+        tokio::select! {
+            _ = cx.queue_changed.notified() => {}
+            _ = tokio::time::sleep(WAIT_TICK.min(left)) => {}
+        }
+    }
+}
+
+/// How often a waiting request whose turn it is looks for a free device: a scope ends without
+/// telling gpuctld, so "starts within a second of a device freeing" is a poll of the leases.
+pub const WAIT_TICK: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// A queued request; leaves the queue however the wait ends (placed, timed out, the client
+/// gone, the call dropped) and wakes the others, whose turn it may now be.
+struct Waiting<'a> {
+    queue: &'a std::sync::Mutex<super::queue::Queues>,
+    changed: &'a tokio::sync::Notify,
+    team: String,
+    ticket: super::queue::Ticket,
+}
+
+impl<'a> Waiting<'a> {
+    fn new(cx: &'a JoinCtx<'_>, team: &str, uid: u32) -> Result<Self, String> {
+        let ticket = cx
+            .queue
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .join(team, uid)?;
+        Ok(Waiting {
+            queue: cx.queue,
+            changed: cx.queue_changed,
+            team: team.to_string(),
+            ticket,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, super::queue::Queues> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn is_turn(&self) -> bool {
+        self.lock().head(&self.team) == Some(self.ticket)
+    }
+
+    fn position(&self) -> usize {
+        self.lock().position(&self.team, self.ticket).unwrap_or(0)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.lock().leave(&self.team, self.ticket);
+        self.changed.notify_waiters();
+    }
+}
+
+/// Choose the job's devices: the share from the last reconcile, the live leases from systemd,
+/// the load from the usage collector's last figures (none yet: placed by leases alone).
+async fn place_job(
+    backend: &dyn Backend,
+    sd: &Systemd,
+    root: &Root,
+    team: &crate::policy::Team,
+    opts: &JoinOptions,
+) -> Result<place::Placed, JoinError> {
+    let state = backend.state();
+    let view = state
+        .last_report
+        .as_ref()
+        .and_then(|r| r.view.as_ref())
+        .ok_or_else(|| {
+            JoinError::PlacementFailed("gpuctld has not finished its first reconcile".into())
+        })?;
+    let share = place::share(view, &team.name);
+    let leases = place::leases(sd, root)
+        .await
+        .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
+    let load = super::usage::last_collection()
+        .map(|u| place::load_of(&u))
+        .unwrap_or_default();
+    place::place(team, &share, &leases, &load, opts).map_err(|r| {
+        if r.busy {
+            JoinError::NoFreeDevice(r.message)
+        } else {
+            JoinError::PlacementRefused(r.message)
+        }
+    })
 }

@@ -6,7 +6,8 @@
 //! | `Plan() -> s` | method, JSON dry run | anyone |
 //! | `Apply() -> s` | method, JSON report | root |
 //! | `Reload() -> s` | method, JSON report | root |
-//! | `Join(s team) -> (a{ss} env, s scope)` | method: move the caller's own process into a new scope in `gpu-<team>.slice` | members, root |
+//! | `Join(s team) -> (a{ss} env, s scope)` | method: move the caller's own process into a new scope in `gpu-<team>.slice`, placed on the team's devices by its policy | members, root |
+//! | `JoinWith(s team, a{ss} options) -> (a{ss} env, s scope)` | `Join` with placement options (`gpus`, `device`, `gpu-memory`) | members, root |
 //! | `Env(s team) -> a{ss}` | method: the team's environment | members, root |
 //! | `Teams() -> s` | method, JSON: the teams the caller may use and what each gives | anyone (sees own teams) |
 //! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone (per-process detail: see below) |
@@ -51,6 +52,8 @@ use zbus::{fdo, interface, message::Header, Connection};
 pub mod client;
 pub mod join;
 pub mod ledger;
+pub mod place;
+pub mod queue;
 pub mod reply;
 pub mod usage;
 pub mod wire;
@@ -153,6 +156,11 @@ pub struct Agent {
     sd: Systemd,
     root: Root,
     jobs: Arc<JobWaiter>,
+    /// Serializes placements ([`join::JoinCtx::placing`]).
+    placing: tokio::sync::Mutex<()>,
+    /// `--wait` requests ([`queue`]).
+    queue: Mutex<queue::Queues>,
+    queue_changed: tokio::sync::Notify,
     /// The per-uid budgets bus calls draw from ([`crate::ratelimit`] says why each).
     light: Mutex<RateLimiter>,
     heavy: Mutex<RateLimiter>,
@@ -254,7 +262,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         self.admit(conn, &hdr, &self.light, "Status").await?;
-        let reply = status(self.backend.state(), &self.sd).await;
+        let reply = status(self.backend.state(), &self.sd, &self.root).await;
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
@@ -311,17 +319,29 @@ impl Agent {
         #[zbus(header)] hdr: Header<'_>,
         #[zbus(connection)] conn: &Connection,
     ) -> Result<(HashMap<String, String>, String), join::JoinError> {
+        self.join_with(team, HashMap::new(), hdr, conn).await
+    }
+
+    /// `Join` with placement options (`gpus`, `device`, `gpu-memory` in bytes): the job gets
+    /// exactly the devices placed, in its environment and its scope's device fence.
+    async fn join_with(
+        &self,
+        team: String,
+        options: HashMap<String, String>,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<(HashMap<String, String>, String), join::JoinError> {
         self.admit(conn, &hdr, &self.light, "Join").await?;
-        let r = join::join(
-            &*self.backend,
-            &self.sd,
-            &self.jobs,
-            &self.root,
-            conn,
-            &hdr,
-            &team,
-        )
-        .await;
+        let cx = join::JoinCtx {
+            backend: &*self.backend,
+            sd: &self.sd,
+            jobs: &self.jobs,
+            placing: &self.placing,
+            root: &self.root,
+            queue: &self.queue,
+            queue_changed: &self.queue_changed,
+        };
+        let r = join::join(&cx, conn, &hdr, &team, &options).await;
         crate::metrics::counters().joined(&team, join::outcome(&r));
         r
     }
@@ -402,7 +422,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> Result<String, join::JoinError> {
         self.admit(conn, &hdr, &self.light, "Teams").await?;
-        join::teams(&*self.backend, &self.root, conn, &hdr).await
+        join::teams(&*self.backend, &self.sd, &self.root, conn, &hdr).await
     }
 
     /// GPU-hours held and used from day `from` to day `to` (`YYYY-MM-DD`, UTC) grouped `by`
@@ -455,6 +475,9 @@ pub async fn serve(
                 sd,
                 root,
                 jobs,
+                placing: tokio::sync::Mutex::new(()),
+                queue: Mutex::new(queue::Queues::default()),
+                queue_changed: tokio::sync::Notify::new(),
                 light: Mutex::new(RateLimiter::new(Limits::light())),
                 heavy: Mutex::new(RateLimiter::new(Limits::heavy())),
                 reads: Mutex::new(RateLimiter::new(Limits::reads())),
@@ -487,7 +510,7 @@ pub async fn status_text_changed(conn: &Connection) {
 /// limits and usage, MPS units; per GPU its MIG mode and instances; the last reconcile and the
 /// last policy error. Devices come from the last reconcile's view of the host (NVML is not
 /// touched on the bus thread); limits and usage are read live.
-pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
+pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
     let view = sh.last_report.as_ref().and_then(|r| r.view.clone());
     let mut teams = std::collections::BTreeMap::new();
     if let (Some(p), Some(v)) = (&sh.policy, &view) {
@@ -573,6 +596,7 @@ pub async fn status(sh: AgentState, sd: &Systemd) -> StatusReply {
         })
         .collect();
     StatusReply {
+        leases: place::leases(sd, root).await.unwrap_or_default(),
         status: sh.status_text,
         policy_error: sh.policy_error,
         policy_in_force: sh.policy_origin.map(str::to_string),

@@ -142,6 +142,9 @@ pub struct StatusReply {
     pub status: String,
     /// Per team: devices, slice, MPS daemons.
     pub teams: BTreeMap<String, TeamStatus>,
+    /// Live leases: which job holds which devices (`gpuctl status`).
+    #[serde(default)]
+    pub leases: Vec<crate::placement::Lease>,
 }
 
 impl StatusReply {
@@ -282,6 +285,25 @@ pub struct TeamInfo {
     pub team: String,
     /// Why the caller may use it.
     pub via: Via,
+    /// Per device of the share: free or held, and by whom (empty when the team places no
+    /// jobs, `jobs-per-device = 0`).
+    #[serde(default)]
+    pub share: Vec<DeviceHold>,
+}
+
+/// One device of a team's share in `Teams`: how many jobs hold it and how many it takes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceHold {
+    /// Its number in the share (what `--device N` takes).
+    pub index: usize,
+    /// UUID.
+    pub id: String,
+    /// A MIG device.
+    pub mig: bool,
+    /// Jobs it takes (`None`: no cap).
+    pub capacity: Option<u32>,
+    /// The leases on it.
+    pub leases: Vec<crate::placement::Lease>,
 }
 
 /// `Idle`: the holders gpuctld's idle rules track (`gpuctl idle`).

@@ -22,9 +22,16 @@ use zbus::fdo;
 /// Output formats of `Metrics(s format)`.
 pub const FORMATS: &[&str] = &["openmetrics", "prometheus-text"];
 
+static COLLECTOR: OnceLock<Collector> = OnceLock::new();
+
 fn collector(lib: Option<std::path::PathBuf>) -> &'static Collector {
-    static C: OnceLock<Collector> = OnceLock::new();
-    C.get_or_init(|| Collector::new(lib, Collector::interval_from_env()))
+    COLLECTOR.get_or_init(|| Collector::new(lib, Collector::interval_from_env()))
+}
+
+/// The last collection, however old, without collecting (`Join` places by it and must not
+/// wait for NVML); `None` before the first one or while one runs.
+pub fn last_collection() -> Option<std::sync::Arc<Usage>> {
+    COLLECTOR.get()?.last()
 }
 
 fn owners_and_lib(sh: &AgentState) -> (Owners, Option<std::path::PathBuf>) {
@@ -180,6 +187,7 @@ pub async fn metrics(
         last_good_in_force: sh.policy_error.is_some() && sh.policy_origin == Some("last-good"),
         last_converged: sh.last_report.as_ref().map(|r| r.converged()),
         idle,
+        leases: super::place::leases(sd, root).await.ok(),
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),

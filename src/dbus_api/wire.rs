@@ -94,23 +94,68 @@ pub fn system_bus_socket() -> Option<PathBuf> {
     }
 }
 
-/// Call `Join(team)` on gpuctld through the bus at `socket`; returns the environment and the
-/// scope's name.
-pub fn join(socket: &Path, team: &str) -> Result<(BTreeMap<String, String>, String), WireError> {
+/// Call `Join(team)` on gpuctld through the bus at `socket`, or `JoinWith(team, options)` when
+/// there are options (so a plain `gpuctl run` still speaks to a gpuctld without `JoinWith`);
+/// returns the environment and the scope's name.
+pub fn join(
+    socket: &Path,
+    team: &str,
+    options: &BTreeMap<String, String>,
+) -> Result<(BTreeMap<String, String>, String), WireError> {
     let mut body = Vec::new();
     put_string(&mut body, team);
+    let (member, signature) = if options.is_empty() {
+        ("Join", "s")
+    } else {
+        put_string_map(&mut body, options);
+        ("JoinWith", "sa{ss}")
+    };
     let reply = call(
         socket,
         &Call {
             destination: super::BUS_NAME,
             path: super::OBJECT_PATH,
             interface: "org.gpuctl.Agent1",
-            member: "Join",
-            signature: "s",
+            member,
+            signature,
             body: &body,
         },
     )?;
     join_reply(&reply)
+}
+
+/// The `wait` option (milliseconds) of a `JoinWith` body this client marshalled.
+fn wait_of(body: &[u8]) -> Option<Duration> {
+    let mut r = Reader::new(body, false);
+    r.string().ok()?;
+    let len = r.u32().ok()? as usize;
+    r.align(8).ok()?;
+    let end = r.pos + len;
+    while r.pos < end {
+        r.align(8).ok()?;
+        let (k, v) = (r.string().ok()?, r.string().ok()?);
+        if k == "wait" {
+            return v.parse().ok().map(Duration::from_millis);
+        }
+    }
+    None
+}
+
+/// Marshal an `a{ss}`, little-endian, aligned relative to the start of `m`.
+pub fn put_string_map(m: &mut Vec<u8>, map: &BTreeMap<String, String>) {
+    pad(m, 4);
+    let len_at = m.len();
+    m.extend([0u8; 4]);
+    // The array's length counts from its first element, which is 8-aligned (a dict entry).
+    pad(m, 8);
+    let start = m.len();
+    for (k, v) in map {
+        pad(m, 8);
+        put_string(m, k);
+        put_string(m, v);
+    }
+    let len = (m.len() - start) as u32;
+    m[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
 }
 
 /// The body of a `Join` reply: the environment and the scope name.
@@ -180,7 +225,12 @@ pub fn call(socket: &Path, c: &Call<'_>) -> Result<Reply, WireError> {
         path: socket.to_path_buf(),
         source,
     })?;
-    s.set_read_timeout(Some(REPLY_TIMEOUT))
+    // A `--wait` call is answered when a device frees: no deadline but the one it carries.
+    let wait = (c.member == "JoinWith")
+        .then(|| wait_of(c.body))
+        .flatten()
+        .unwrap_or_default();
+    s.set_read_timeout(Some(REPLY_TIMEOUT + wait))
         .map_err(WireError::Io)?;
 
     let uid = nix::unistd::getuid().as_raw().to_string();
@@ -537,6 +587,65 @@ mod tests {
     }
 
     #[test]
+    fn join_with_options_round_trips_through_zbus_parser() {
+        let mut body = Vec::new();
+        put_string(&mut body, "interns");
+        let opts: BTreeMap<String, String> = [("device", "MIG-1"), ("gpus", "1")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        put_string_map(&mut body, &opts);
+        let bytes = message(
+            3,
+            &Call {
+                destination: "org.gpuctl.Agent1",
+                path: "/org/gpuctl/Agent1",
+                interface: "org.gpuctl.Agent1",
+                member: "JoinWith",
+                signature: "sa{ss}",
+                body: &body,
+            },
+        );
+        let data = zbus::zvariant::serialized::Data::new(
+            bytes,
+            zbus::zvariant::serialized::Context::new_dbus(zbus::zvariant::LE, 0),
+        );
+        // SAFETY: the bytes carry no file descriptors.
+        let msg = unsafe { zbus::Message::from_bytes(data) }.expect("zbus parses our call");
+        let (team, got): (String, HashMap<String, String>) =
+            msg.body().deserialize().expect("body is (s, a{ss})");
+        assert_eq!(team, "interns");
+        assert_eq!(got.into_iter().collect::<BTreeMap<_, _>>(), opts);
+        assert_eq!(wait_of(&body), None);
+        let mut with_wait = opts.clone();
+        with_wait.insert("wait".into(), "1500".into());
+        let mut b = Vec::new();
+        put_string(&mut b, "interns");
+        put_string_map(&mut b, &with_wait);
+        assert_eq!(wait_of(&b), Some(Duration::from_millis(1500)));
+        // An empty map too (alignment with nothing after the length).
+        let mut body = Vec::new();
+        put_string(&mut body, "abc");
+        put_string_map(&mut body, &BTreeMap::new());
+        let bytes = message(
+            4,
+            &Call {
+                destination: "org.gpuctl.Agent1",
+                path: "/org/gpuctl/Agent1",
+                interface: "org.gpuctl.Agent1",
+                member: "JoinWith",
+                signature: "sa{ss}",
+                body: &body,
+            },
+        );
+        let ctx = zbus::zvariant::serialized::Context::new_dbus(zbus::zvariant::LE, 0);
+        let data = zbus::zvariant::serialized::Data::new(bytes, ctx);
+        // SAFETY: the bytes carry no file descriptors.
+        let msg = unsafe { zbus::Message::from_bytes(data) }.expect("zbus parses our call");
+        let (t, m): (String, HashMap<String, String>) = msg.body().deserialize().expect("parses");
+        assert_eq!((t.as_str(), m.len()), ("abc", 0));
+    }
+
+    #[test]
     fn strings_with_an_interior_nul_are_refused() {
         let mut b = Vec::new();
         put_string(&mut b, "a\0b");
@@ -639,7 +748,7 @@ mod tests {
                     .unwrap(),
             ]
         });
-        let (env, scope) = join(&path, "infer").unwrap();
+        let (env, scope) = join(&path, "infer", &BTreeMap::new()).unwrap();
         t.join().unwrap();
         assert_eq!(scope, "gpuctl-run-infer-9.scope");
         assert_eq!(env.len(), 3);
@@ -659,7 +768,7 @@ mod tests {
                     .unwrap(),
             ]
         });
-        match join(&path, "x") {
+        match join(&path, "x", &BTreeMap::new()) {
             Err(WireError::Method { name, message }) => {
                 assert_eq!(name, "org.gpuctl.Agent1.Error.NoDevices");
                 assert_eq!(message.as_deref(), Some("team \"x\" has no GPU"));
@@ -673,7 +782,10 @@ mod tests {
                 .build(&"just a string")
                 .unwrap()]
         });
-        assert!(matches!(join(&path, "x"), Err(WireError::Protocol(_))));
+        assert!(matches!(
+            join(&path, "x", &BTreeMap::new()),
+            Err(WireError::Protocol(_))
+        ));
         t.join().unwrap();
     }
 }

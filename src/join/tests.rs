@@ -47,6 +47,7 @@ fn team(name: &str, members: Vec<Member>) -> (crate::policy::TeamName, Team) {
             limits: Limits::default(),
             mps: None,
             idle: None,
+            placement: Default::default(),
             loc: None,
         },
     )

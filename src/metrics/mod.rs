@@ -60,6 +60,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_ledger_held_seconds_total",
     "gpuctl_ledger_active_seconds_total",
     "gpuctl_ledger_unknown_seconds_total",
+    "gpuctl_device_leases",
 ];
 
 type Labels = Vec<(String, String)>;
@@ -122,6 +123,9 @@ pub struct Snapshot {
     pub last_converged: Option<bool>,
     /// The holders gpuctld's idle rules track (empty without rules).
     pub idle: Vec<crate::idle::IdleHolder>,
+    /// Live placement leases (`None`: systemd could not list them, so no series rather than
+    /// a made-up zero).
+    pub leases: Option<Vec<crate::placement::Lease>>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -378,6 +382,20 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     r.register("join", "Join calls by team and outcome", c.joins.clone());
     register_idle(&mut r, &s.idle);
     ledger::register(&mut r);
+    if let Some(leases) = &s.leases {
+        let per: Family<Labels, Gauge> = Family::default();
+        for lease in leases {
+            for d in &lease.devices {
+                per.get_or_create(&l(&[("team", &lease.team), ("device", d)]))
+                    .inc();
+            }
+        }
+        r.register(
+            "device_leases",
+            "Jobs placed on a device of a team's share now (gpuctl run/shell leases)",
+            per,
+        );
+    }
     r
 }
 

@@ -64,6 +64,10 @@ pub struct MigDevice {
     pub uuid: String,
     /// Whether the instance exists already.
     pub exists: bool,
+    /// Its capability minors (GI and CI `access`), known once it exists: a job placed on it
+    /// gets exactly these cap nodes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_minors: Vec<u32>,
 }
 
 /// Everything one team gets.
@@ -274,6 +278,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         {
             slice.device_allow.insert(format!("/dev/nvidia{}", g.minor));
             for ci in &gi.cis {
+                let mut own_caps = Vec::new();
                 let (uuid, exists) = match (&gi.existing, &ci.existing) {
                     (Some(gid), Some((cid, uuid))) => {
                         for key in [
@@ -283,6 +288,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
                             match observed.mig_minors.get(&key) {
                                 Some(m) => {
                                     cap_minors.insert(*m);
+                                    own_caps.push(*m);
                                     slice
                                         .device_allow
                                         .insert(format!("/dev/nvidia-caps/nvidia-cap{m}"));
@@ -314,6 +320,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
                     ci_placement: ci.placement,
                     uuid,
                     exists,
+                    cap_minors: own_caps,
                 });
             }
         }

@@ -132,6 +132,7 @@ mod tests {
                 },
                 mps: None,
                 idle: None,
+                placement: Default::default(),
                 loc: None,
             },
         );

@@ -194,6 +194,9 @@ pub struct Team {
     /// `[teams.NAME.idle]`: what to do about idle holders; `None` means nothing happens.
     #[serde(default)]
     pub idle: Option<IdleRule>,
+    /// `[teams.NAME.placement]`: how jobs are placed on the share's devices.
+    #[serde(default)]
+    pub placement: PlacementSettings,
     /// Where the team was (last) defined.
     pub loc: Option<Loc>,
 }
@@ -213,6 +216,28 @@ impl fmt::Display for Member {
             Member::User(u) => write!(f, "{u}"),
             Member::Group(g) => write!(f, "@{g}"),
         }
+    }
+}
+
+/// How a team's jobs are placed on its share's devices (`[teams.NAME.placement]`, see
+/// [`crate::placement`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlacementSettings {
+    /// Jobs per device: `None` places only jobs that ask (`--gpus`, `--device`,
+    /// `--gpu-memory`; then 1 per MIG device or whole GPU without MPS, no cap on MPS devices),
+    /// `Some(0)` turns placement off (every job gets the whole share).
+    pub jobs_per_device: Option<u32>,
+    /// Devices a job gets unless it asks (`None`: 1).
+    pub gpus: Option<crate::placement::Gpus>,
+    /// A job's MPS pinned device memory limit in bytes unless it asks.
+    pub gpu_memory: Option<u64>,
+}
+
+impl PlacementSettings {
+    /// Whether jobs are placed without asking: only where the team sets `jobs-per-device`
+    /// (opt-in until the VM scenario 66 has passed on the real systemd path).
+    pub fn enabled(&self) -> bool {
+        matches!(self.jobs_per_device, Some(n) if n > 0)
     }
 }
 

@@ -74,6 +74,21 @@ pub struct TeamPart {
     pub mps: Option<MpsPart>,
     /// `[teams.NAME.idle]`, when present in this file.
     pub idle: Option<IdlePart>,
+    /// `[teams.NAME.placement]`, when present in this file.
+    pub placement: Option<PlacementPart>,
+}
+
+/// `[teams.NAME.placement]` keys set in one file (merged per key, like `mps`).
+#[derive(Debug, Clone)]
+pub struct PlacementPart {
+    /// Where the table is.
+    pub loc: Loc,
+    /// `jobs-per-device` (0: no placement).
+    pub jobs_per_device: Option<At<u32>>,
+    /// `gpus`: a job's devices unless it says `--gpus`.
+    pub gpus: Option<At<crate::placement::Gpus>>,
+    /// `gpu-memory`: a job's MPS pinned device memory limit unless it says `--gpu-memory`.
+    pub gpu_memory: Option<At<u64>>,
 }
 
 /// `[teams.NAME.idle]` keys set in one file (merged per key, like `mps`).
@@ -159,6 +174,10 @@ const HOST_KEYS: &[&str] = &[
     "admin-group",
 ];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
+const PLACEMENT_KEYS: &[&str] = &["jobs-per-device", "gpus", "gpu-memory"];
+/// Most jobs one device may be set to take: far above MPS's 48 clients per server, so it never
+/// binds a real setting, and it keeps the lease counts small numbers.
+pub const MAX_JOBS_PER_DEVICE: u64 = 1024;
 const IDLE_KEYS: &[&str] = &[
     "after",
     "below",
@@ -562,7 +581,7 @@ impl<'a> Cx<'a> {
         let keys: Vec<&str> = ["members"]
             .iter()
             .chain(LIMIT_KEYS)
-            .chain(&["mps", "idle"])
+            .chain(&["mps", "idle", "placement"])
             .copied()
             .collect();
         self.check_keys(t, &path, &keys);
@@ -598,6 +617,17 @@ impl<'a> Cx<'a> {
                     }
                 },
             },
+            placement: match t.get_key_value("placement") {
+                None => None,
+                Some((pk, pi)) => match pi.as_table_like() {
+                    Some(pt) => Some(self.placement(&join(p, "placement"), pt, span(pk, pi))),
+                    None => {
+                        let what = "a table `[teams.NAME.placement]`";
+                        self.type_error(pk, pi, &join(p, "placement"), what);
+                        None
+                    }
+                },
+            },
         };
         Some(team)
     }
@@ -628,6 +658,42 @@ impl<'a> Cx<'a> {
                         Some("expected a Unix user name such as \"mps-infer\"".into()),
                     ))
                 }
+            }),
+        }
+    }
+
+    fn placement(
+        &mut self,
+        path: &str,
+        t: &dyn TableLike,
+        sp: Option<Range<usize>>,
+    ) -> PlacementPart {
+        self.check_keys(t, path, PLACEMENT_KEYS);
+        PlacementPart {
+            loc: self.loc(sp),
+            jobs_per_device: self.field(t, path, "jobs-per-device", |i| {
+                int_in(i, 0, MAX_JOBS_PER_DEVICE).map(|n| n as u32)
+            }),
+            gpus: self.field(t, path, "gpus", |i| {
+                let help =
+                    Some("a whole number from 1, or \"all\" (gpus = 2, gpus = \"all\")".into());
+                match (i.as_integer(), i.as_str()) {
+                    (Some(n), _) if (1..=i64::from(u32::MAX)).contains(&n) => {
+                        Ok(crate::placement::Gpus::Count(n as u32))
+                    }
+                    (_, Some("all")) => Ok(crate::placement::Gpus::All),
+                    _ => Err((
+                        format!("expected a device count or \"all\", found {}", type_name(i)),
+                        help,
+                    )),
+                }
+            }),
+            gpu_memory: self.field(t, path, "gpu-memory", |i| match size_item(i, false)? {
+                Some(Size::Bytes(b)) if b > 0 => Ok(b),
+                _ => Err((
+                    "a job's GPU memory must be a positive size".into(),
+                    Some(SIZE_HELP_BYTES.into()),
+                )),
             }),
         }
     }

@@ -16,7 +16,7 @@ use super::parse::{
 };
 use super::{
     Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
-    Policy, Selector, Size, Team, TeamName,
+    PlacementSettings, Policy, Selector, Size, Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -113,6 +113,12 @@ fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
         overlay(&mut b.pinned_memory_limit, &m.pinned_memory_limit);
         overlay(&mut b.user, &m.user);
     });
+    overlay_table(&mut base.placement, &top.placement, |b, p| {
+        b.loc = p.loc.clone();
+        overlay(&mut b.jobs_per_device, &p.jobs_per_device);
+        overlay(&mut b.gpus, &p.gpus);
+        overlay(&mut b.gpu_memory, &p.gpu_memory);
+    });
     overlay_table(&mut base.idle, &top.idle, |b, i| {
         b.loc = i.loc.clone();
         overlay(&mut b.after, &i.after);
@@ -158,6 +164,15 @@ fn to_team(t: &TeamPart) -> Option<Team> {
             user: value(&m.user),
         }),
         idle: t.idle.as_ref().and_then(to_idle),
+        placement: t
+            .placement
+            .as_ref()
+            .map(|p| PlacementSettings {
+                jobs_per_device: value(&p.jobs_per_device),
+                gpus: value(&p.gpus),
+                gpu_memory: value(&p.gpu_memory),
+            })
+            .unwrap_or_default(),
         loc: Some(t.loc.clone()),
     })
 }
@@ -218,6 +233,30 @@ fn check_teams(
                     &format!("{key}.memory-high"),
                     m,
                     Some("set memory-high below memory-max".into()),
+                ));
+            }
+        }
+        if let Some(gm) = t.placement.as_ref().and_then(|p| p.gpu_memory.as_ref()) {
+            let daemon = t.mps.as_ref().and_then(|m| value(&m.pinned_memory_limit));
+            let why = match (&t.mps, daemon) {
+                (None, _) => Some(
+                    "only an MPS daemon enforces a job's GPU memory (its pinned device memory \
+                     limit); team has no [mps], and on a GPU without MPS no mechanism can"
+                        .to_string(),
+                ),
+                (Some(_), Some(d)) if gm.value > d => Some(format!(
+                    "{} bytes is above the team's MPS daemon limit (mps.pinned-memory-limit = \
+                     {d} bytes): a client cannot be given more than its server",
+                    gm.value
+                )),
+                _ => None,
+            };
+            if let Some(m) = why {
+                diags.push(error(
+                    &gm.loc,
+                    &format!("{key}.placement.gpu-memory"),
+                    m,
+                    Some("add [teams.NAME.mps], or remove gpu-memory".into()),
                 ));
             }
         }

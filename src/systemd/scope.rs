@@ -157,6 +157,10 @@ impl Systemd {
     /// then *abandoned* (`AbandonScope`): systemd's OOM handler stops only running scopes, an
     /// abandoned one is left alone (its cgroup, slice and device filter are unchanged, and it
     /// is collected when its last process exits). The refusal is logged once.
+    ///
+    /// `devices`, when given, fences the scope itself (`DevicePolicy=closed` and exactly these
+    /// nodes in `DeviceAllow=`) inside the slice's own fence: a placed job opens its devices
+    /// and not its neighbours', though both are the team's.
     pub async fn start_scope(
         &self,
         jobs: &JobWaiter,
@@ -164,13 +168,18 @@ impl Systemd {
         slice: &str,
         pid: u32,
         description: String,
+        devices: Option<&[String]>,
     ) -> Result<(), SystemdError> {
         use std::sync::atomic::Ordering;
         let with_oom = SCOPE_OOM_POLICY.load(Ordering::Relaxed);
-        match self
-            .start_scope_once(jobs, scope, slice, pid, &description, with_oom)
-            .await
-        {
+        let s = ScopeSpec {
+            scope,
+            slice,
+            pid,
+            description: &description,
+            devices,
+        };
+        match self.start_scope_once(jobs, &s, with_oom).await {
             Err(e) if with_oom && e.to_string().contains("OOMPolicy") => {
                 SCOPE_OOM_POLICY.store(false, Ordering::Relaxed);
                 tracing::warn!(
@@ -179,8 +188,7 @@ impl Systemd {
                      scopes are abandoned after their start instead, so that an OOM kill does \
                      not stop them"
                 );
-                self.start_scope_once(jobs, scope, slice, pid, &description, false)
-                    .await?;
+                self.start_scope_once(jobs, &s, false).await?;
                 self.abandon_scope(scope).await
             }
             Ok(()) if !with_oom => self.abandon_scope(scope).await,
@@ -199,22 +207,11 @@ impl Systemd {
     async fn start_scope_once(
         &self,
         jobs: &JobWaiter,
-        scope: &str,
-        slice: &str,
-        pid: u32,
-        description: &str,
+        s: &ScopeSpec<'_>,
         oom_continue: bool,
     ) -> Result<(), SystemdError> {
-        let mut props: Vec<(&str, Value<'_>)> = vec![
-            ("Slice", Value::from(slice)),
-            ("PIDs", Value::from(vec![pid])),
-            ("Description", Value::from(description)),
-            // A failed scope would otherwise stay loaded and block the name for this pid.
-            ("CollectMode", Value::from("inactive-or-failed")),
-        ];
-        if oom_continue {
-            props.push(("OOMPolicy", Value::from("continue")));
-        }
+        let props = scope_properties(s, oom_continue);
+        let scope = s.scope;
         let job = self
             .manager()
             .start_transient_unit(scope, "fail", &props, &[])
@@ -223,6 +220,51 @@ impl Systemd {
         let result = jobs.wait(job.as_str(), SCOPE_START_LIMIT).await;
         job_result(scope, "start", result, SCOPE_START_LIMIT)
     }
+
+    /// Name and description of every live member scope (`gpuctl-run-*.scope`): the leases are
+    /// in the descriptions ([`crate::placement::Lease`]). One `ListUnitsByPatterns` call; a
+    /// scope that has ended (its processes gone, killed or OOM-killed) is not listed.
+    pub async fn member_scopes(&self) -> Result<Vec<(String, String)>, SystemdError> {
+        let rows = self
+            .list_units(
+                &["active", "activating", "deactivating", "reloading"],
+                &["gpuctl-run-*.scope"],
+            )
+            .await?;
+        Ok(rows.into_iter().map(|r| (r.0, r.1)).collect())
+    }
+}
+
+/// What a member scope is made of.
+struct ScopeSpec<'a> {
+    scope: &'a str,
+    slice: &'a str,
+    pid: u32,
+    description: &'a str,
+    devices: Option<&'a [String]>,
+}
+
+/// The `StartTransientUnit` properties of a member scope.
+fn scope_properties<'a>(s: &ScopeSpec<'a>, oom_continue: bool) -> Vec<(&'static str, Value<'a>)> {
+    let mut props: Vec<(&str, Value<'_>)> = vec![
+        ("Slice", Value::from(s.slice)),
+        ("PIDs", Value::from(vec![s.pid])),
+        ("Description", Value::from(s.description)),
+        // A failed scope would otherwise stay loaded and block the name for this pid.
+        ("CollectMode", Value::from("inactive-or-failed")),
+    ];
+    if let Some(devices) = s.devices {
+        let allow: Vec<(String, String)> = devices
+            .iter()
+            .map(|d| (d.clone(), super::props::DEVICE_ACCESS.to_string()))
+            .collect();
+        props.push(("DevicePolicy", Value::from("closed")));
+        props.push(("DeviceAllow", Value::from(allow)));
+    }
+    if oom_continue {
+        props.push(("OOMPolicy", Value::from("continue")));
+    }
+    props
 }
 
 /// Whether systemd takes `OOMPolicy=` on scopes; cleared after the first refusal (systemd
@@ -247,6 +289,35 @@ mod tests {
             unit_object_path("1x"),
             "/org/freedesktop/systemd1/unit/_31x"
         );
+    }
+
+    #[test]
+    fn a_placed_scope_is_fenced_to_its_devices() {
+        let devices = vec!["/dev/nvidia0".to_string(), "/dev/nvidiactl".to_string()];
+        let s = ScopeSpec {
+            scope: "gpuctl-run-t-1.scope",
+            slice: "gpu-t.slice",
+            pid: 1,
+            description: "d",
+            devices: Some(&devices),
+        };
+        let p = scope_properties(&s, true);
+        let get = |k: &str| p.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());
+        assert_eq!(get("DevicePolicy"), Some(Value::from("closed")));
+        let allow: Vec<(String, String)> = get("DeviceAllow").unwrap().try_into().unwrap();
+        assert_eq!(
+            allow,
+            vec![
+                ("/dev/nvidia0".into(), "rwm".into()),
+                ("/dev/nvidiactl".into(), "rwm".into())
+            ]
+        );
+        // Unplaced (jobs-per-device = 0): the slice's fence alone, as before.
+        let open = ScopeSpec { devices: None, ..s };
+        let p = scope_properties(&open, false);
+        assert!(!p
+            .iter()
+            .any(|(n, _)| n.starts_with("Device") || *n == "OOMPolicy"));
     }
 
     #[tokio::test]

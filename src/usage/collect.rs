@@ -318,6 +318,12 @@ impl Collector {
         self.inner.lock().map_or(0, |i| i.collections)
     }
 
+    /// The last collection, however old, without waiting for one that runs now.
+    pub fn last(&self) -> Option<Arc<Usage>> {
+        let inner = self.inner.try_lock().ok()?;
+        inner.last.as_ref().map(|(_, u)| u.clone())
+    }
+
     /// The usage now: the last collection if younger than the interval, else a new one.
     /// Concurrent callers wait on one collection and share it. Owners and strays are applied
     /// on every call, so a policy change shows at once.

@@ -21,6 +21,7 @@ pub fn team(name: &str) -> Team {
         },
         mps: None,
         idle: None,
+        placement: Default::default(),
         loc: None,
     }
 }

@@ -1,0 +1,373 @@
+//! `Join`'s placement: the team's share as the last reconcile left it, the live leases (from
+//! the member scopes' descriptions), the choice ([`crate::placement`]) and what a placed job
+//! gets: its scope's device fence and its environment.
+//!
+//! Everything but [`leases`] is pure, so the share, fence and environment rules are tested
+//! without a bus.
+
+use super::reply::HostView;
+use crate::placement::{self, Candidate, Gpus, Lease, PlaceError, Request};
+use crate::plan::desired::COMMON_DEVICES;
+use crate::policy::Team;
+use crate::systemd::Systemd;
+use std::collections::{BTreeMap, HashMap};
+
+/// Options of `JoinWith(team, options)`, as `gpuctl run`/`shell` send them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JoinOptions {
+    /// `gpus`: `N` or `all`.
+    pub gpus: Option<Gpus>,
+    /// `device`: a UUID, MIG UUID or position in the share.
+    pub device: Option<String>,
+    /// `gpu-memory`: bytes.
+    pub gpu_memory: Option<u64>,
+    /// `wait`: how long to queue for a free device (`forever`, or milliseconds).
+    pub wait: Option<std::time::Duration>,
+}
+
+/// The longest `--wait`: a week (`forever` is this too), so a deadline never overflows.
+pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+
+impl JoinOptions {
+    /// Read the options map; an unknown key or a bad value is refused in words.
+    pub fn parse(map: &HashMap<String, String>) -> Result<Self, String> {
+        let mut o = JoinOptions::default();
+        for (k, v) in map {
+            match k.as_str() {
+                "gpus" => o.gpus = Some(v.parse()?),
+                "device" if !v.is_empty() && v.len() <= 128 => o.device = Some(v.clone()),
+                "wait" => {
+                    let ms: u64 = match v.as_str() {
+                        "forever" => MAX_WAIT.as_millis() as u64,
+                        v => v
+                            .parse()
+                            .map_err(|_| format!("wait {v:?}: not milliseconds"))?,
+                    };
+                    o.wait = Some(std::time::Duration::from_millis(ms).min(MAX_WAIT));
+                }
+                "gpu-memory" => {
+                    o.gpu_memory = Some(
+                        v.parse()
+                            .ok()
+                            .filter(|b| *b > 0)
+                            .ok_or_else(|| format!("gpu-memory {v:?}: not a byte count"))?,
+                    )
+                }
+                _ => {
+                    return Err(format!(
+                        "unknown or bad option {} (options: gpus, device, gpu-memory, wait)",
+                        crate::settings::value::quote(k)
+                    ))
+                }
+            }
+        }
+        Ok(o)
+    }
+
+    /// The options map for the wire (the inverse of [`JoinOptions::parse`]).
+    pub fn to_map(&self) -> BTreeMap<String, String> {
+        let mut m = BTreeMap::new();
+        if let Some(g) = self.gpus {
+            m.insert("gpus".into(), g.to_string());
+        }
+        if let Some(d) = &self.device {
+            m.insert("device".into(), d.clone());
+        }
+        if let Some(b) = self.gpu_memory {
+            m.insert("gpu-memory".into(), b.to_string());
+        }
+        if let Some(w) = self.wait {
+            m.insert("wait".into(), w.as_millis().to_string());
+        }
+        m
+    }
+
+    /// Whether the job asked for anything.
+    pub fn is_empty(&self) -> bool {
+        *self == JoinOptions::default()
+    }
+}
+
+/// One device of the share with what a job on it needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShareDevice {
+    /// UUID.
+    pub id: String,
+    /// A MIG device.
+    pub mig: bool,
+    /// Its MPS daemon instance, when the team runs one for it.
+    pub mps: Option<String>,
+    /// The device nodes a job on it opens (besides [`COMMON_DEVICES`]).
+    pub nodes: Vec<String>,
+}
+
+/// The team's share in order (whole GPUs, then MIG devices), as the last reconcile left it.
+/// A MIG device still to be created or whose cap nodes are unknown is left out: a job could
+/// not be fenced to it.
+pub fn share(view: &HostView, team: &str) -> Vec<ShareDevice> {
+    let Some(tv) = view.teams.get(team) else {
+        return Vec::new();
+    };
+    let minor = |i: u32| view.gpus.iter().find(|g| g.index == i).map(|g| g.minor);
+    let mps_whole = tv.mps.keys().find(|k| k.ends_with("-gpus")).cloned();
+    let mut out = Vec::new();
+    for i in &tv.whole_gpus {
+        let (Some(g), Some(m)) = (view.gpus.iter().find(|g| g.index == *i), minor(*i)) else {
+            continue;
+        };
+        out.push(ShareDevice {
+            id: g.uuid.clone(),
+            mig: false,
+            mps: mps_whole.clone(),
+            nodes: vec![format!("/dev/nvidia{m}")],
+        });
+    }
+    for d in tv.mig_devices.iter().filter(|d| d.exists) {
+        let Some(m) = minor(d.gpu_index) else {
+            continue;
+        };
+        if d.cap_minors.len() < 2 {
+            continue;
+        }
+        let instance = format!(
+            "{team}-mig{}-{}-{}",
+            d.gpu_index, d.gi_placement.start, d.ci_placement.start
+        );
+        let mut nodes = vec![format!("/dev/nvidia{m}")];
+        nodes.extend(
+            d.cap_minors
+                .iter()
+                .map(|c| format!("/dev/nvidia-caps/nvidia-cap{c}")),
+        );
+        out.push(ShareDevice {
+            id: d.uuid.clone(),
+            mig: true,
+            mps: tv.mps.contains_key(&instance).then_some(instance),
+            nodes,
+        });
+    }
+    out
+}
+
+/// The live leases of every member scope. A scope whose cgroup is empty has ended even if
+/// systemd has not yet noticed (its cgroup-empty notice is asynchronous): its lease is over, so
+/// the next job does not find the device held by a job that exited a moment ago.
+pub async fn leases(
+    sd: &Systemd,
+    root: &crate::paths::Root,
+) -> Result<Vec<Lease>, crate::systemd::SystemdError> {
+    Ok(sd
+        .member_scopes()
+        .await?
+        .into_iter()
+        .filter_map(|(unit, d)| Lease::parse(&unit, &d))
+        .filter(|l| {
+            let events = root.join(format!(
+                "/sys/fs/cgroup/{}/{}/cgroup.events",
+                crate::systemd::props::slice_cgroup(&l.team),
+                l.unit
+            ));
+            std::fs::read_to_string(events).map_or(true, |t| populated(&t))
+        })
+        .collect())
+}
+
+/// Whether `cgroup.events` text says the cgroup still has processes (unreadable: assume so).
+pub fn populated(events: &str) -> bool {
+    !events.lines().any(|l| l.trim() == "populated 0")
+}
+
+/// Each device of `team`'s share with its leases and capacity, for `Teams` (empty when the
+/// team places no jobs).
+pub fn holds(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+) -> Vec<super::reply::DeviceHold> {
+    if !team.placement.enabled() {
+        return Vec::new();
+    }
+    share
+        .iter()
+        .enumerate()
+        .map(|(index, d)| super::reply::DeviceHold {
+            index,
+            id: d.id.clone(),
+            mig: d.mig,
+            capacity: match team.placement.jobs_per_device {
+                Some(n) => Some(n),
+                None if d.mps.is_some() => None,
+                None => Some(1),
+            },
+            leases: leases
+                .iter()
+                .filter(|l| l.team == *team.name && l.devices.contains(&d.id))
+                .cloned()
+                .collect(),
+        })
+        .collect()
+}
+
+/// Load figures per device id from a usage collection: memory held and activity.
+pub fn load_of(u: &crate::usage::Usage) -> HashMap<String, (Option<u64>, Option<f64>)> {
+    let mut m = HashMap::new();
+    for g in &u.gpus {
+        m.insert(g.uuid.clone(), (g.memory_used, g.activity));
+        for d in &g.mig_devices {
+            m.insert(d.uuid.clone(), (d.memory_used, d.activity));
+        }
+    }
+    m
+}
+
+/// What the choice made of a request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placed {
+    /// The devices, in the share's order.
+    pub devices: Vec<ShareDevice>,
+    /// Every node the job's scope allows.
+    pub allow: Vec<String>,
+}
+
+/// A placement refused: the message and whether it is "nothing free now" (a distinct exit
+/// status) or a request that can never be met.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refused {
+    /// One line.
+    pub message: String,
+    /// Nothing free now.
+    pub busy: bool,
+}
+
+/// Choose for `opts` among `share` under `team`'s settings, with `leases` held now.
+pub fn place(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    opts: &JoinOptions,
+) -> Result<Placed, Refused> {
+    let mine: Vec<Lease> = leases
+        .iter()
+        .filter(|l| l.team == *team.name)
+        .cloned()
+        .collect();
+    let cands: Vec<Candidate> = share
+        .iter()
+        .map(|d| {
+            let (memory_used, activity) = load.get(&d.id).copied().unwrap_or((None, None));
+            Candidate {
+                id: d.id.clone(),
+                mig: d.mig,
+                mps: d.mps.is_some(),
+                held: placement::held_counts(&mine, &d.id),
+                memory_used,
+                activity,
+            }
+        })
+        .collect();
+    let req = Request {
+        gpus: opts.gpus,
+        device: opts.device.clone(),
+    };
+    let jpd = team.placement.jobs_per_device.filter(|n| *n > 0);
+    let picked = placement::choose(&cands, &req, team.placement.gpus, jpd).map_err(|e| {
+        let busy = matches!(e, PlaceError::Busy { .. });
+        let mut message = format!("team \"{}\": {e}", team.name);
+        if let PlaceError::Busy { full, .. } = &e {
+            let ids: Vec<&str> = full.iter().map(|i| share[*i].id.as_str()).collect();
+            let per = match jpd {
+                Some(n) => format!("{n} job(s) per device"),
+                None => "1 job per device".into(),
+            };
+            message = format!(
+                "team \"{}\" has no free device ({per}); held: {}. Wait with --wait, or ask a \
+                 holder",
+                team.name,
+                placement::holders(&mine, &ids)
+            );
+        }
+        Refused { message, busy }
+    })?;
+    let devices: Vec<ShareDevice> = picked.iter().map(|i| share[*i].clone()).collect();
+    check_gpu_memory(
+        team,
+        &devices,
+        opts.gpu_memory.or(team.placement.gpu_memory),
+    )?;
+    let mut allow: Vec<String> = devices.iter().flat_map(|d| d.nodes.clone()).collect();
+    allow.sort();
+    allow.dedup();
+    allow.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
+    Ok(Placed { devices, allow })
+}
+
+/// A job's GPU memory cap is enforced only by an MPS server (the client's pinned device memory
+/// limit), and never above the server's own limit.
+fn check_gpu_memory(team: &Team, devices: &[ShareDevice], cap: Option<u64>) -> Result<(), Refused> {
+    let Some(cap) = cap else { return Ok(()) };
+    let refuse = |m: String| Refused {
+        message: format!("team \"{}\": --gpu-memory: {m}", team.name),
+        busy: false,
+    };
+    if let Some(d) = devices.iter().find(|d| d.mps.is_none()) {
+        return Err(refuse(format!(
+            "{} has no MPS daemon, and without one nothing can enforce a job's GPU memory \
+             (limit it in the job itself, e.g. torch.cuda.set_per_process_memory_fraction)",
+            d.id
+        )));
+    }
+    let daemon = team.mps.as_ref().and_then(|m| m.pinned_memory_limit);
+    if let Some(d) = daemon.filter(|d| cap > *d) {
+        return Err(refuse(format!(
+            "{cap} bytes is above the MPS daemon's own limit of {d} bytes \
+             (mps.pinned-memory-limit)"
+        )));
+    }
+    Ok(())
+}
+
+/// The placed job's environment: the team's, with only the placed devices, the placed
+/// device's MPS directories and the memory cap.
+pub fn placed_env(
+    team_env: &BTreeMap<String, String>,
+    placed: &Placed,
+    gpu_memory: Option<u64>,
+) -> BTreeMap<String, String> {
+    let mut env = team_env.clone();
+    let ids: Vec<&str> = placed.devices.iter().map(|d| d.id.as_str()).collect();
+    let list = ids.join(",");
+    env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
+    env.insert("NVIDIA_VISIBLE_DEVICES".into(), list);
+    env.remove("GPUCTL_DEVICES");
+    for k in [
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_MPS_LOG_DIRECTORY",
+        "GPUCTL_MPS_INSTANCES",
+    ] {
+        env.remove(k);
+    }
+    if let Some(inst) = placed.devices.first().and_then(|d| d.mps.as_deref()) {
+        env.insert(
+            "CUDA_MPS_PIPE_DIRECTORY".into(),
+            crate::paths::mps_pipe_dir(inst),
+        );
+        env.insert(
+            "CUDA_MPS_LOG_DIRECTORY".into(),
+            crate::paths::mps_log_dir(inst),
+        );
+        env.insert("GPUCTL_MPS_INSTANCES".into(), inst.to_string());
+        if let Some(b) = gpu_memory {
+            // "<device>=<limit>" per device the client sees (NVIDIA's MPS documentation,
+            // CUDA_MPS_PINNED_DEVICE_MEM_LIMIT); the job sees only its devices, as 0..n.
+            let per: Vec<String> = (0..placed.devices.len())
+                .map(|i| format!("{i}={}M", b.div_ceil(1 << 20)))
+                .collect();
+            env.insert("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT".into(), per.join(","));
+        }
+    }
+    env
+}
+
+#[cfg(test)]
+mod tests;

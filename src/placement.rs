@@ -1,0 +1,681 @@
+//! Which devices of a team's share a job gets (`gpuctl run --gpus N --device ID`), and the lease
+//! that records it. Pure: gpuctld's `Join` hands in the share, the live leases and the usage
+//! collector's last figures, and gets back indices into the share or a refusal in words.
+//!
+//! The choice, in order:
+//! - never a device outside the share; `--device ID` (a UUID, MIG UUID or the device's
+//!   position in the share as `gpuctl teams` numbers it) must name one of the share's devices;
+//! - one MIG device per process: a CUDA process enumerates a single MIG device (NVIDIA's MIG
+//!   user guide, "Device Enumeration"), so a second MIG UUID would only be ignored; more than
+//!   one device can only be whole GPUs;
+//! - a device is free while it holds fewer leases than its capacity ([`capacity`]);
+//! - among the free ones: fewest leases first (nobody's first), then least memory held, then
+//!   least activity (where known), then the share's own order, so placement is predictable.
+//!
+//! A lease lives in its scope's `Description=` ([`Lease::description`], [`Lease::parse`]): it
+//! ends with the scope however the scope ends, and a restarted gpuctld reads it back from
+//! systemd instead of from a file that could go stale.
+
+use std::cmp::Ordering;
+use std::fmt;
+
+/// How many devices a job asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Gpus {
+    /// This many (at least 1).
+    Count(u32),
+    /// Every device of the share (whole GPUs; a share of one MIG device).
+    All,
+}
+
+impl std::str::FromStr for Gpus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim() {
+            "all" => Ok(Gpus::All),
+            n => match n.parse::<u32>() {
+                Ok(0) | Err(_) => Err(format!(
+                    "'{n}' is not a device count (a whole number from 1, or \"all\")"
+                )),
+                Ok(n) => Ok(Gpus::Count(n)),
+            },
+        }
+    }
+}
+
+impl fmt::Display for Gpus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Gpus::Count(n) => write!(f, "{n}"),
+            Gpus::All => f.write_str("all"),
+        }
+    }
+}
+
+/// One device of a team's share, as the choice sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Candidate {
+    /// `GPU-…` or `MIG-…` UUID.
+    pub id: String,
+    /// A MIG device (one per process).
+    pub mig: bool,
+    /// Served by an MPS control daemon (jobs share it by design).
+    pub mps: bool,
+    /// Leases on it now.
+    pub held: u32,
+    /// Device memory in use, from the usage collector (`None`: not known).
+    pub memory_used: Option<u64>,
+    /// Activity 0..=1 where NVML reports it (never for MIG handles).
+    pub activity: Option<f64>,
+}
+
+/// How many jobs a device takes: `jobs-per-device` when the policy sets it (0 never reaches
+/// here: it turns placement off), else 1 for MIG devices and whole GPUs without MPS, and no cap
+/// for MPS devices, which are placed fewest-leases-first all the same. `None` is no cap.
+pub fn capacity(jobs_per_device: Option<u32>, c: &Candidate) -> Option<u32> {
+    match jobs_per_device {
+        Some(n) => Some(n),
+        None if c.mps => None,
+        None => Some(1),
+    }
+}
+
+/// Why a job cannot be placed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PlaceError {
+    /// More than one device asked for where only MIG devices would do.
+    OneMigDevice {
+        /// How many were asked for.
+        want: Gpus,
+        /// Whole GPUs in the share.
+        whole: usize,
+    },
+    /// More whole GPUs asked for than the share has.
+    TooMany {
+        /// How many were asked for.
+        want: u32,
+        /// How many the share has.
+        have: usize,
+    },
+    /// `--device` names nothing in the share.
+    NotInShare {
+        /// What was asked for.
+        asked: String,
+        /// The share's devices, in order.
+        share: Vec<String>,
+    },
+    /// `--device` with more than one device.
+    DeviceAndCount(Gpus),
+    /// The share has no devices at all.
+    Empty,
+    /// Not enough free devices now: the indices of those that would do, all full.
+    Busy {
+        /// How many were asked for.
+        want: usize,
+        /// Indices (into the share) of the devices that are full.
+        full: Vec<usize>,
+    },
+}
+
+impl fmt::Display for PlaceError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PlaceError::OneMigDevice { want, whole } => write!(
+                f,
+                "--gpus {want}: a CUDA process uses only one MIG device (it enumerates the first \
+                 and ignores the rest), so a job gets one MIG device{}",
+                if *whole > 0 {
+                    format!("; this share has {whole} whole GPU(s) for more")
+                } else {
+                    String::new()
+                }
+            ),
+            PlaceError::TooMany { want, have } => {
+                write!(f, "--gpus {want}: the share has {have} whole GPU(s)")
+            }
+            PlaceError::NotInShare { asked, share } => write!(
+                f,
+                "--device {asked}: not a device of the share (its devices: {})",
+                share
+                    .iter()
+                    .enumerate()
+                    .map(|(i, d)| format!("{i}={d}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            PlaceError::DeviceAndCount(g) => {
+                write!(f, "--device names one device; --gpus {g} asks for more")
+            }
+            PlaceError::Empty => f.write_str("the share has no devices to place a job on"),
+            PlaceError::Busy { want, full } => write!(
+                f,
+                "no free device: {want} wanted, {} of the share's devices are held to capacity",
+                full.len()
+            ),
+        }
+    }
+}
+
+/// What the job asks for.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Request {
+    /// `--gpus` (`None`: the team's default, else 1).
+    pub gpus: Option<Gpus>,
+    /// `--device`.
+    pub device: Option<String>,
+}
+
+/// The order among free devices: fewest leases, least memory, least activity (unknown counts
+/// as none), then the share's order.
+fn by_load(share: &[Candidate], a: usize, b: usize) -> Ordering {
+    let (x, y) = (&share[a], &share[b]);
+    x.held
+        .cmp(&y.held)
+        .then(x.memory_used.unwrap_or(0).cmp(&y.memory_used.unwrap_or(0)))
+        .then(
+            x.activity
+                .unwrap_or(0.0)
+                .total_cmp(&y.activity.unwrap_or(0.0)),
+        )
+        .then(a.cmp(&b))
+}
+
+/// Pick devices of `share` for `req`: indices into `share`, in the order the job sees them.
+pub fn choose(
+    share: &[Candidate],
+    req: &Request,
+    default_gpus: Option<Gpus>,
+    jobs_per_device: Option<u32>,
+) -> Result<Vec<usize>, PlaceError> {
+    let want = req.gpus.or(default_gpus).unwrap_or(Gpus::Count(1));
+    let free = |i: &usize| capacity(jobs_per_device, &share[*i]).is_none_or(|c| share[*i].held < c);
+    if let Some(asked) = &req.device {
+        if want != Gpus::Count(1) && req.gpus.is_some() {
+            return Err(PlaceError::DeviceAndCount(want));
+        }
+        let i = find_device(share, asked).ok_or_else(|| PlaceError::NotInShare {
+            asked: asked.clone(),
+            share: share.iter().map(|c| c.id.clone()).collect(),
+        })?;
+        return if free(&i) {
+            Ok(vec![i])
+        } else {
+            Err(PlaceError::Busy {
+                want: 1,
+                full: vec![i],
+            })
+        };
+    }
+    if share.is_empty() {
+        return Err(PlaceError::Empty);
+    }
+    let whole: Vec<usize> = (0..share.len()).filter(|i| !share[*i].mig).collect();
+    let (n, pool): (usize, Vec<usize>) = match want {
+        Gpus::Count(1) => (1, (0..share.len()).collect()),
+        Gpus::All if share.len() == 1 => (1, vec![0]),
+        Gpus::All if whole.len() == share.len() => (whole.len(), whole),
+        Gpus::All => {
+            return Err(PlaceError::OneMigDevice {
+                want,
+                whole: whole.len(),
+            })
+        }
+        Gpus::Count(_) if whole.is_empty() => {
+            return Err(PlaceError::OneMigDevice { want, whole: 0 })
+        }
+        Gpus::Count(n) if (n as usize) > whole.len() => {
+            return Err(PlaceError::TooMany {
+                want: n,
+                have: whole.len(),
+            })
+        }
+        Gpus::Count(n) => (n as usize, whole),
+    };
+    let (mut ok, full): (Vec<usize>, Vec<usize>) = pool.into_iter().partition(free);
+    if ok.len() < n {
+        return Err(PlaceError::Busy { want: n, full });
+    }
+    ok.sort_by(|a, b| by_load(share, *a, *b));
+    ok.truncate(n);
+    // The job sees its devices in the share's order, so CUDA index 0 is the first of them.
+    ok.sort_unstable();
+    Ok(ok)
+}
+
+/// The share's device that `asked` names: its UUID, or its position in the share.
+pub fn find_device(share: &[Candidate], asked: &str) -> Option<usize> {
+    share.iter().position(|c| c.id == asked).or_else(|| {
+        asked
+            .parse::<usize>()
+            .ok()
+            .filter(|i| *i < share.len() && !asked.starts_with('+'))
+    })
+}
+
+/// A job's hold on devices, kept in its scope's `Description=`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Lease {
+    /// The scope (`gpuctl-run-<team>-<pid>.scope`).
+    pub unit: String,
+    /// The team.
+    pub team: String,
+    /// The holder's name (`uid N` when NSS does not know it).
+    pub user: String,
+    /// The holder's uid.
+    pub uid: u32,
+    /// The pid that was placed.
+    pub pid: u32,
+    /// Device UUIDs.
+    pub devices: Vec<String>,
+    /// When it was placed, seconds since the epoch.
+    pub since: u64,
+    /// The job's MPS pinned device memory limit in bytes, where one was set.
+    #[serde(default)]
+    pub gpu_memory: Option<u64>,
+}
+
+impl Lease {
+    /// The scope description that carries the lease:
+    /// `gpuctl: alice (uid 1000, pid 812) in team interns on MIG-a since @1764783110`, with
+    /// ` gpu-memory 2147483648` before ` since` when a cap was set.
+    pub fn description(&self) -> String {
+        let mem = self
+            .gpu_memory
+            .map(|b| format!(" gpu-memory {b}"))
+            .unwrap_or_default();
+        format!(
+            "gpuctl: {} (uid {}, pid {}) in team {} on {}{mem} since @{}",
+            self.user,
+            self.uid,
+            self.pid,
+            self.team,
+            self.devices.join(","),
+            self.since
+        )
+    }
+
+    /// The lease of `unit` from its description; `None` for a scope without one (placed with
+    /// `jobs-per-device = 0`, or not gpuctl's).
+    pub fn parse(unit: &str, description: &str) -> Option<Lease> {
+        let rest = description.strip_prefix("gpuctl: ")?;
+        let (rest, since) = rest.rsplit_once(" since @")?;
+        let since = since.parse().ok()?;
+        let (rest, gpu_memory) = match rest.rsplit_once(" gpu-memory ") {
+            Some((r, m)) => (r, Some(m.parse().ok()?)),
+            None => (rest, None),
+        };
+        let (rest, devices) = rest.rsplit_once(" on ")?;
+        let (rest, team) = rest.rsplit_once(" in team ")?;
+        let (user, ids) = rest.rsplit_once(" (uid ")?;
+        let (uid, pid) = ids.strip_suffix(')')?.split_once(", pid ")?;
+        let devices: Vec<String> = devices.split(',').map(str::to_string).collect();
+        if devices.iter().any(String::is_empty) {
+            return None;
+        }
+        Some(Lease {
+            unit: unit.to_string(),
+            team: team.to_string(),
+            user: user.to_string(),
+            uid: uid.parse().ok()?,
+            pid: pid.parse().ok()?,
+            devices,
+            since,
+            gpu_memory,
+        })
+    }
+}
+
+/// `secs` since the epoch as `2026-12-03T17:50:02Z` (for messages: who holds what since when).
+pub fn utc(secs: u64) -> String {
+    // Days to a civil date (Howard Hinnant's algorithm), so no time crate is needed for one
+    // line of text.
+    let (days, rem) = ((secs / 86_400) as i64, secs % 86_400);
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem / 60 % 60,
+        rem % 60
+    )
+}
+
+/// The holders of `devices`, for a refusal: `MIG-a: alice (gpuctl-run-t-812.scope) since
+/// 2026-12-03T17:50:02Z`, one entry per lease.
+pub fn holders(leases: &[Lease], devices: &[&str]) -> String {
+    let mut out = Vec::new();
+    for d in devices {
+        for l in leases.iter().filter(|l| l.devices.iter().any(|x| x == d)) {
+            out.push(format!(
+                "{d}: {} ({}) since {}",
+                l.user,
+                l.unit,
+                utc(l.since)
+            ));
+        }
+    }
+    if out.is_empty() {
+        "none recorded".into()
+    } else {
+        out.join("; ")
+    }
+}
+
+/// Leases per device id.
+pub fn held_counts<'a>(leases: impl IntoIterator<Item = &'a Lease>, id: &str) -> u32 {
+    leases
+        .into_iter()
+        .filter(|l| l.devices.iter().any(|d| d == id))
+        .count() as u32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn mig(id: &str, held: u32) -> Candidate {
+        Candidate {
+            id: id.into(),
+            mig: true,
+            mps: false,
+            held,
+            memory_used: None,
+            activity: None,
+        }
+    }
+
+    fn gpu(id: &str, held: u32, mem: Option<u64>) -> Candidate {
+        Candidate {
+            id: id.into(),
+            mig: false,
+            mps: false,
+            held,
+            memory_used: mem,
+            activity: None,
+        }
+    }
+
+    fn req(gpus: Option<Gpus>, device: Option<&str>) -> Request {
+        Request {
+            gpus,
+            device: device.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn four_jobs_on_four_mig_devices_get_four_distinct_ones_and_a_fifth_is_busy() {
+        let mut share: Vec<Candidate> = (0..4).map(|i| mig(&format!("MIG-{i}"), 0)).collect();
+        let mut got = Vec::new();
+        for _ in 0..4 {
+            let i = choose(&share, &Request::default(), None, None).unwrap();
+            assert_eq!(i.len(), 1);
+            share[i[0]].held += 1;
+            got.push(i[0]);
+        }
+        assert_eq!(
+            got,
+            vec![0, 1, 2, 3],
+            "free first, ties in the share's order"
+        );
+        assert_eq!(
+            choose(&share, &Request::default(), None, None),
+            Err(PlaceError::Busy {
+                want: 1,
+                full: vec![0, 1, 2, 3]
+            })
+        );
+        // Two jobs per device: the least held goes first again.
+        assert_eq!(
+            choose(&share, &Request::default(), None, Some(2)),
+            Ok(vec![0])
+        );
+    }
+
+    #[test]
+    fn more_than_one_mig_device_is_refused_with_the_reason() {
+        let share: Vec<Candidate> = (0..4).map(|i| mig(&format!("MIG-{i}"), 0)).collect();
+        let e = choose(&share, &req(Some(Gpus::Count(2)), None), None, None).unwrap_err();
+        assert_eq!(
+            e,
+            PlaceError::OneMigDevice {
+                want: Gpus::Count(2),
+                whole: 0
+            }
+        );
+        assert!(e.to_string().contains("uses only one MIG device"), "{e}");
+        assert!(choose(&share, &req(Some(Gpus::All), None), None, None).is_err());
+        // A share of one MIG device: "all" is that one.
+        assert_eq!(
+            choose(&share[..1], &req(Some(Gpus::All), None), None, None),
+            Ok(vec![0])
+        );
+    }
+
+    #[test]
+    fn least_loaded_whole_gpus_by_memory_then_activity() {
+        let mut share = vec![
+            gpu("GPU-a", 0, Some(9 << 30)),
+            gpu("GPU-b", 0, Some(1 << 30)),
+            gpu("GPU-c", 0, Some(1 << 30)),
+        ];
+        share[1].activity = Some(0.9);
+        share[2].activity = Some(0.1);
+        assert_eq!(choose(&share, &Request::default(), None, None), Ok(vec![2]));
+        assert_eq!(
+            choose(&share, &req(Some(Gpus::Count(2)), None), None, None),
+            Ok(vec![1, 2]),
+            "in the share's order"
+        );
+        // Held beats memory: nobody's device first.
+        share[2].held = 1;
+        assert_eq!(
+            choose(&share, &Request::default(), None, Some(3)),
+            Ok(vec![1])
+        );
+        assert_eq!(
+            choose(&share, &req(Some(Gpus::Count(4)), None), None, None),
+            Err(PlaceError::TooMany { want: 4, have: 3 })
+        );
+        assert_eq!(
+            choose(&share, &Request::default(), Some(Gpus::All), Some(3)),
+            Ok(vec![0, 1, 2]),
+            "the team's default applies without --gpus"
+        );
+    }
+
+    #[test]
+    fn device_by_uuid_or_position_and_never_outside_the_share() {
+        let share = vec![mig("MIG-a", 0), mig("MIG-b", 1)];
+        assert_eq!(
+            choose(&share, &req(None, Some("MIG-a")), None, None),
+            Ok(vec![0])
+        );
+        assert_eq!(
+            choose(&share, &req(None, Some("0")), None, None),
+            Ok(vec![0])
+        );
+        assert_eq!(
+            choose(&share, &req(None, Some("1")), None, None),
+            Err(PlaceError::Busy {
+                want: 1,
+                full: vec![1]
+            })
+        );
+        for bad in ["2", "MIG-z", "-1", "+0", "GPU-a"] {
+            let e = choose(&share, &req(None, Some(bad)), None, None).unwrap_err();
+            assert!(matches!(e, PlaceError::NotInShare { .. }), "{bad}: {e}");
+            assert!(e.to_string().contains("0=MIG-a, 1=MIG-b"), "{e}");
+        }
+        assert_eq!(
+            choose(
+                &share,
+                &req(Some(Gpus::Count(2)), Some("MIG-a")),
+                None,
+                None
+            ),
+            Err(PlaceError::DeviceAndCount(Gpus::Count(2)))
+        );
+    }
+
+    #[test]
+    fn mps_devices_take_more_by_default() {
+        let mut share = vec![gpu("GPU-a", 3, None)];
+        share[0].mps = true;
+        assert_eq!(choose(&share, &Request::default(), None, None), Ok(vec![0]));
+        assert!(choose(&share, &Request::default(), None, Some(3)).is_err());
+    }
+
+    #[test]
+    fn times_and_holders_read_as_utc() {
+        assert_eq!(utc(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(utc(1_764_783_110), "2025-12-03T17:31:50Z");
+        let l = Lease {
+            unit: "gpuctl-run-t-9.scope".into(),
+            team: "t".into(),
+            user: "bob".into(),
+            uid: 1001,
+            pid: 9,
+            devices: vec!["MIG-a".into()],
+            since: 0,
+            gpu_memory: None,
+        };
+        assert_eq!(
+            holders(&[l], &["MIG-a", "MIG-b"]),
+            "MIG-a: bob (gpuctl-run-t-9.scope) since 1970-01-01T00:00:00Z"
+        );
+        assert_eq!(holders(&[], &["MIG-a"]), "none recorded");
+    }
+
+    #[test]
+    fn gpus_parse() {
+        assert_eq!("2".parse(), Ok(Gpus::Count(2)));
+        assert_eq!("all".parse(), Ok(Gpus::All));
+        assert!("0".parse::<Gpus>().is_err());
+        assert!("-1".parse::<Gpus>().is_err());
+        assert!("two".parse::<Gpus>().is_err());
+    }
+
+    #[test]
+    fn a_lease_survives_its_description() {
+        let l = Lease {
+            unit: "gpuctl-run-interns-812.scope".into(),
+            team: "interns".into(),
+            user: "uid 4711".into(),
+            uid: 4711,
+            pid: 812,
+            devices: vec!["MIG-a".into()],
+            since: 1_764_783_110,
+            gpu_memory: Some(2 << 30),
+        };
+        let d = l.description();
+        assert_eq!(
+            d,
+            "gpuctl: uid 4711 (uid 4711, pid 812) in team interns on MIG-a gpu-memory \
+             2147483648 since @1764783110"
+        );
+        assert_eq!(Lease::parse(&l.unit, &d), Some(l.clone()));
+        let two = Lease {
+            devices: vec!["GPU-1".into(), "GPU-2".into()],
+            gpu_memory: None,
+            ..l
+        };
+        assert_eq!(Lease::parse(&two.unit, &two.description()), Some(two));
+        // The descriptions of scopes placed without a lease, and anything else, are none.
+        for d in [
+            "gpuctl: alice (pid 5) in team infer",
+            "gpuctl: alice (uid 1, pid 5) in team infer on  since @1",
+            "session 3 of user alice",
+            "",
+        ] {
+            assert_eq!(Lease::parse("x.scope", d), None, "{d}");
+        }
+    }
+
+    fn arb_share() -> impl Strategy<Value = Vec<Candidate>> {
+        prop::collection::vec(
+            (
+                any::<bool>(),
+                any::<bool>(),
+                0u32..3,
+                prop::option::of(0u64..4),
+                prop::option::of(0u32..4),
+            ),
+            0..8,
+        )
+        .prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (mig, mps, held, mem, act))| Candidate {
+                    id: format!("{}-{i}", if mig { "MIG" } else { "GPU" }),
+                    mig,
+                    mps,
+                    held,
+                    memory_used: mem,
+                    activity: act.map(|a| f64::from(a) / 4.0),
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn placement_properties(
+            share in arb_share(),
+            n in prop::option::of(1u32..4),
+            all in any::<bool>(),
+            dev in prop::option::of(0usize..10),
+            jpd in prop::option::of(1u32..3),
+        ) {
+            let gpus = if all { Some(Gpus::All) } else { n.map(Gpus::Count) };
+            let r = Request { gpus, device: dev.map(|d| d.to_string()) };
+            match choose(&share, &r, None, jpd) {
+                Ok(picked) => {
+                    // Inside the share, distinct, in order, each with room.
+                    prop_assert!(!picked.is_empty());
+                    prop_assert!(picked.windows(2).all(|w| w[0] < w[1]));
+                    for &i in &picked {
+                        prop_assert!(i < share.len());
+                        let c = &share[i];
+                        prop_assert!(capacity(jpd, c).is_none_or(|cap| c.held < cap));
+                    }
+                    // One MIG device per process.
+                    if picked.iter().any(|&i| share[i].mig) {
+                        prop_assert_eq!(picked.len(), 1);
+                    }
+                    if let Some(d) = dev {
+                        prop_assert_eq!(&picked, &vec![d]);
+                    } else if picked.len() == 1 {
+                        // Nothing free was less loaded than the pick (free first, least load).
+                        let p = picked[0];
+                        for i in 0..share.len() {
+                            let room = capacity(jpd, &share[i]).is_none_or(|c| share[i].held < c);
+                            let eligible = r.gpus != Some(Gpus::All) || i == p;
+                            if room && eligible && i != p {
+                                prop_assert_eq!(by_load(&share, p, i), Ordering::Less);
+                            }
+                        }
+                    }
+                    // Stable: the same input gives the same answer.
+                    prop_assert_eq!(choose(&share, &r, None, jpd), Ok(picked));
+                }
+                Err(PlaceError::Busy { full, .. }) => {
+                    for i in full {
+                        let c = &share[i];
+                        prop_assert!(capacity(jpd, c).is_some_and(|cap| c.held >= cap));
+                    }
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,150 @@
+#!/bin/bash
+# 66: placement (docs/shell.md, "Placement"). Three fake H100s: GPU 0 cut into four 1g.10gb
+# instances for team interns, GPUs 1 and 2 whole for team train (MPS, daemon limit 8G).
+# Four concurrent `gpuctl run --team interns` get four distinct MIG UUIDs, each opens exactly its
+# own two cap nodes and gets EPERM on the neighbours'; a fifth exits 8 naming the holders; the
+# leases survive a gpuctld restart and end with `kill -9`; a `--wait` job starts within 1 s of a
+# device freeing; alice's ten queued requests do not hold back bob's one; `--gpus 2` is refused on the MIG share
+# and gives two whole GPUs on train; `--gpu-memory 2G` on train's MPS devices puts the client
+# limit in the job's environment and 20G (above the daemon's 8G) is refused.
+# vmtest: timeout=420
+# vmtest: group=daemon
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+
+gpuctld_setup 3
+test_users
+put_policy 66-placement.toml <<'P'
+version = 1
+[teams.interns]
+members = ["alice", "bob", "carol"]
+[teams.interns.placement]
+jobs-per-device = 1
+[teams.train]
+members = ["alice", "carol"]
+[teams.train.mps]
+pinned-memory-limit = "8G"
+[[gpu]]
+index = [0]
+mig = [{ profile = "1g.10gb", owner = "interns", count = 4 }]
+[[gpu]]
+index = [1, 2]
+owner = "train"
+P
+gpuctld_start
+wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+echo "gpuctld: $(status_text)"
+
+d=$(mktemp -d)
+chmod 777 "$d"
+# A job that reports its device and which cap nodes it may open, then holds its lease.
+cat >"$d/job.sh" <<'J'
+#!/bin/bash
+out=$1
+{
+    echo "DEV=$CUDA_VISIBLE_DEVICES"
+    for n in /dev/nvidia-caps/nvidia-cap*; do
+        if ( exec 3<>"$n" ) 2>&1 | grep -q 'Operation not permitted'; then echo "DENY $n"; else echo "OPEN $n"; fi
+    done
+} >"$out.tmp"
+mv "$out.tmp" "$out"
+exec sleep 300
+J
+chmod 755 "$d/job.sh"
+
+users=(alice bob carol alice)
+for i in 0 1 2 3; do
+    su -s /bin/sh "${users[$i]}" -c "gpuctl run --team interns -- $d/job.sh $d/job$i" \
+        >"$d/run$i.out" 2>&1 &
+done
+wait_for 60 sh -c "ls $d/job0 $d/job1 $d/job2 $d/job3" >/dev/null 2>&1
+cat "$d"/job[0-3] | sed 's/^/    /'
+devs=$(grep -h '^DEV=' "$d"/job[0-3] | sort -u)
+check "four jobs on four distinct MIG devices" test "$(grep -c '^DEV=MIG-' <<<"$devs")" = 4
+for i in 0 1 2 3; do
+    check "job $i opens exactly two cap nodes (its GI and CI)" test "$(grep -c '^OPEN' "$d/job$i")" = 2
+done
+check "no cap node is open to two jobs" test "$(grep -h '^OPEN' "$d"/job[0-3] | sort | uniq -d | wc -l)" = 0
+check "every job is denied its neighbours' cap nodes" test "$(grep -h '^DENY' "$d"/job[0-3] | wc -l)" -ge 24
+
+rc=0
+out=$(su -s /bin/sh carol -c "gpuctl run --team interns -- true" 2>&1) || rc=$?
+echo "    fifth: rc=$rc $out"
+check "a fifth job exits 8 (no free device)" test "$rc" = 8
+check "its message names holders, units and since" grep -Eq 'held: MIG-[^:]+: (alice|bob|carol) \(gpuctl-run-interns-[0-9]+\.scope\) since 20' <<<"$out"
+check_output "gpuctl teams shows the devices held" sh -c "su -s /bin/sh alice -c 'gpuctl teams' | grep -c ' held (1/1)' | grep -qx 4"
+check "the journal has a lease entry per job" test "$(gpuctld_journal GPUCTL_ACTION=lease | wc -l)" -ge 4
+
+systemctl restart gpuctld.service
+wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+check "after a restart gpuctl status lists the four leases" test "$(gpuctl status | grep -c '^  interns MIG-')" = 4
+rc=0
+su -s /bin/sh carol -c "gpuctl run --team interns -- true" >/dev/null 2>&1 || rc=$?
+check "after a restart a fifth job still exits 8" test "$rc" = 8
+
+scope_on() { # the scope holding device $1
+    for u in $(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | awk '{print $1}'); do
+        systemctl show -P Description "$u" | grep -q "$1" && echo "$u"
+    done
+}
+victim=$(grep -h '^DEV=' "$d/job2" | cut -d= -f2)
+scope_of_victim=$(scope_on "$victim")
+# --wait: carol's fifth queues, and starts when kill -9 ends a job.
+su -s /bin/sh carol -c "gpuctl run --team interns --wait=120s -- sh -c 'date +%s%N >$d/waited; echo \$CUDA_VISIBLE_DEVICES >$d/waited.dev'" \
+    >"$d/wait.out" 2>&1 &
+sleep 3
+check "the waiting job has not started while every device is held" test ! -e "$d/waited"
+echo "    killing $scope_of_victim ($victim)"
+t_end=$(date +%s%N)
+systemctl kill -s KILL "$scope_of_victim"
+wait_for 30 test -s "$d/waited.dev"
+delay=$((($(cat "$d/waited") - t_end) / 1000000))
+echo "BENCH --wait job start after kill -9 of a holder: ${delay} ms"
+check "kill -9 freed the lease: the waiting job got that device" test "$(cat "$d/waited.dev")" = "$victim"
+check "a --wait job starts within 1 s of a device freeing" test "$delay" -lt 1000
+wait_for 20 sh -c "! systemctl is-active --quiet $scope_of_victim"
+out=$(su -s /bin/sh bob -c "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
+check "after the waiter ended, the next job gets that device again" test "$out" = "$victim"
+
+# Fairness: every device held again, alice queues ten, then bob one; one device frees: bob's
+# is served second, not eleventh.
+su -s /bin/sh carol -c "gpuctl run --team interns -- sleep 300" >/dev/null 2>&1 &
+wait_for 30 sh -c "test \$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | wc -l) = 4"
+: >"$d/order"
+chmod 666 "$d/order"
+for i in $(seq 10); do
+    su -s /bin/sh alice -c "gpuctl run --team interns --wait=300s -- sh -c 'echo alice >>$d/order; sleep 1'" >/dev/null 2>&1 &
+done
+sleep 4
+su -s /bin/sh bob -c "gpuctl run --team interns --wait=300s -- sh -c 'echo bob >>$d/order; sleep 1'" >/dev/null 2>&1 &
+sleep 2
+gpuctld_journal GPUCTL_ACTION=queued | tail -3 | sed 's/^/    /'
+systemctl kill -s KILL "$(scope_on "$(grep -h '^DEV=' "$d/job1" | cut -d= -f2)")"
+wait_for 60 sh -c "grep -q bob $d/order"
+echo "    start order: $(tr '\n' ' ' <"$d/order")"
+check "bob's one request is served within the first two, not behind alice's ten" sh -c "head -2 $d/order | grep -q bob"
+wait_for 90 sh -c "test \$(wc -l <$d/order) = 11"
+check "all eleven queued requests ran" test "$(wc -l <"$d/order")" = 11
+
+rc=0
+out=$(su -s /bin/sh alice -c "gpuctl run --team interns --gpus 2 -- true" 2>&1) || rc=$?
+check "--gpus 2 on a MIG share exits 7" test "$rc" = 7
+check "saying a process uses one MIG device" grep -q 'only one MIG device' <<<"$out"
+
+out=$(su -s /bin/sh carol -c "gpuctl run --team train --gpus 2 -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
+check "--gpus 2 on train gets both whole GPUs" test "$out" = "$(gpu_uuid 1),$(gpu_uuid 2)"
+out=$(su -s /bin/sh carol -c "gpuctl run --team train --gpu-memory 2G -- sh -c 'echo \$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT'" 2>&1)
+check "--gpu-memory 2G sets the MPS client limit" test "$out" = "0=2048M"
+rc=0
+out=$(su -s /bin/sh carol -c "gpuctl run --team train --gpu-memory 20G -- true" 2>&1) || rc=$?
+check "--gpu-memory above the daemon's limit exits 7" test "$rc" = 7
+check "naming the daemon's limit" grep -q "above the MPS daemon's own limit" <<<"$out"
+rc=0
+out=$(su -s /bin/sh carol -c "gpuctl run --team interns --gpu-memory 2G -- true" 2>&1) || rc=$?
+check "--gpu-memory without MPS exits 7" test "$rc" = 7
+check "saying nothing can enforce it there" grep -q 'nothing can enforce' <<<"$out"
+
+systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
+check "gpuctld still active" systemctl is-active --quiet gpuctld.service
+finish
