@@ -39,6 +39,9 @@ pub struct Observed {
     /// Minors `N` whose `/dev/nvidia-caps/nvidia-capN` node exists.
     #[serde(default)]
     pub cap_nodes: BTreeSet<u32>,
+    /// Slurm, read only when the policy's `[slurm]` is enabled.
+    #[serde(default)]
+    pub slurm: Option<SlurmObserved>,
 }
 
 /// Host RAM and CPUs, for percentage limits and CPU sets.
@@ -166,4 +169,26 @@ impl Observed {
     pub fn gpu(&self, index: u32) -> Option<&GpuState> {
         self.gpus.iter().find(|g| g.index == index)
     }
+}
+
+/// A node as `scontrol show node -o` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmNode {
+    /// `NodeName`.
+    pub name: String,
+    /// The node carries the DRAIN flag.
+    pub drain: bool,
+    /// Jobs still run on it (ALLOCATED, MIXED or COMPLETING): a drain has not finished.
+    pub busy: bool,
+    /// `Reason=`, when set.
+    pub reason: Option<String>,
+}
+
+/// What gpuctl observed of Slurm, when `[slurm]` is enabled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmObserved {
+    /// The node, or why `scontrol` could not say.
+    pub node: Result<SlurmNode, String>,
+    /// The GRES file as it is on disk; `None` when it does not exist.
+    pub gres_file: Option<String>,
 }

@@ -279,6 +279,10 @@ fn run_one<H: Host + ?Sized>(
             host.update_slice(team, spec, ctx.live.slices.get(team))
         }
         ActionKind::RemoveSlice { team } => host.remove_slice(team),
+        ActionKind::SlurmDrain { node, reason } => host.drain_node(node, reason),
+        ActionKind::WriteGres { path, content } => host.write_gres(path, content),
+        ActionKind::SlurmReload { restart } => host.reload_slurm(restart),
+        ActionKind::SlurmResume { node } => host.resume_node(node),
     }
 }
 

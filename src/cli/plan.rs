@@ -173,6 +173,7 @@ fn prepare(
         ),
         Err(_) => {}
     }
+    h.set_slurm(&p.slurm);
     let obs = h
         .observe()
         .map_err(|e| anyhow::anyhow!("observing the host: {e}"))?;
@@ -242,7 +243,7 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
         Err(code) => return Ok(code),
     };
     let d = desired(&p, &obs);
-    let pl = plan::diff(&d, &obs);
+    let pl = plan::slurm::around(&p, &obs, plan::diff(&d, &obs));
     let idle = idle_pending(&p, &a.host);
     if a.json {
         let j = JsonPlan {

@@ -71,6 +71,7 @@ fn policy() -> Policy {
         .collect(),
         gpus: vec![],
         sources: vec![],
+        slurm: Default::default(),
     }
 }
 

@@ -15,6 +15,7 @@ use std::fmt;
 
 pub mod desired;
 pub mod mig;
+pub mod slurm;
 
 pub use desired::{desired, Desired, TeamView};
 
@@ -189,6 +190,30 @@ pub enum ActionKind {
         /// Units.
         units: Vec<String>,
     },
+    /// Drain the Slurm node (`scontrol update … State=DRAIN Reason=…`) before a MIG change.
+    SlurmDrain {
+        /// `NodeName`.
+        node: String,
+        /// Drain reason, starting with `gpuctl:`.
+        reason: String,
+    },
+    /// Write the GRES file Slurm includes.
+    WriteGres {
+        /// Host path.
+        path: std::path::PathBuf,
+        /// File content.
+        content: String,
+    },
+    /// Have Slurm read the GRES file again: `scontrol reconfigure`, then restart these units.
+    SlurmReload {
+        /// Units to restart (slurmd reads `Type=` changes only at start).
+        restart: Vec<String>,
+    },
+    /// Resume the node gpuctl drained.
+    SlurmResume {
+        /// `NodeName`.
+        node: String,
+    },
 }
 
 /// An action with its phase and reason.
@@ -258,7 +283,7 @@ impl fmt::Display for Phase {
 /// Two steps: [`desired()`] decides the target (including the MIG layout of each GPU, which
 /// depends on what exists), then [`diff`] lists the actions in phase order.
 pub fn plan(policy: &Policy, observed: &Observed) -> Plan {
-    diff(&desired(policy, observed), observed)
+    slurm::around(policy, observed, diff(&desired(policy, observed), observed))
 }
 
 fn push(actions: &mut Vec<Action>, phase: Phase, kind: ActionKind, reason: impl Into<String>) {
@@ -624,6 +649,18 @@ impl fmt::Display for ActionKind {
             ActionKind::RemoveCdi { team } => write!(f, "remove {}", crate::cdi::spec_path(team)),
             ActionKind::SetSlice { team, .. } => write!(f, "set gpu-{team}.slice"),
             ActionKind::RemoveSlice { team } => write!(f, "remove gpu-{team}.slice"),
+            ActionKind::SlurmDrain { node, reason } => {
+                write!(f, "drain Slurm node {node} (Reason=\"{reason}\")")
+            }
+            ActionKind::WriteGres { path, .. } => write!(f, "write {}", path.display()),
+            ActionKind::SlurmReload { restart } => {
+                write!(f, "scontrol reconfigure")?;
+                if !restart.is_empty() {
+                    write!(f, ", restart {}", restart.join(" "))?;
+                }
+                Ok(())
+            }
+            ActionKind::SlurmResume { node } => write!(f, "resume Slurm node {node}"),
         }
     }
 }
