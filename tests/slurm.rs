@@ -38,8 +38,7 @@ fn converged(layout: &[(&str, &str, u32, &[&str])]) -> SimHost {
         gres_file: None,
     });
     let (first, remaining) = apply(&slurm_policy(layout), &mut h);
-    // A fresh node: MIG is set up while it is... not drained; see below why that is allowed
-    // only when nothing runs. Here the node was first drained by the plan.
+    // Even the first MIG layout waits for a drain: Slurm may have a job on the whole GPU.
     assert!(
         count(&first, |k| matches!(k, ActionKind::SlurmDrain { .. })) == 1,
         "{first:#?}"
@@ -186,5 +185,42 @@ fn an_unknown_node_state_holds_mig_changes_and_nothing_without_slurm_changes() {
             ActionKind::SlurmDrain { .. } | ActionKind::WriteGres { .. }
         )),
         0
+    );
+}
+
+#[test]
+fn export_slurm_prints_the_gres_lines_and_the_node_gres_of_a_simulated_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let pol = dir.path().join("p.toml");
+    std::fs::write(
+        &pol,
+        "version = 1\n[slurm]\nenabled = true\nteam-types = true\n[teams.interns]\n\
+         [teams.infer]\n[[gpu]]\nindex = 0\nmig = [{ profile = \"3g.40gb\", owner = \"infer\" }, \
+         { profile = \"1g.10gb\", owner = \"interns\", count = 4 }]\n",
+    )
+    .unwrap();
+    let state = dir.path().join("state.json");
+    let gpuctl = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_gpuctl"))
+            .args(args)
+            .arg("--state")
+            .arg(&state)
+            .arg(&pol)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    gpuctl(&["apply", "--simulate", "h100-80gb"]);
+    let conf = gpuctl(&["export", "slurm", "--node", "n7"]);
+    let lines: Vec<&str> = conf.lines().filter(|l| !l.starts_with('#')).collect();
+    assert_eq!(lines.len(), 5, "{conf}");
+    assert!(lines
+        .iter()
+        .all(|l| l.starts_with("NodeName=n7 Name=gpu Type=")
+            && l.contains(" MultipleFiles=/dev/nvidia0,/dev/nvidia-caps/nvidia-cap")));
+    assert_eq!(
+        gpuctl(&["export", "slurm", "--gres"]).trim(),
+        "gpu:infer_3g.40gb:1,gpu:interns_1g.10gb:4"
     );
 }

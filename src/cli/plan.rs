@@ -146,7 +146,7 @@ fn check_host(p: &Policy, observed: &Observed) -> Result<(), i32> {
 /// Load the policy, open the host (simulated or real) and observe it once. NVML missing on a
 /// real host is said once here; the GPUs are then simply not observed (nothing is planned for
 /// them) and the rest of the plan stands.
-fn prepare(
+pub(super) fn prepare(
     cli: &Cli,
     host: &HostArgs,
     say_no_systemd: bool,

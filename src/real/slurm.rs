@@ -44,7 +44,7 @@ pub struct SlurmSide {
 }
 
 /// The host's short name: slurmd's default `NodeName` (the kernel's, as `hostname -s`).
-fn short_hostname() -> Option<String> {
+pub fn short_hostname() -> Option<String> {
     let h = std::fs::read_to_string("/proc/sys/kernel/hostname").ok()?;
     h.trim()
         .split('.')
