@@ -191,4 +191,7 @@ pub struct SlurmObserved {
     pub node: Result<SlurmNode, String>,
     /// The GRES file as it is on disk; `None` when it does not exist.
     pub gres_file: Option<String>,
+    /// The `node-file` as it is on disk, when the policy names one and it exists.
+    #[serde(default)]
+    pub node_file: Option<String>,
 }

@@ -542,7 +542,13 @@ impl SlurmEffector for SimHost {
             .slurm
             .as_mut()
             .ok_or_else(|| no_slurm(&path.display().to_string()))?;
-        s.gres_file = Some(content.to_string());
+        // The simulated host knows no policy paths: the node file is the one that sets
+        // NodeName=DEFAULT, the GRES file the other.
+        if content.contains("\nNodeName=DEFAULT ") {
+            s.node_file = Some(content.to_string());
+        } else {
+            s.gres_file = Some(content.to_string());
+        }
         Ok(())
     }
     fn reload_slurm(&mut self, _restart: &[String]) -> Result<(), EffectError> {

@@ -36,6 +36,7 @@ fn converged(layout: &[(&str, &str, u32, &[&str])]) -> SimHost {
     h.state.slurm = Some(SlurmObserved {
         node: Ok(node(false, false, None)),
         gres_file: None,
+        node_file: None,
     });
     let (first, remaining) = apply(&slurm_policy(layout), &mut h);
     // Even the first MIG layout waits for a drain: Slurm may have a job on the whole GPU.
@@ -139,6 +140,33 @@ fn a_mig_change_drains_waits_for_jobs_applies_rewrites_gres_and_resumes() {
 }
 
 #[test]
+fn the_node_file_carries_the_nodes_gres_as_a_default_line() {
+    let mut h = converged(OLD);
+    let mut p = slurm_policy(OLD);
+    p.slurm.node_file = Some("/etc/slurm/gres.d/node.conf".into());
+    apply(&p, &mut h);
+    let (_, remaining) = apply(&p, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    let nf = h
+        .state
+        .slurm
+        .as_ref()
+        .unwrap()
+        .node_file
+        .as_deref()
+        .unwrap();
+    assert!(
+        nf.ends_with("\nNodeName=DEFAULT Gres=gpu:1g.10gb:7\n"),
+        "{nf}"
+    );
+    assert!(
+        gres(&h).contains("Type=1g.10gb MultipleFiles="),
+        "{}",
+        gres(&h)
+    );
+}
+
+#[test]
 fn a_node_the_admin_drained_is_changed_when_idle_but_never_resumed() {
     let mut h = converged(OLD);
     apply(&slurm_policy(OLD), &mut h); // drained by gpuctl, idle: change + resume
@@ -165,6 +193,7 @@ fn an_unknown_node_state_holds_mig_changes_and_nothing_without_slurm_changes() {
     h.state.slurm = Some(SlurmObserved {
         node: Err("Unable to contact slurm controller".into()),
         gres_file: None,
+        node_file: None,
     });
     let p = slurm_policy(OLD);
     let pl = plan(&p, &h.state);

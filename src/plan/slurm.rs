@@ -115,16 +115,35 @@ pub fn around(policy: &Policy, observed: &Observed, mut plan: Plan) -> Plan {
             "no MIG change left: resume the node gpuctl drained",
         );
     }
-    if gres_action {
+    let node_content = gres.render_node();
+    let node_action = policy
+        .slurm
+        .node_file
+        .as_ref()
+        .filter(|_| s.node_file.as_deref() != Some(node_content.as_str()));
+    if let Some(path) = node_action {
         push(
             &mut plan.actions,
             Phase::Devices,
             ActionKind::WriteGres {
-                path: policy.slurm.gres_file.clone(),
-                content,
+                path: path.clone(),
+                content: node_content,
             },
-            "the GRES file differs from the live GPU layout",
+            "the node's Gres= differs from the live GPU layout",
         );
+    }
+    if gres_action || node_action.is_some() {
+        if gres_action {
+            push(
+                &mut plan.actions,
+                Phase::Devices,
+                ActionKind::WriteGres {
+                    path: policy.slurm.gres_file.clone(),
+                    content,
+                },
+                "the GRES file differs from the live GPU layout",
+            );
+        }
         push(
             &mut plan.actions,
             Phase::Devices,

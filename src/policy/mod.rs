@@ -122,6 +122,10 @@ pub struct SlurmSettings {
     pub team_types: bool,
     /// Units restarted after the GRES file changed (Slurm re-reads `Type=` only on a restart).
     pub restart: Vec<String>,
+    /// A slurm.conf fragment gpuctl keeps: `NodeName=DEFAULT Gres=…`, included right before
+    /// the node's own line (one-node clusters; `None`: config management writes `Gres=`).
+    #[serde(default)]
+    pub node_file: Option<PathBuf>,
 }
 
 impl SlurmSettings {
@@ -137,6 +141,7 @@ impl Default for SlurmSettings {
             node_name: None,
             team_types: false,
             restart: vec!["slurmd.service".into()],
+            node_file: None,
         }
     }
 }

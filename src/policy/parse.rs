@@ -49,6 +49,8 @@ pub struct SlurmPart {
     pub team_types: Option<At<bool>>,
     /// `restart`: units restarted after the GRES file changed.
     pub restart: Option<At<Vec<String>>>,
+    /// `node-file`.
+    pub node_file: Option<At<PathBuf>>,
 }
 
 /// `[host]` keys set in one file.
@@ -155,7 +157,14 @@ pub struct MigPart {
 }
 
 const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu", "slurm"];
-const SLURM_KEYS: &[&str] = &["enabled", "gres-file", "node-name", "team-types", "restart"];
+const SLURM_KEYS: &[&str] = &[
+    "enabled",
+    "gres-file",
+    "node-file",
+    "node-name",
+    "team-types",
+    "restart",
+];
 const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library"];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
@@ -487,6 +496,7 @@ impl<'a> Cx<'a> {
         SlurmPart {
             enabled: self.field(t, "slurm", "enabled", boolean),
             gres_file: self.field(t, "slurm", "gres-file", |i| abs_path(want_str(i)?)),
+            node_file: self.field(t, "slurm", "node-file", |i| abs_path(want_str(i)?)),
             node_name: self.field(t, "slurm", "node-name", |i| {
                 let s = want_str(i)?;
                 if valid_node_name(s) {

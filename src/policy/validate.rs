@@ -49,6 +49,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut slurm.node_name, &f.slurm.node_name);
         overlay(&mut slurm.team_types, &f.slurm.team_types);
         overlay(&mut slurm.restart, &f.slurm.restart);
+        overlay(&mut slurm.node_file, &f.slurm.node_file);
         for t in &f.teams {
             teams
                 .entry(t.name.clone())
@@ -93,6 +94,7 @@ fn to_slurm(s: &SlurmPart) -> SlurmSettings {
         node_name: value(&s.node_name),
         team_types: value(&s.team_types).unwrap_or(d.team_types),
         restart: value(&s.restart).unwrap_or(d.restart),
+        node_file: value(&s.node_file),
     }
 }
 

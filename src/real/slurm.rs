@@ -79,8 +79,12 @@ impl SlurmSide {
                         .ok_or_else(|| format!("scontrol show node {name}: no node in its answer"))
                 }),
         };
-        let gres_file = std::fs::read_to_string(root.join(&self.settings.gres_file)).ok();
-        SlurmObserved { node, gres_file }
+        let read = |p: &Path| std::fs::read_to_string(root.join(p)).ok();
+        SlurmObserved {
+            node,
+            gres_file: read(&self.settings.gres_file),
+            node_file: self.settings.node_file.as_deref().and_then(read),
+        }
     }
 
     /// `scontrol update NodeName=… State=DRAIN Reason=…`.

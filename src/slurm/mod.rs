@@ -135,6 +135,16 @@ impl Gres {
             .join(",")
     }
 
+    /// The slurm.conf fragment of `node-file`: the node's `Gres=` as a `NodeName=DEFAULT`
+    /// line, which the node's own line (right after the `Include`) inherits.
+    pub fn render_node(&self) -> String {
+        format!(
+            "# Written by gpuctld from the live GPU layout; included before this node's line.\n\
+             NodeName=DEFAULT Gres={}\n",
+            self.node_gres()
+        )
+    }
+
     /// The gres.conf lines for `node`, with a header saying who writes them.
     pub fn render(&self, node: &str) -> String {
         let mut s = String::from(
