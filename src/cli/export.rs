@@ -37,8 +37,11 @@ pub struct SlurmArgs {
     #[arg(long, value_name = "NAME")]
     pub node: Option<String>,
     /// Print only the node's Gres= value (`gpu:1g.10gb:4,gpu:3g.40gb:1`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "node_file")]
     pub gres: bool,
+    /// Print the slurm.conf fragment `[slurm] node-file` holds: `NodeName=DEFAULT Gres=…`.
+    #[arg(long)]
+    pub node_file: bool,
 }
 
 /// Run `gpuctl export`.
@@ -54,6 +57,10 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
     }
     if a.gres {
         println!("{}", g.node_gres());
+        return Ok(super::exit::OK);
+    }
+    if a.node_file {
+        print!("{}", g.render_node());
         return Ok(super::exit::OK);
     }
     let node = a

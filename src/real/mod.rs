@@ -365,7 +365,9 @@ impl SlurmEffector for RealHost {
         if restart.is_empty() {
             return Ok(());
         }
-        self.restart_units(restart)
+        self.restart_units(restart)?;
+        self.slurm_side("slurmctld")?
+            .wait_controller(Duration::from_secs(20))
     }
 }
 

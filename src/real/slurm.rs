@@ -105,6 +105,22 @@ impl SlurmSide {
             .map_err(|m| err(&format!("resume Slurm node {node}"), m))
     }
 
+    /// Wait, at most `limit`, until slurmctld answers again after a restart (a `Type=simple`
+    /// unit is "started" before it listens): the resume that follows must reach it.
+    pub fn wait_controller(&mut self, limit: std::time::Duration) -> Result<(), EffectError> {
+        let node = self.node_name().unwrap_or_default();
+        let end = std::time::Instant::now() + limit;
+        loop {
+            match self.scontrol.run(&["show", "node", "-o", &node]) {
+                Ok(_) => return Ok(()),
+                Err(m) if std::time::Instant::now() >= end => {
+                    return Err(err("slurmctld after its restart", m))
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(500)),
+            }
+        }
+    }
+
     /// `scontrol reconfigure`: slurmctld and the slurmds read their files again.
     pub fn reconfigure(&mut self) -> Result<(), EffectError> {
         self.scontrol
