@@ -8,7 +8,7 @@
 # vmtest: timeout=600
 # vmtest: group=fleet
 # The node lists are meant to split; job output is indented with sed.
-# shellcheck disable=SC2016,SC2086,SC2001
+# shellcheck disable=SC2016,SC2086,SC2001,SC2317
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
