@@ -7,6 +7,7 @@
 # file, restarts Slurm, resumes, and the next job sees the new types; `gpuctl top` names the job.
 # vmtest: timeout=600
 # vmtest: group=fleet
+# vmtest: quarantine=not yet seen passing: its first run failed to resolve the guest name (no network), fixed with 127.0.0.1 addresses but not run again
 # The node lists are meant to split; job output is indented with sed.
 # shellcheck disable=SC2016,SC2086,SC2001,SC2317
 . lib/common.sh
@@ -38,7 +39,7 @@ echo "gpuctld: $(status_text)"
 mkdir -p /etc/slurm/gres.d /var/lib/slurm/slurmctld /var/lib/slurm/slurmd /var/log/slurm
 cat >/etc/slurm/slurm.conf <<EOF
 ClusterName=vm
-SlurmctldHost=$H
+SlurmctldHost=$H(127.0.0.1)
 SlurmUser=root
 AuthType=auth/munge
 StateSaveLocation=/var/lib/slurm/slurmctld
@@ -53,7 +54,7 @@ TaskPlugin=task/cgroup
 ReturnToService=2
 SchedulerParameters=sched_interval=5
 Include /etc/slurm/gres.d/node.conf
-NodeName=$H CPUs=$(nproc) State=UNKNOWN
+NodeName=$H NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=debug Nodes=$H AllowGroups=root Default=YES State=UP
 PartitionName=infer Nodes=$H AllowGroups=ml-infer State=UP
 PartitionName=train Nodes=$H AllowGroups=ml-train State=UP
@@ -66,21 +67,26 @@ cat >/etc/systemd/system/gpuctld.service.d/60-slurm.conf <<'EOF'
 ReadWritePaths=-/etc/slurm/gres.d
 RestrictAddressFamilies=AF_UNIX AF_NETLINK AF_INET AF_INET6
 EOF
-# The two commands of docs/slurm.md: the files from the live layout, then [slurm] on.
-gpuctl export slurm --node "$H" >/etc/slurm/gres.d/gpuctl.conf
-gpuctl export slurm --node-file >/etc/slurm/gres.d/node.conf
-sed 's/^/    gres| /' /etc/slurm/gres.d/gpuctl.conf /etc/slurm/gres.d/node.conf
-[ -s /etc/munge/munge.key ] || mungekey -c
-systemctl start munge slurmctld slurmd
-put_policy 60-slurm.toml <<P
+# The two commands of docs/slurm.md: the files from the live layout (with the [slurm] keys
+# already there, so the types carry the teams), then [slurm] on.
+slurm_policy() {
+    put_policy 60-slurm.toml <<P
 version = 1
 [slurm]
-enabled = true
+enabled = $1
 node-name = "$H"
 team-types = true
 node-file = "/etc/slurm/gres.d/node.conf"
 restart = ["slurmctld.service", "slurmd.service"]
 P
+}
+slurm_policy false
+gpuctl export slurm --node "$H" >/etc/slurm/gres.d/gpuctl.conf
+gpuctl export slurm --node-file >/etc/slurm/gres.d/node.conf
+sed 's/^/    gres| /' /etc/slurm/gres.d/gpuctl.conf /etc/slurm/gres.d/node.conf
+[ -s /etc/munge/munge.key ] || mungekey -c
+systemctl start munge slurmctld slurmd
+slurm_policy true
 systemctl daemon-reload
 gpuctld_start
 wait_for 90 sh -c "scontrol show node -o $H | grep -q 'State=IDLE '"
