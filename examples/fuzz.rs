@@ -5,7 +5,12 @@
 //! ```sh
 //! cargo run --release --example fuzz -- --seconds 60            # each target 60 s (CI: .ci/run)
 //! cargo run --release --example fuzz -- --seconds 3600 --seed 7 # the longer run (docs/fuzzing.md)
+//! cargo run --release --example fuzz -- --target policy --seed S --execs N   # replay a failure
 //! ```
+//!
+//! Without `--seed` each run takes a new seed (from the clock and the pid), so CI explores new
+//! inputs every time; the seed is printed first, and a failure prints the command that replays
+//! it: the inputs are a pure function of the seed and the target.
 //!
 //! Why not coverage-guided: `cargo afl` needs AFL++ built from source and LLVM plugins matching
 //! the toolchain, and `cargo fuzz` needs nightly; neither is on this stable toolchain (see
@@ -482,9 +487,18 @@ struct Stats {
     max: Duration,
 }
 
+/// A seed of its own for each run: the clock's nanoseconds mixed with the pid.
+fn fresh_seed() -> u64 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    Rng(nanos ^ (u64::from(std::process::id()) << 32)).next()
+}
+
 fn main() {
     let mut seconds = 60u64;
-    let mut seed = 1u64;
+    let mut seed: Option<u64> = None;
+    let mut max_execs = u64::MAX;
     let mut out: Option<PathBuf> = None;
     let mut targets = vec!["policy".to_string(), "wire".to_string()];
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -492,13 +506,16 @@ fn main() {
     while i < args.len() {
         match args[i].as_str() {
             "--seconds" => seconds = args[i + 1].parse().expect("--seconds N"),
-            "--seed" => seed = args[i + 1].parse().expect("--seed N"),
+            "--seed" => seed = Some(args[i + 1].parse().expect("--seed N")),
+            "--execs" => max_execs = args[i + 1].parse().expect("--execs N"),
             "--out" => out = Some(PathBuf::from(&args[i + 1])),
             "--target" => targets = vec![args[i + 1].clone()],
             a => panic!("unknown argument {a}"),
         }
         i += 2;
     }
+    let seed = seed.unwrap_or_else(fresh_seed);
+    println!("FUZZ seed={seed} (replay: --seed {seed})");
     // Panics are counted, not printed one by one.
     std::panic::set_hook(Box::new(|_| {}));
 
@@ -522,11 +539,17 @@ fn main() {
         });
     }
 
-    let corpus: Vec<String> = std::fs::read_dir("policies")
+    // Sorted: a replay picks the same corpus entries whatever order the directory lists.
+    let mut paths: Vec<PathBuf> = std::fs::read_dir("policies")
         .into_iter()
         .flatten()
         .flatten()
-        .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|e| e.path())
+        .collect();
+    paths.sort();
+    let corpus: Vec<String> = paths
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
         .collect();
 
     let mut failed = false;
@@ -541,8 +564,8 @@ fn main() {
         };
         let deadline = Instant::now() + Duration::from_secs(seconds);
         let mut obs = host(&mut r);
-        while Instant::now() < deadline {
-            for _ in 0..64 {
+        while Instant::now() < deadline && st.execs < max_execs {
+            for _ in 0..64.min(max_execs - st.execs) {
                 let input: Vec<u8> = match target.as_str() {
                     "policy" => {
                         let base = if !corpus.is_empty() && r.chance(3) {
@@ -588,9 +611,13 @@ fn main() {
                 if bad {
                     failed = true;
                     eprintln!(
-                        "FUZZ FAILURE target={target} {} ({} ms); input:\n{}",
+                        "FUZZ FAILURE target={target} {} ({} ms) at execution {}; replay: \
+                         cargo run --release --example fuzz -- --target {target} --seed {seed} \
+                         --execs {}; input:\n{}",
                         if res.is_err() { "panic" } else { "slow" },
                         dt.as_millis(),
+                        st.execs,
+                        st.execs,
                         String::from_utf8_lossy(&input)
                     );
                     if let Some(dir) = &out {

@@ -30,6 +30,7 @@ pub mod geometry;
 pub mod idle;
 pub mod import;
 pub mod join;
+pub mod ledger;
 pub mod metrics;
 pub mod names;
 pub mod nvml;

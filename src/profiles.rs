@@ -124,6 +124,10 @@ pub struct GpuModel {
     /// followed by a note in parentheses (`0x20F110DE (PCIE-40GB)`).
     #[serde(default)]
     pub pci_device_ids: Vec<String>,
+    /// `--simulate` names (and the fake NVML's `FAKE_NVML_SPEC` names): the canonical one
+    /// first, then aliases.
+    #[serde(default)]
+    pub sim_names: Vec<String>,
     /// Framebuffer in MiB outside MIG.
     pub memory_total_mib: u64,
     /// SMs outside MIG.
@@ -144,6 +148,10 @@ pub struct GpuModel {
     /// Whether enabling MIG stays pending until a GPU reset (Ampere) or takes effect at once.
     #[serde(default)]
     pub enable_requires_gpu_reset: bool,
+    /// Values of this entry no driver recording confirms (the reference file's `unverified`);
+    /// `doctor` names them next to any difference it finds.
+    #[serde(default)]
+    pub unverified: Vec<String>,
     /// GPU-instance profiles, empty when the model has no MIG.
     #[serde(default)]
     pub gi_profiles: Vec<GiProfile>,
@@ -215,27 +223,20 @@ impl GpuModel {
             })
     }
 
-    /// Short name used by `--simulate` specs.
-    pub fn sim_name(&self) -> &'static str {
-        SIM_NAMES
+    /// The canonical `--simulate` name (`h100-80gb`).
+    pub fn sim_name(&self) -> &str {
+        self.sim_names.first().map_or("unknown", String::as_str)
+    }
+
+    /// The models that offer a GI profile of this name, in catalog order.
+    pub fn offering(profile: &str) -> Vec<&'static GpuModel> {
+        Catalog::get()
+            .models()
             .iter()
-            .find(|(_, key)| *key == self.key)
-            .map(|(n, _)| *n)
-            .unwrap_or("unknown")
+            .filter(|m| m.gi_profile(profile).is_some())
+            .collect()
     }
 }
-
-/// `--simulate` names and the reference keys they stand for.
-pub const SIM_NAMES: &[(&str, &str)] = &[
-    ("a100-40gb", "A100-SXM4-40GB"),
-    ("a100-80gb", "A100-SXM4-80GB"),
-    ("h100-80gb", "H100-SXM5-80GB"),
-    ("h100-pcie", "H100-PCIe-80GB"),
-    ("h100-nvl", "H100-NVL-94GB"),
-    ("h200", "H200-141GB"),
-    ("a30", "A30-24GB"),
-    ("l40s", "L40S-48GB"),
-];
 
 /// All known GPU models.
 #[derive(Debug)]
@@ -272,6 +273,7 @@ impl Catalog {
                 nvml_name: "NVIDIA L40S".into(),
                 memory_total_mib: 46068,
                 sm_total: 142,
+                sim_names: vec!["l40s".into()],
                 ..Default::default()
             });
             Catalog { models }
@@ -288,10 +290,18 @@ impl Catalog {
         self.models.iter().find(|m| m.key == key)
     }
 
-    /// Model by `--simulate` name (`h100-80gb`).
+    /// Model by `--simulate` name or alias (`h100-80gb`, `h100`), case-insensitive.
     pub fn by_sim_name(&self, name: &str) -> Option<&GpuModel> {
-        let key = SIM_NAMES.iter().find(|(n, _)| *n == name)?.1;
-        self.by_key(key)
+        self.models
+            .iter()
+            .find(|m| m.sim_names.iter().any(|n| n.eq_ignore_ascii_case(name)))
+    }
+
+    /// Every `--simulate` name, aliases included, in catalog order.
+    pub fn sim_names(&self) -> impl Iterator<Item = &str> {
+        self.models
+            .iter()
+            .flat_map(|m| m.sim_names.iter().map(String::as_str))
     }
 
     /// Model by the name NVML reports.
@@ -316,14 +326,24 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_sim_name_resolves_and_every_model_has_one() {
+    fn every_sim_name_resolves_to_its_own_model_and_every_model_has_one() {
         let c = Catalog::get();
-        for (name, key) in SIM_NAMES {
-            assert_eq!(c.by_sim_name(name).map(|m| m.key.as_str()), Some(*key));
-        }
         for m in c.models() {
             assert_ne!(m.sim_name(), "unknown", "{} has no sim name", m.key);
+            for n in &m.sim_names {
+                assert_eq!(
+                    c.by_sim_name(n).map(|x| x.key.as_str()),
+                    Some(m.key.as_str())
+                );
+                assert_eq!(c.by_sim_name(&n.to_uppercase()).unwrap().key, m.key);
+            }
         }
+        let names: Vec<&str> = c.sim_names().collect();
+        let mut unique = names.clone();
+        unique.sort_unstable();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "a sim name names two models");
+        assert_eq!(c.by_sim_name("h800").unwrap().key, "H800-SXM5-80GB");
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! Simulated GPU hosts: `--simulate h100-80gb*8` or `a100-40gb*4,h200*2`.
 //!
-//! A spec is a comma-separated list of `NAME` or `NAME*COUNT`; names are those of
-//! [`SIM_NAMES`] (`a100-40gb`, `a100-80gb`, `h100-80gb`, `h100-pcie`, `h100-nvl`, `h200`, `a30`,
-//! `l40s`). GPUs get indices and minors in spec order. The simulated host has 2 TiB of RAM and
+//! A spec is a comma-separated list of `NAME` or `NAME*COUNT`; names are each model's
+//! `sim_names` in `data/gpu-profiles.json` (`h100-80gb`, `a800-80gb`, `b200`, …, `l40s`), aliases
+//! included (`h100`, `a800`: the names the fake NVML's `FAKE_NVML_SPEC` takes), in any case.
+//! GPUs get indices and minors in spec order. The simulated host has 2 TiB of RAM and
 //! 128 CPUs, a typical 8-GPU server, so percentage limits resolve to realistic sizes.
 //!
 //! [`SimHost`] implements every effector trait faithfully enough for the planner's properties
@@ -27,8 +28,9 @@ use crate::apply::{
 use crate::observe::{
     ComputeInstance, GpuInstance, GpuState, HostInfo, MigState, MpsSpec, Observed, SliceSpec,
 };
+use crate::policy::parse::suggest;
 use crate::policy::TeamName;
-use crate::profiles::{Catalog, GpuModel, Placement, SIM_NAMES};
+use crate::profiles::{Catalog, GpuModel, Placement};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
@@ -61,9 +63,13 @@ pub enum SimError {
 }
 
 fn valid_names() -> String {
-    SIM_NAMES
+    Catalog::get()
+        .models()
         .iter()
-        .map(|(n, _)| *n)
+        .map(|m| match m.sim_names.split_first() {
+            Some((first, rest)) if !rest.is_empty() => format!("{first} (or {})", rest.join(", ")),
+            _ => m.sim_name().to_string(),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -92,14 +98,14 @@ pub fn parse_spec(spec: &str) -> Result<Vec<&'static GpuModel>, SimError> {
         if count == 0 || count > 64 {
             return Err(err(format!("count in {part:?} must be 1..=64")));
         }
-        let model = Catalog::get()
-            .by_sim_name(&name.to_ascii_lowercase())
-            .ok_or_else(|| {
-                err(format!(
-                    "unknown GPU model {name:?}; valid names: {}",
-                    valid_names()
-                ))
-            })?;
+        let model = Catalog::get().by_sim_name(name).ok_or_else(|| {
+            let lower = name.to_ascii_lowercase();
+            let help = format!("valid names: {}", valid_names());
+            err(format!(
+                "unknown GPU model {name:?}; {}",
+                suggest(&lower, Catalog::get().sim_names(), help)
+            ))
+        })?;
         for _ in 0..count {
             out.push(model);
         }
@@ -610,8 +616,18 @@ mod tests {
         assert_eq!(m[0].key, "A100-SXM4-40GB");
         assert_eq!(m[5].key, "H200-141GB");
         assert_eq!(parse_spec("h100-80gb").unwrap().len(), 1);
-        let e = parse_spec("h100*2").unwrap_err().to_string();
-        assert!(e.contains("h100-80gb") && e.contains("a30"), "{e}");
+        // The fake NVML's short names, in any case.
+        assert_eq!(parse_spec("H100*2").unwrap()[1].key, "H100-SXM5-80GB");
+        assert_eq!(parse_spec("a800").unwrap()[0].key, "A800-SXM4-80GB");
+        assert_eq!(parse_spec("h800-80gb*8").unwrap().len(), 8);
+        let e = parse_spec("h800-80g*2").unwrap_err().to_string();
+        assert!(e.contains("did you mean 'h800-80gb'?"), "{e}");
+        assert!(e.contains("b200") && e.contains("a30"), "{e}");
+        let e = parse_spec("zzz").unwrap_err().to_string();
+        assert!(
+            !e.contains("did you mean") && e.contains("valid names: "),
+            "{e}"
+        );
         assert!(parse_spec("h200*0").is_err());
         assert!(parse_spec("h200*x").is_err());
         assert!(parse_spec("h200,,a30").is_err());

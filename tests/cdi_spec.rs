@@ -3,9 +3,11 @@
 //! (tests/cdi-schema, copied from the CDI repository); the spec follows MIG layout and policy
 //! changes through the planner, and planning after an apply stays empty.
 //!
-//! `GOLDEN_UPDATE=1 cargo test --test cdi_spec` rewrites tests/golden-cdi/.
+//! `GPUCTL_UPDATE_GOLDEN=1 cargo test --test cdi_spec` rewrites tests/golden-cdi/.
 
 mod common;
+#[path = "common/golden.rs"]
+mod golden;
 use common::*;
 use gpuctl::plan::{plan, ActionKind};
 use gpuctl::policy::{GpuUse, Policy, Reconfigure, Selector};
@@ -42,17 +44,10 @@ fn assert_schema_valid(v: &jsonschema::Validator, name: &str, text: &str) {
 }
 
 fn golden(case: &str, team: &str, got: &str) {
-    let path: PathBuf = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden-cdi")
+    let path: PathBuf = golden::repo_path("tests/golden-cdi")
         .join(case)
         .join(format!("{team}.json"));
-    if std::env::var_os("GOLDEN_UPDATE").is_some() {
-        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-        std::fs::write(&path, got).unwrap();
-    }
-    let want = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (GOLDEN_UPDATE=1 writes it)", path.display()));
-    assert_eq!(got, want, "{} differs", path.display());
+    golden::check(&path, got);
 }
 
 fn spec_json(h: &SimHost, team: &str) -> Value {

@@ -31,9 +31,13 @@ fn without_simulate_the_real_host_is_observed_through_nvml() {
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{text}");
     assert_eq!(text.matches("NVML not available").count(), 1, "{text}");
-    let (code, text) = gpuctl(&["check", "--simulate", "h100"]);
+    let (code, text) = gpuctl(&["check", "--simulate", "h10"]);
     assert_eq!(code, 2);
-    assert!(text.contains("h100-80gb"), "valid names listed: {text}");
+    assert!(text.contains("did you mean 'h100'?"), "{text}");
+    assert!(
+        text.contains("h100-80gb (or h100, h100-sxm)"),
+        "valid names listed: {text}"
+    );
 }
 
 #[test]

@@ -6,6 +6,8 @@
 //! gives the nvidia drivers major 1, and the GPUs the minors 3, 5 and 7.
 
 mod fakehost;
+#[path = "common/golden.rs"]
+mod golden;
 
 use gpuctl::doctor::record::Recording;
 use gpuctl::nvml::{NvmlBackend, ResetCommand};
@@ -321,8 +323,8 @@ fn record_then_replay_observes_the_same_host() {
     assert_eq!(code, 0, "{out}{err}");
     let text = std::fs::read_to_string(&rec).unwrap();
     let recording: Recording = serde_json::from_str(&text).unwrap();
-    if std::env::var_os("GOLDEN_UPDATE").is_some() {
-        std::fs::write(Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE), &text).unwrap();
+    if golden::updating() {
+        std::fs::write(golden::repo_path(FIXTURE), &text).unwrap();
     }
     // Replay: a fresh fake whose state is the recording.
     let replay = Host::new(&serde_json::from_str::<Value>(&text).unwrap());
@@ -341,8 +343,9 @@ fn record_then_replay_observes_the_same_host() {
 #[test]
 fn checked_in_recording_replays() {
     let _env = ENV.lock().unwrap_or_else(|e| e.into_inner());
-    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE))
-        .expect("fixture (GOLDEN_UPDATE=1 cargo test --test doctor record_then_replay writes it)");
+    let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(FIXTURE)).expect(
+        "fixture (GPUCTL_UPDATE_GOLDEN=1 cargo test --test doctor record_then_replay writes it)",
+    );
     let recording: Recording = serde_json::from_str(&text).unwrap();
     let h = Host::new(&serde_json::from_str::<Value>(&text).unwrap());
     assert_eq!(observe(&h.state()), recording.expected_observation());

@@ -73,23 +73,44 @@ fn slow_and_malformed_requests_do_not_stall_scrapes() {
     drop(silent);
 }
 
+// No sleeps: the kernel's accept queue is first in, first out, so connections made before a
+// request are accepted before it; and gpuctl-exporter's one thread frees a connection's slot in
+// the poll that closes it, before it accepts the next. Each outcome follows from that order, not
+// from how fast this host runs.
 #[test]
-fn silent_clients_time_out_and_a_flood_gets_503() {
+fn a_flood_beyond_the_limit_gets_503() {
     let addr = start(gpuctl::exporter::Options {
-        read_timeout: Duration::from_millis(300),
+        // Longer than any stall of this test: the two holders keep their slots.
+        read_timeout: Duration::from_secs(120),
         max_connections: 2,
         ..Default::default()
     });
     let mut a = TcpStream::connect(addr).unwrap();
     let _b = TcpStream::connect(addr).unwrap();
-    std::thread::sleep(Duration::from_millis(50));
     let third = request(addr, b"GET /metrics HTTP/1.1\r\n\r\n");
     assert!(third.starts_with("HTTP/1.1 503 "), "{third}");
-    // The silent one is answered 408 and closed after the read timeout.
-    a.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    // A holder finishes its request: answered, closed, and its slot serves the next scrape.
+    a.write_all(b"GET /metrics HTTP/1.1\r\n\r\n").unwrap();
+    let mut out = String::new();
+    a.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let _ = a.read_to_string(&mut out);
+    assert!(out.starts_with("HTTP/1.1 200 "), "{out}");
+    assert!(request(addr, b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
+}
+
+#[test]
+fn a_silent_client_times_out_with_408_and_frees_its_slot() {
+    let addr = start(gpuctl::exporter::Options {
+        read_timeout: Duration::from_millis(300),
+        max_connections: 1,
+        ..Default::default()
+    });
+    let mut a = TcpStream::connect(addr).unwrap();
+    // Blocks until the exporter gives up on the silent client (the bound is only a backstop).
+    a.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let mut out = String::new();
     let _ = a.read_to_string(&mut out);
     assert!(out.starts_with("HTTP/1.1 408 "), "{out}");
-    std::thread::sleep(Duration::from_millis(400));
+    // The only slot was the silent client's: it is free again.
     assert!(request(addr, b"GET /metrics HTTP/1.1\r\n\r\n").starts_with("HTTP/1.1 200"));
 }

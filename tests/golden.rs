@@ -1,6 +1,9 @@
 //! Golden plans: each `tests/golden/<case>/` is a fake root (policy drop-ins under `usr/lib`,
 //! `run` and `etc`) plus `host` (a `--simulate` spec) and `expected-plan.txt`, the rendered plan.
-//! `GOLDEN_UPDATE=1 cargo test --test golden` rewrites the expectations.
+//! `GPUCTL_UPDATE_GOLDEN=1 cargo test --test golden` rewrites the expectations (tests/common/golden.rs).
+
+#[path = "common/golden.rs"]
+mod golden;
 
 use gpuctl::paths::Root;
 use gpuctl::plan::{desired, diff};
@@ -24,7 +27,6 @@ fn render_case(dir: &Path) -> String {
 #[test]
 fn golden_plans() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden");
-    let update = std::env::var_os("GOLDEN_UPDATE").is_some();
     let mut cases: Vec<_> = std::fs::read_dir(&root)
         .unwrap()
         .map(|e| e.unwrap().path())
@@ -35,19 +37,10 @@ fn golden_plans() {
     let mut failed = Vec::new();
     for case in cases {
         let got = render_case(&case);
-        let file = case.join("expected-plan.txt");
-        if update {
-            std::fs::write(&file, &got).unwrap();
-            continue;
-        }
-        let want = std::fs::read_to_string(&file).unwrap_or_default();
-        if got != want {
-            eprintln!("--- {} differs; got:\n{got}", case.display());
+        if let Err(e) = golden::compare(&case.join("expected-plan.txt"), &got) {
+            eprintln!("{e}");
             failed.push(case);
         }
     }
-    assert!(
-        failed.is_empty(),
-        "golden plans differ: {failed:?} (GOLDEN_UPDATE=1 rewrites)"
-    );
+    assert!(failed.is_empty(), "golden plans differ: {failed:?}");
 }

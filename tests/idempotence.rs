@@ -7,7 +7,7 @@ use common::*;
 use gpuctl::apply::{execute, GpuEffector, OwnerLabels};
 use gpuctl::plan::plan;
 use gpuctl::policy::{GpuUse, MigSpec, Reconfigure, Selector};
-use gpuctl::profiles::{Catalog, SIM_NAMES};
+use gpuctl::profiles::Catalog;
 use gpuctl::sim::SimHost;
 use proptest::prelude::*;
 
@@ -38,7 +38,7 @@ type Existing = Vec<(usize, usize, usize, bool, u8)>;
 fn host_strategy() -> impl Strategy<Value = Vec<(usize, bool, Existing, Use)>> {
     prop::collection::vec(
         (
-            0..SIM_NAMES.len(),
+            0..Catalog::get().models().len(),
             any::<bool>(),
             prop::collection::vec(
                 (0..16usize, 0..8usize, 0..4usize, any::<bool>(), 0..3u8),
@@ -54,7 +54,10 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
     fn apply_then_plan_is_empty(gpus in host_strategy(), reconf in 0..3u8, mps in any::<[bool; 3]>()) {
-        let spec: Vec<&str> = gpus.iter().map(|g| SIM_NAMES[g.0].0).collect();
+        let spec: Vec<&str> = gpus
+            .iter()
+            .map(|g| Catalog::get().models()[g.0].sim_name())
+            .collect();
         let mut h = SimHost::from_spec(&spec.join(",")).unwrap();
         let mut assignments = Vec::new();
         let mut pid = 100;

@@ -152,3 +152,95 @@ fn unsupported_is_named_and_nothing_written_unless_skipped() {
     assert_eq!(code, 1);
     assert!(err.contains("not a valid team name"), "{err}");
 }
+
+/// A file of the structure of mig-parted's default config (`tests/data/`, written for gpuctl):
+/// every config imports, or is refused naming the part and why; what imports validates, and
+/// `all-balanced` on A800, H800, H20 and B200 hosts plans mig-parted's layout for that model.
+#[test]
+fn a_default_config_shaped_file_imports_config_by_config() {
+    use gpuctl::import::mig_parted::import;
+    let yaml = include_str!("data/mig-parted-default-shape.yaml");
+    let doc: serde_norway::Value = serde_norway::from_str(yaml).unwrap();
+    let names: Vec<String> = doc["mig-configs"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(names.len(), 11);
+    // The parts that cannot be imported, and the words that say why.
+    let refused = [
+        ("all-enabled", "MIG enabled with no MIG devices"),
+        ("all-4g.96gb.gfx", "profile 4g.96gb+gfx is in no GPU model"),
+        ("all-2g.47gb", "profile 2g.47gb is in no GPU model"),
+    ];
+    let dir = tempfile::tempdir().unwrap();
+    let teams = dir.path().join("10-teams.toml");
+    std::fs::write(
+        &teams,
+        "version = 1\n[teams.infer]\nmembers = [\"alice\"]\n",
+    )
+    .unwrap();
+    for name in &names {
+        let got = import(yaml, name, Some("infer"), "fixture").unwrap();
+        let why: Vec<String> = got.unsupported.iter().map(|u| u.to_string()).collect();
+        match refused.iter().find(|(n, _)| n == name) {
+            Some((_, words)) => {
+                assert_eq!(why.len(), 1, "{name}: {why:?}");
+                assert!(why[0].contains(words), "{name}: {why:?}");
+                assert!(
+                    why[0].starts_with(&format!("mig-configs.{name}[0]")),
+                    "{why:?}"
+                );
+            }
+            None => assert!(why.is_empty(), "{name}: {why:?}"),
+        }
+        if !why.is_empty() {
+            continue;
+        }
+        let f = dir.path().join(format!("50-{name}.toml"));
+        std::fs::write(&f, &got.toml).unwrap();
+        let out = gpuctl::policy::load_files(&[teams.clone(), f]);
+        let errors: Vec<String> = out
+            .diagnostics
+            .iter()
+            .filter(|d| d.severity == gpuctl::policy::Severity::Error)
+            .map(|d| d.to_string())
+            .collect();
+        assert!(errors.is_empty(), "{name}: {errors:?}\n{}", got.toml);
+    }
+
+    // Filter IDs of models gpuctl has no entry for are notes, not refusals.
+    let balanced = import(yaml, "all-balanced", Some("infer"), "fixture").unwrap();
+    let noted: Vec<&str> = balanced.notes.iter().map(|n| n.why.as_str()).collect();
+    assert_eq!(noted.len(), 3, "{noted:?}");
+    for id in ["0x294110DE", "0x233A10DE", "0x233D10DE"] {
+        assert!(noted.iter().any(|n| n.contains(id)), "{id}: {noted:?}");
+        assert!(balanced.toml.contains(id));
+    }
+    let f = dir.path().join("50-all-balanced.toml");
+    let p = gpuctl::policy::load_files(&[teams.clone(), f])
+        .policy
+        .unwrap();
+    for (host, want) in [
+        ("a800*8", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
+        (
+            "a800-pcie-80gb*2",
+            ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"],
+        ),
+        ("h800-80gb*8", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
+        ("h800-pcie*2", ["1g.10gb", "1g.10gb", "2g.20gb", "3g.40gb"]),
+        ("a800-40gb*2", ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]),
+        ("h20*8", ["1g.12gb", "1g.12gb", "2g.24gb", "3g.48gb"]),
+        ("b200*8", ["1g.23gb", "1g.23gb", "2g.45gb", "3g.90gb"]),
+    ] {
+        let obs = gpuctl::sim::build(host).unwrap();
+        let d = gpuctl::plan::desired(&p, &obs);
+        assert_eq!(d.gpus.len(), obs.gpus.len(), "{host}");
+        for g in &d.gpus {
+            let mut got: Vec<&str> = g.mig.layout.iter().map(|l| l.profile.as_str()).collect();
+            got.sort();
+            assert_eq!(got, want, "{host} gpu {}", g.index);
+        }
+    }
+}

@@ -69,57 +69,71 @@ fn mig_policy(model_index_geometry: &str) -> String {
 #[test]
 fn invalid_geometries_are_rejected_before_any_nvml_mutation() {
     let lib = fakehost::lib_path();
+    // Each case with the reason it is refused for: any refusal would not do (the first case's
+    // "compute slices" also matched the hint every geometry error carries).
     let table: &[(&str, &str, &str)] = &[
         (
             "h100",
             "{ profile = \"3g.40gb\", owner = \"a\", count = 3 }",
-            "compute slices",
+            "3g.40gb x3 needs 12 of 8 memory slices",
         ),
         (
             "h100",
             "{ profile = \"1g.10gb\", owner = \"a\", count = 8 }",
-            "",
+            "gpu[0].mig[0].count: 8 is out of range (expected an integer from 1 to 7)",
         ),
-        ("h100", "{ profile = \"1g.5gb\", owner = \"a\" }", "1g.5gb"),
+        (
+            "h100",
+            "{ profile = \"1g.5gb\", owner = \"a\" }",
+            "no MIG profile '1g.5gb'",
+        ),
         (
             "h100",
             "{ profile = \"1g.10gb+me\", owner = \"a\", count = 2 }",
-            "",
+            "1g.10gb+me x2 exceeds the 1 instance(s) of 1g.10gb+me",
         ),
         (
             "h100",
             "{ profile = \"3g.40gb\", owner = \"a\", compute = [\"2c\", \"2c\"] }",
-            "",
+            "2c.3g.40gb x2 needs 4 of 3 compute slices",
         ),
         (
             "a100",
             "{ profile = \"4g.20gb\", owner = \"a\" }, { profile = \"4g.20gb\", owner = \"b\" }",
-            "",
+            "4g.20gb x2 needs 8 of 7 compute slices",
         ),
         (
             "a100",
             "{ profile = \"2g.20gb\", owner = \"a\" }",
-            "2g.20gb",
+            "no MIG profile '2g.20gb'",
         ),
         (
             "a30",
             "{ profile = \"4g.24gb\", owner = \"a\", count = 2 }",
-            "",
+            "4g.24gb x2 needs 8 of 4 memory slices",
         ),
-        ("a30", "{ profile = \"3g.40gb\", owner = \"a\" }", "3g.40gb"),
+        (
+            "a30",
+            "{ profile = \"3g.40gb\", owner = \"a\" }",
+            "no MIG profile '3g.40gb'",
+        ),
         (
             "h200",
             "{ profile = \"7g.141gb\", owner = \"a\" }, { profile = \"1g.18gb\", owner = \"b\" }",
-            "",
+            "7g.141gb + 1g.18gb needs 9 of 8 memory slices",
         ),
-        ("l40s", "{ profile = \"1g.10gb\", owner = \"a\" }", "MIG"),
+        (
+            "l40s",
+            "{ profile = \"1g.10gb\", owner = \"a\" }",
+            "this GPU has no MIG",
+        ),
     ];
     for (spec, geo, needle) in table {
         let e = Env::new();
         let o = e.run(spec, &lib, &["apply", "--local"], &mig_policy(geo));
         let t = text(&o);
         assert_eq!(o.status.code(), Some(1), "{spec} {geo}: {t}");
-        assert!(t.contains(needle), "{spec} {geo}: {t}");
+        assert!(t.contains(needle), "{spec} {geo}: want {needle:?} in:\n{t}");
         assert_eq!(e.mutating_calls(), 0, "{spec} {geo}: NVML was changed");
     }
 }

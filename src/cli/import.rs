@@ -18,7 +18,9 @@ pub struct ImportArgs {
 pub enum ImportFrom {
     /// Turn one config of an NVIDIA mig-parted file into a policy drop-in.
     #[command(after_long_help = "\
-Maps devices (all / [indices]; device-filter PCI IDs become model selectors), mig-enabled and \
+Maps devices (all / [indices]; device-filter PCI IDs become one model selector per model gpuctl \
+knows, so on a host only the entries of its models select GPUs; an ID of a model gpuctl does not \
+know is named on stderr and in the drop-in, and its GPUs are left as they are), mig-enabled and \
 mig-devices (\"1g.10gb\": 7; \"1c.3g.40gb\": 2 is two 3g.40gb instances with one 1c compute \
 instance each). mig-parted has no owners: every share gets --owner, or a placeholder the drop-in \
 does not validate with until it is replaced.
@@ -71,6 +73,9 @@ pub fn run(args: &ImportArgs) -> anyhow::Result<i32> {
     let Ok(imported) = imported.inspect_err(|e| eprintln!("{source}: error: {e}")) else {
         return Ok(exit::INVALID);
     };
+    for n in &imported.notes {
+        eprintln!("{source}: {}: note: {}", n.path, n.why);
+    }
     for u in &imported.unsupported {
         eprintln!("{source}: {u}");
     }

@@ -11,6 +11,7 @@ pub mod idle;
 pub mod import;
 pub mod metrics;
 pub mod plan;
+pub mod report;
 pub mod run;
 pub mod shell;
 pub mod status;
@@ -92,6 +93,8 @@ pub enum Command {
     Metrics(metrics::MetricsArgs),
     /// Holders of GPU shares that their team's idle rule flags: idle, warned, being stopped.
     Idle(idle::IdleArgs),
+    /// GPU-hours held and used per team, user or device, from gpuctld's ledger.
+    Report(report::ReportArgs),
     /// This host's GPUs in another tool's terms: Slurm's gres.conf lines and Gres=.
     Export(export::ExportArgs),
 }
@@ -122,6 +125,7 @@ pub fn run() -> i32 {
         Command::Top(a) => return top::run(a),
         Command::Metrics(a) => return metrics::run(a),
         Command::Idle(a) => return idle::run(a),
+        Command::Report(a) => return report::run(a),
     };
     match result {
         Ok(code) => code,

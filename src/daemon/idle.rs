@@ -14,7 +14,7 @@ use crate::dbus_api::reply::IdleReply;
 use crate::dbus_api::Backend;
 use crate::idle::{not_stoppable, sample, Event, IdleHolder, Tracker};
 use crate::paths::Root;
-use crate::policy::IdleRule;
+use crate::policy::{Accounting, IdleRule};
 use crate::systemd::Systemd;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -48,6 +48,13 @@ fn rules_of(shared: &Mutex<Shared>) -> BTreeMap<String, IdleRule> {
         .unwrap_or_default()
 }
 
+fn accounting_of(shared: &Mutex<Shared>) -> Accounting {
+    super::lock(shared)
+        .policy
+        .as_ref()
+        .map_or(Accounting::Auto, |p| p.host.accounting)
+}
+
 fn secs(s: u64) -> String {
     match s {
         s if s >= 3600 => format!("{}h{:02}m", s / 3600, (s % 3600) / 60),
@@ -69,13 +76,17 @@ pub async fn run(
 ) {
     let spacing = interval + crate::dbus_api::usage::collector_interval();
     let mut tracker = Tracker::new(spacing.as_millis() as u64);
+    let mut ledger = super::ledger::LedgerSide::new(&root, spacing.as_millis() as u64);
     let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
         let rules = rules_of(&shared);
         tracker.set_rules(rules.clone());
-        if !tracker.active() {
+        let accounting = accounting_of(&shared);
+        // The ledger rides these samples; only `accounting = "on"` keeps them going without
+        // idle rules (docs/ledger.md).
+        if !tracker.active() && accounting != Accounting::On {
             super::lock(&shared).idle = IdleReply::default();
             // notify_one keeps a permit, so a reconcile that ended before this wait still
             // wakes it; the first sample after rules appear is taken at once.
@@ -95,6 +106,11 @@ pub async fn run(
             warn!(gpuctl_action = "idle", "idle sample skipped: {why}");
             continue;
         }
+        ledger.observe(&usage, &rules, accounting).await;
+        if !tracker.active() {
+            super::lock(&shared).idle = IdleReply::default();
+            continue;
+        }
         let s = sample::from_usage(&usage, &rules);
         let events = tracker.observe(&s);
         super::lock(&shared).idle = IdleReply {
@@ -104,7 +120,15 @@ pub async fn run(
             holders: tracker.holders(),
         };
         for e in events {
-            act(&root, &sd, &rules, e).await;
+            let stop = match &e {
+                Event::Stop(h) => Some((h.team.clone(), h.unit.clone())),
+                _ => None,
+            };
+            if act(&root, &sd, &rules, e).await {
+                if let Some((team, unit)) = stop {
+                    ledger.reclaimed(&team, &unit, s.at_ms).await;
+                }
+            }
         }
     }
 }
@@ -121,7 +145,8 @@ async fn tell(root: &Root, h: &IdleHolder, text: String) -> usize {
         .unwrap_or(0)
 }
 
-async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: Event) {
+/// Carry out one event; `true` when it sent a stop.
+async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: Event) -> bool {
     let user = |h: &IdleHolder| h.user.clone().unwrap_or_else(|| "?".into());
     let why = |h: &IdleHolder| h.reason.map_or_else(|| "idle".into(), |r| r.to_string());
     match e {
@@ -202,7 +227,7 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
             };
             if let Some(no) = refusal {
                 warn!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit, "not stopping {}: {no}", h.unit);
-                return;
+                return false;
             }
             let text = format!(
                 "Your GPU job {} (team {}) on device {} is being stopped: {} for {}.",
@@ -236,8 +261,11 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
                         .map_or(0, |w| crate::daemon::unix_now().saturating_sub(w / 1000))
                 )
             );
-            if let Err(e) = sd.stop_unit(&h.unit).await {
-                error!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit, "stop {}: {e}", h.unit);
+            match sd.stop_unit(&h.unit).await {
+                Ok(_) => return true,
+                Err(e) => {
+                    error!(gpuctl_action = "idle-stop", gpuctl_unit = %h.unit, "stop {}: {e}", h.unit)
+                }
             }
         }
         Event::Woke(h) => info!(
@@ -264,6 +292,7 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
             h.device
         ),
     }
+    false
 }
 
 /// Whether systemd puts the unit directly in `gpu-<team>.slice` (its `Slice` property).

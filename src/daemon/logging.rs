@@ -7,10 +7,8 @@
 //!
 //! The filter is tracing-subscriber's `Targets` (`info`, `info,gpuctl=debug`), not `EnvFilter`:
 //! `EnvFilter` brings regex-automata and regex-syntax for span and field matching that gpuctld's
-//! logs never used, and gpuctld's idle RSS is mostly its own resident code (issue 14). Measured
-//! with the release build (2026-12-02): `.text` 4,341 KB -> 4,053 KB; in VM 59, idle VmRSS
-//! 8,056-8,232 kB -> 7,596 kB (the binary's resident pages 5,080-5,196 -> 4,492 kB, anonymous
-//! 1,344 -> 1,236 kB: the compiled regexes are gone too).
+//! logs never used, and gpuctld's idle RSS is mostly its own resident code (figures:
+//! docs/performance.md).
 
 use tracing_subscriber::filter::Targets;
 use tracing_subscriber::prelude::*;

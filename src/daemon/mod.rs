@@ -35,6 +35,7 @@ pub use watchdog::Progress;
 pub mod drift;
 pub mod generator;
 pub mod idle;
+mod ledger;
 pub mod logging;
 pub mod reconcile;
 pub mod state;

@@ -29,6 +29,8 @@ pub trait Agent1 {
     fn usage(&self) -> zbus::Result<String>;
     /// JSON of [`crate::dbus_api::reply::IdleReply`].
     fn idle(&self) -> zbus::Result<String>;
+    /// JSON of [`crate::dbus_api::reply::LedgerReply`].
+    fn report(&self, from: &str, to: &str, by: &str) -> zbus::Result<String>;
     /// Prometheus metrics (`openmetrics` or `prometheus-text`).
     fn metrics(&self, format: &str) -> zbus::Result<String>;
     /// One-line status.

@@ -11,6 +11,7 @@
 //! | `Teams() -> s` | method, JSON: the teams the caller may use and what each gives | anyone (sees own teams) |
 //! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone |
 //! | `Idle() -> s` | method, JSON of [`reply::IdleReply`]: holders tracked by the idle rules | anyone |
+//! | `Report(s from, s to, s by) -> s` | method, JSON of [`reply::LedgerReply`]: GPU-hours held and used ([`ledger`]) | anyone (sees the teams it may use; root all) |
 //! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
@@ -45,6 +46,7 @@ use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
 pub mod join;
+pub mod ledger;
 pub mod reply;
 pub mod usage;
 pub mod wire;
@@ -388,6 +390,20 @@ impl Agent {
     ) -> Result<String, join::JoinError> {
         self.admit(conn, &hdr, &self.light, "Teams").await?;
         join::teams(&*self.backend, &self.root, conn, &hdr).await
+    }
+
+    /// GPU-hours held and used from day `from` to day `to` (`YYYY-MM-DD`, UTC) grouped `by`
+    /// team, user or device, as JSON of [`reply::LedgerReply`].
+    async fn report(
+        &self,
+        from: String,
+        to: String,
+        by: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> Result<String, join::JoinError> {
+        self.admit(conn, &hdr, &self.reads, "Report").await?;
+        ledger::report(&*self.backend, &self.root, conn, &hdr, (&from, &to, &by)).await
     }
 
     /// Wall-clock µs at which the latest reconcile started.

@@ -307,3 +307,58 @@ impl IdleReply {
             .collect()
     }
 }
+
+/// `Report`: GPU device-time held and used over whole UTC days (`gpuctl report`,
+/// docs/ledger.md). Times are seconds.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LedgerReply {
+    /// `[host] accounting` in force (`auto`, `on`, `off`).
+    pub accounting: String,
+    /// The caller sees every team (root); otherwise only the teams it may use.
+    pub all_teams: bool,
+    /// How rows are grouped: `team`, `user` or `device`.
+    pub by: String,
+    /// First day, `YYYY-MM-DD` (UTC).
+    pub from: String,
+    /// Teams with an idle rule now (their reclaimed time is meaningful).
+    pub idle_rule_teams: Vec<String>,
+    /// Day files that could not be read (they count as no data).
+    pub problems: Vec<String>,
+    /// One row per group, most held first.
+    pub rows: Vec<LedgerRow>,
+    /// Last day, `YYYY-MM-DD` (UTC), inclusive.
+    pub to: String,
+    /// Holders (team, user) with the most idle time, most first.
+    pub top_idle: Vec<LedgerRow>,
+}
+
+/// One group of a [`LedgerReply`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LedgerRow {
+    /// Device-seconds held with activity at or above the team's idle threshold.
+    pub active_s: f64,
+    /// GPU index or MIG UUID (`by = device`).
+    pub device: Option<String>,
+    /// Device-seconds held.
+    pub held_s: f64,
+    /// Held with activity known and below the threshold: held − active − unknown.
+    pub idle_s: f64,
+    /// `gpu` or the MIG profile (`by = device`).
+    pub kind: Option<String>,
+    /// GPU-memory GiB-hours.
+    pub memory_gib_hours: f64,
+    /// Held seconds of stretches that an idle stop ended.
+    pub reclaimed_s: f64,
+    /// Idle stops.
+    pub stops: u64,
+    /// Team (`by = team` or `user`); empty: processes outside every team slice.
+    pub team: Option<String>,
+    /// Device-seconds held on devices reporting no activity.
+    pub unknown_s: f64,
+    /// User (`by = user`).
+    pub user: Option<String>,
+    /// active / (held − unknown), 0–1; `None` when no held time has known activity.
+    pub utilisation: Option<f64>,
+}

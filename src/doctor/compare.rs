@@ -182,6 +182,74 @@ pub fn ci_differences(gi_name: &str, driver: &[CiProfile], model: &GpuModel) -> 
     f.out
 }
 
+/// What the driver says of the GPU as a whole, for [`gpu_differences`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuFacts {
+    /// Framebuffer in MiB.
+    pub memory_mib: Option<u64>,
+    /// PCI device id word (`0x233010DE`).
+    pub pci_device_id: Option<u32>,
+    /// Whether the driver reports a MIG mode at all.
+    pub mig_capable: bool,
+    /// `nvmlDeviceGetMaxMigDeviceCount`.
+    pub max_mig_device_count: Option<u32>,
+}
+
+/// Differences between what the driver says of a GPU and its reference entry: the PCI device
+/// id, the memory, MIG capability and the most MIG devices (the planner's instance limit).
+pub fn gpu_differences(d: &GpuFacts, model: &GpuModel) -> Vec<Difference> {
+    let mut f = Fields {
+        id: "model".into(),
+        subject: format!("{} ({})", model.key, model.nvml_name),
+        ..Default::default()
+    };
+    // A model without listed ids (the built-in non-MIG one) has nothing to compare.
+    if let (Some(id), false) = (d.pci_device_id, model.pci_device_ids.is_empty()) {
+        let hex = format!("0x{id:08X}");
+        let listed = model.pci_device_ids.iter().any(|p| {
+            p.split_whitespace()
+                .next()
+                .is_some_and(|p| p.eq_ignore_ascii_case(&hex))
+        });
+        if !listed {
+            let ids: Vec<&str> = model
+                .pci_device_ids
+                .iter()
+                .filter_map(|p| p.split_whitespace().next())
+                .collect();
+            f.cmp(
+                Weight::Warn,
+                "pci_device_id",
+                hex,
+                format!("[{}]", ids.join(" ")),
+            );
+        }
+    }
+    if let Some(mib) = d.memory_mib {
+        f.cmp(
+            Weight::Warn,
+            "memory_total_mib",
+            mib,
+            model.memory_total_mib,
+        );
+    }
+    f.cmp(
+        Weight::Fail,
+        "mig_capable",
+        d.mig_capable,
+        model.mig_capable(),
+    );
+    if let (Some(max), true) = (d.max_mig_device_count, model.mig_capable()) {
+        f.cmp(
+            Weight::Fail,
+            "max_mig_device_count",
+            max,
+            model.max_mig_device_count,
+        );
+    }
+    f.out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -189,6 +257,50 @@ mod tests {
 
     fn h100() -> &'static GpuModel {
         Catalog::get().by_key("H100-SXM5-80GB").unwrap()
+    }
+
+    #[test]
+    fn gpu_level_differences_are_named_with_both_values() {
+        let same = GpuFacts {
+            memory_mib: Some(81559),
+            pci_device_id: Some(0x2330_10DE),
+            mig_capable: true,
+            max_mig_device_count: Some(7),
+        };
+        assert_eq!(gpu_differences(&same, h100()), vec![]);
+        let other = GpuFacts {
+            memory_mib: Some(81920),
+            pci_device_id: Some(0x2324_10DE),
+            mig_capable: true,
+            max_mig_device_count: Some(4),
+        };
+        let d = gpu_differences(&other, h100());
+        let texts: Vec<_> = d.iter().map(|d| (d.weight, d.text.as_str())).collect();
+        assert_eq!(
+            texts,
+            vec![
+                (
+                    Weight::Warn,
+                    "H100-SXM5-80GB (NVIDIA H100 80GB HBM3): pci_device_id: driver 0x232410DE, \
+                     data/gpu-profiles.json [0x233010DE]"
+                ),
+                (
+                    Weight::Warn,
+                    "H100-SXM5-80GB (NVIDIA H100 80GB HBM3): memory_total_mib: driver 81920, \
+                     data/gpu-profiles.json 81559"
+                ),
+                (
+                    Weight::Fail,
+                    "H100-SXM5-80GB (NVIDIA H100 80GB HBM3): max_mig_device_count: driver 4, \
+                     data/gpu-profiles.json 7"
+                ),
+            ]
+        );
+        let no_mig = GpuFacts {
+            mig_capable: false,
+            ..same
+        };
+        assert_eq!(gpu_differences(&no_mig, h100())[0].id, "model.mig_capable");
     }
 
     #[test]

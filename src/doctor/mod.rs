@@ -231,14 +231,59 @@ fn gpu_checks(g: &GpuRead, out: &mut Vec<Check>) {
             Status::Fail,
             format!("{ident}: {}", g.errors.join("; ")),
         ),
-        Some(m) => push(out, &p, Status::Ok, format!("{ident} ({} in {REFERENCE})", m.key)),
-        None if g.mig.is_some() => push(
+        Some(m) => {
+            push(
+                out,
+                &p,
+                Status::Ok,
+                format!("{ident} ({} in {REFERENCE})", m.key),
+            );
+            let facts = compare::GpuFacts {
+                memory_mib: g.memory_mib,
+                pci_device_id: g.pci_device_id,
+                mig_capable: g.mig.is_some(),
+                max_mig_device_count: g.mig.as_ref().and_then(|m| m.max_mig_device_count),
+            };
+            let d = compare::gpu_differences(&facts, m);
+            if !d.is_empty() && !m.unverified.is_empty() {
+                // Expected where the reference guessed: say which values are guesses.
+                push(
+                    out,
+                    format!("{p}.reference"),
+                    Status::Warn,
+                    format!(
+                        "{} values unverified in {REFERENCE}: {}",
+                        m.key,
+                        m.unverified.join("; ")
+                    ),
+                );
+            }
+            diff_checks(&p, d, out);
+        }
+        None if g.mig.is_some() => {
+            // Known by its PCI id under another name: the reference entry needs this name.
+            let by_id = g
+                .pci_device_id
+                .and_then(|id| Catalog::get().by_pci_device_id(&format!("0x{id:08X}")));
+            let hint = by_id.map_or(String::new(), |m| {
+                format!(
+                    " (its PCI id is {}'s, named '{}' there: add this NVML name to the reference)",
+                    m.key, m.nvml_name
+                )
+            });
+            push(
+                out,
+                &p,
+                Status::Warn,
+                format!("{ident}: MIG-capable but not in {REFERENCE}{hint}: MIG layouts cannot be validated or planned"),
+            )
+        }
+        None => push(
             out,
             &p,
-            Status::Warn,
-            format!("{ident}: MIG-capable but not in {REFERENCE}: MIG layouts cannot be validated or planned"),
+            Status::Ok,
+            format!("{ident} (not in {REFERENCE}; whole-GPU use only)"),
         ),
-        None => push(out, &p, Status::Ok, format!("{ident} (not in {REFERENCE}; whole-GPU use only)")),
     }
     let Some(mig) = &g.mig else {
         push(out, format!("{p}.mig"), Status::Ok, "not MIG-capable");

@@ -9,7 +9,13 @@
 //! The mapping:
 //! - `devices: all` → `all = true`; `devices: [0, 1]` → `index = [0, 1]`;
 //!   `device-filter` (with `devices: all`) → one `[[gpu]]` per model, `model = "<reference key>"`,
-//!   the PCI IDs looked up in the compiled-in catalog (`data/gpu-profiles.json`);
+//!   the PCI IDs looked up in the compiled-in catalog (`data/gpu-profiles.json`). The import is
+//!   offline: a filter resolves to every model gpuctl knows among its IDs, and on a host only the
+//!   entries of the models it has select GPUs, as mig-parted applies an entry only to GPUs that
+//!   match its filter. A filter ID of a model gpuctl does not know is named in a [`Imported::notes`]
+//!   line (gpuctl manages no MIG on such a GPU, whatever the policy says), not refused;
+//! - a profile no model gpuctl knows offers (or, under a filter, one a filtered model lacks) is
+//!   unsupported: it names the profile and the models that have it;
 //! - `mig-enabled: false` → whole GPUs, `owner = …`;
 //! - `mig-devices: {"1g.10gb": 7}` → `mig = [{ profile = "1g.10gb", count = 7, owner = … }]`;
 //!   a compute-instance name `"1c.3g.40gb": 2` → two `3g.40gb` GPU instances with one `1c`
@@ -21,7 +27,7 @@
 //! The YAML is walked as a generic value rather than deserialized into structs so that every
 //! unknown or unsupported key is named with its full path, not rejected at the first one.
 
-use crate::profiles::Catalog;
+use crate::profiles::{Catalog, GpuModel};
 use serde::Serialize;
 use serde_norway::Value;
 use std::fmt;
@@ -52,6 +58,9 @@ pub struct Imported {
     pub toml: String,
     /// Fields left out, each named; empty when the import is complete.
     pub unsupported: Vec<Unsupported>,
+    /// What the drop-in leaves to the host without losing anything gpuctl could manage: device
+    /// filter IDs of models gpuctl does not know (header comments, never a refusal).
+    pub notes: Vec<Unsupported>,
 }
 
 /// A malformed mig-parted file: not YAML, not the documented shape, or no such config.
@@ -166,6 +175,7 @@ pub fn import(
 
     let owner_name = owner.unwrap_or(OWNER_PLACEHOLDER).to_string();
     let mut gpus = Vec::new();
+    let mut notes = Vec::new();
     for (i, entry) in entries.iter().enumerate() {
         let at = format!("{base}[{i}]");
         let map = entry
@@ -250,11 +260,11 @@ pub fn import(
                     match Catalog::get().by_pci_device_id(id) {
                         Some(m) if !models.contains(&m.key) => models.push(m.key.clone()),
                         Some(_) => {}
-                        None => unsupported.push(Unsupported {
+                        None => notes.push(Unsupported {
                             path: format!("{at}.device-filter"),
                             why: format!(
-                                "PCI device ID {id} is not a GPU model gpuctl knows; \
-                                 its GPUs are left out"
+                                "PCI device ID {id} is no GPU model gpuctl knows \
+                                 (data/gpu-profiles.json); a GPU of it is left as it is"
                             ),
                         }),
                     }
@@ -320,6 +330,16 @@ pub fn import(
                 });
                 continue;
             }
+            // A filter of unknown models only selects nothing: its notes say so.
+            let missing = if selectors.is_empty() {
+                vec![]
+            } else {
+                missing_profiles(&out, &selectors, &at)
+            };
+            if !missing.is_empty() {
+                unsupported.extend(missing);
+                continue;
+            }
             Some(out)
         } else {
             if map.get("mig-devices").is_some_and(|v| {
@@ -359,10 +379,67 @@ pub fn import(
     for u in &unsupported {
         header.push_str(&format!("# NOT IMPORTED: {u}\n"));
     }
+    for n in &notes {
+        header.push_str(&format!("# Left to the host: {}: {}\n", n.path, n.why));
+    }
     Ok(Imported {
         toml: format!("{header}\n{body}"),
         unsupported,
+        notes,
     })
+}
+
+/// The profiles of `mig` that the entry's GPUs cannot have: under model selectors, each
+/// model's missing ones; otherwise those no model gpuctl knows offers (an `all`/index entry
+/// with a profile only some models have imports, and `validate` names those models).
+fn missing_profiles(mig: &[MigEntry], selectors: &[GpuEntry], at: &str) -> Vec<Unsupported> {
+    let catalog = Catalog::get();
+    let mut out = Vec::new();
+    for e in mig {
+        let offering = GpuModel::offering(&e.profile);
+        let having = || {
+            if offering.is_empty() {
+                "no model gpuctl knows has it".to_string()
+            } else {
+                let keys: Vec<&str> = offering.iter().map(|m| m.key.as_str()).collect();
+                format!("models that have it: {}", keys.join(", "))
+            }
+        };
+        let path = format!("{at}.mig-devices.\"{}\"", e.profile);
+        let models: Vec<&str> = selectors
+            .iter()
+            .filter_map(|s| s.model.as_deref())
+            .collect();
+        if models.is_empty() {
+            if offering.is_empty() {
+                out.push(Unsupported {
+                    path,
+                    why: format!(
+                        "profile {} is in no GPU model of data/gpu-profiles.json; \
+                         this entry is left out",
+                        e.profile
+                    ),
+                });
+            }
+            continue;
+        }
+        for m in models {
+            if catalog
+                .by_key(m)
+                .is_some_and(|m| m.gi_profile(&e.profile).is_none())
+            {
+                out.push(Unsupported {
+                    path: path.clone(),
+                    why: format!(
+                        "{m} has no profile {} ({}); this entry is left out",
+                        e.profile,
+                        having()
+                    ),
+                });
+            }
+        }
+    }
+    out
 }
 
 fn selector(all: Option<bool>, index: Option<Vec<u32>>, model: Option<String>) -> GpuEntry {
@@ -554,15 +631,9 @@ mig-configs:
     #[test]
     fn device_filter_becomes_model_selectors() {
         let i = import(EXAMPLE, "all-balanced", Some("infer"), "config.yaml").unwrap();
-        // 0x20B110DE and 0x20F610DE (A100 variants outside the catalog) are named, not dropped.
-        let paths: Vec<_> = i.unsupported.iter().map(|u| u.to_string()).collect();
-        assert_eq!(paths.len(), 2, "{paths:?}");
-        assert!(paths[0].starts_with(
-            "mig-configs.all-balanced[0].device-filter: unsupported: PCI device ID 0x20B110DE"
-        ));
-        assert!(i
-            .toml
-            .contains("# NOT IMPORTED: mig-configs.all-balanced[0].device-filter"));
+        // Every ID is a known model: the four A100/A800 40GB IDs are three entries.
+        assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
+        assert!(i.notes.is_empty(), "{:?}", i.notes);
         let v: toml::Value = toml::from_str(&i.toml).unwrap();
         let models: Vec<_> = v["gpu"]
             .as_array()
@@ -570,8 +641,38 @@ mig-configs:
             .iter()
             .map(|g| g["model"].as_str().unwrap())
             .collect();
-        assert_eq!(models, vec!["A100-SXM4-40GB", "H100-SXM5-80GB"]);
+        assert_eq!(
+            models,
+            vec![
+                "A100-SXM4-40GB",
+                "A100-PCIE-40GB",
+                "A800-PCIe-40GB",
+                "H100-SXM5-80GB"
+            ]
+        );
         assert_valid(&i.toml);
+        // An ID of a model gpuctl does not know is a note in the header, not a refusal.
+        let yaml = EXAMPLE.replace("\"0x20F610DE\"", "\"0x294110DE\"");
+        let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();
+        assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
+        assert_eq!(i.notes.len(), 1);
+        assert_eq!(i.notes[0].path, "mig-configs.all-balanced[0].device-filter");
+        assert!(i.notes[0]
+            .why
+            .starts_with("PCI device ID 0x294110DE is no GPU model"));
+        assert!(i
+            .toml
+            .contains("# Left to the host: mig-configs.all-balanced[0]"));
+        // A filtered model that lacks a profile is named with the models that have it.
+        let yaml = EXAMPLE.replace("\"3g.40gb\": 1", "\"3g.20gb\": 1");
+        let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();
+        let why: Vec<_> = i.unsupported.iter().map(|u| u.to_string()).collect();
+        assert_eq!(why.len(), 1, "{why:?}");
+        assert!(why[0].starts_with(
+            "mig-configs.all-balanced[1].mig-devices.\"3g.20gb\": unsupported: \
+             H100-SXM5-80GB has no profile 3g.20gb (models that have it: "
+        ));
+        assert!(why[0].contains("A800-PCIe-40GB"), "{why:?}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ use std::sync::OnceLock;
 
 pub mod cgroup;
 pub mod hpc;
+pub mod ledger;
 
 /// Every metric family gpuctl exports, as Prometheus names its series' stem (`_total`,
 /// `_bucket`, `_sum`, `_count` are added to some by the encoder).
@@ -56,6 +57,9 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_idle_holder",
     "gpuctl_idle_seconds",
     "gpuctl_idle_activity_unknown",
+    "gpuctl_ledger_held_seconds_total",
+    "gpuctl_ledger_active_seconds_total",
+    "gpuctl_ledger_unknown_seconds_total",
 ];
 
 type Labels = Vec<(String, String)>;
@@ -373,6 +377,7 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     );
     r.register("join", "Join calls by team and outcome", c.joins.clone());
     register_idle(&mut r, &s.idle);
+    ledger::register(&mut r);
     r
 }
 

@@ -169,6 +169,23 @@ pub struct HostSettings {
     pub drain_timeout: Duration,
     /// Explicit `libnvidia-ml.so` path; `None` means the loader's default.
     pub nvml_library: Option<PathBuf>,
+    /// When the GPU-hours ledger samples (docs/ledger.md).
+    #[serde(default)]
+    pub accounting: Accounting,
+}
+
+/// `[host] accounting`: when gpuctld keeps the GPU-hours ledger (docs/ledger.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Accounting {
+    /// Account from the samples the idle rules take anyway: no extra wakeup or NVML read, and
+    /// nothing while no team has an idle rule.
+    #[default]
+    Auto,
+    /// Sample every idle interval even when no team has an idle rule.
+    On,
+    /// Keep no ledger.
+    Off,
 }
 
 impl Default for HostSettings {
@@ -177,6 +194,7 @@ impl Default for HostSettings {
             reconfigure: Reconfigure::WhenIdle,
             drain_timeout: Duration::from_secs(300),
             nvml_library: None,
+            accounting: Accounting::Auto,
         }
     }
 }

@@ -8,7 +8,9 @@
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
 use super::caps::{self, within};
-use super::{valid_team_name, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Size};
+use super::{
+    valid_team_name, Accounting, Diagnostic, IdleAction, Loc, Member, Reconfigure, Selector, Size,
+};
 use crate::settings::value::{
     duration_item, int_in, over_cap, size_item, type_name, valid_gpu_uuid, want_str, Fail,
     DURATION_HELP, MAX_DRAIN_TIMEOUT, SIZE_HELP_BYTES,
@@ -62,6 +64,8 @@ pub struct HostPart {
     pub drain_timeout: Option<At<Duration>>,
     /// `nvml-library`.
     pub nvml_library: Option<At<PathBuf>>,
+    /// `accounting`.
+    pub accounting: Option<At<Accounting>>,
 }
 
 /// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
@@ -165,7 +169,7 @@ const SLURM_KEYS: &[&str] = &[
     "team-types",
     "restart",
 ];
-const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library"];
+const HOST_KEYS: &[&str] = &["reconfigure", "drain-timeout", "nvml-library", "accounting"];
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const IDLE_KEYS: &[&str] = &[
     "after",
@@ -480,6 +484,18 @@ impl<'a> Cx<'a> {
                 duration_item(i, MAX_DRAIN_TIMEOUT, "MAX_DRAIN_TIMEOUT")
             }),
             nvml_library: self.field(t, "host", "nvml-library", |i| abs_path(want_str(i)?)),
+            accounting: self.field(t, "host", "accounting", |i| {
+                let s = want_str(i)?;
+                match s {
+                    "auto" => Ok(Accounting::Auto),
+                    "on" => Ok(Accounting::On),
+                    "off" => Ok(Accounting::Off),
+                    _ => Err((
+                        format!("unknown accounting mode '{s}'"),
+                        Some("expected one of: auto, on, off".into()),
+                    )),
+                }
+            }),
         }
     }
 
@@ -1124,6 +1140,24 @@ mod tests {
         assert_eq!(d.len(), 1);
         assert_eq!(d[0].loc.as_ref().unwrap().line, 2);
         assert!(d[0].message.contains("syntax"), "{}", d[0]);
+    }
+
+    #[test]
+    fn accounting_modes_and_a_bad_one_named_with_its_line() {
+        for (v, want) in [
+            ("auto", Accounting::Auto),
+            ("on", Accounting::On),
+            ("off", Accounting::Off),
+        ] {
+            let (f, d) = parse(&format!("version = 1\n[host]\naccounting = \"{v}\"\n"));
+            assert!(d.is_empty(), "{d:?}");
+            assert_eq!(f.unwrap().host.accounting.map(|a| a.value), Some(want));
+        }
+        let (_, d) = parse("version = 1\n[host]\naccounting = \"yes\"\n");
+        assert_eq!(d.len(), 1);
+        assert_eq!(d[0].key, "host.accounting");
+        assert_eq!(d[0].loc.as_ref().unwrap().line, 3);
+        assert!(d[0].message.contains("'yes'"), "{}", d[0]);
     }
 
     #[test]

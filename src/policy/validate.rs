@@ -44,6 +44,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut host.reconfigure, &f.host.reconfigure);
         overlay(&mut host.drain_timeout, &f.host.drain_timeout);
         overlay(&mut host.nvml_library, &f.host.nvml_library);
+        overlay(&mut host.accounting, &f.host.accounting);
         overlay(&mut slurm.enabled, &f.slurm.enabled);
         overlay(&mut slurm.gres_file, &f.slurm.gres_file);
         overlay(&mut slurm.node_name, &f.slurm.node_name);
@@ -75,6 +76,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             reconfigure: value(&host.reconfigure).unwrap_or(defaults.reconfigure),
             drain_timeout: value(&host.drain_timeout).unwrap_or(defaults.drain_timeout),
             nvml_library: value(&host.nvml_library),
+            accounting: value(&host.accounting).unwrap_or(defaults.accounting),
         },
         teams: teams
             .values()
@@ -679,6 +681,23 @@ fn check_mig_static(g: &GpuPart, ms: &[super::parse::MigPart], diags: &mut Vec<D
             Some(format!("profiles exist on: {which}")),
         );
         return;
+    }
+    if viable.len() < mig_models.len() && matches!(g.selector.value, Selector::All) {
+        // Valid here, refused by `plan` on a GPU of any other model: say which ones it is for.
+        // Index and UUID entries pick GPUs the host check matches against their real model.
+        let keys: Vec<&str> = viable.iter().map(|m| m.key.as_str()).collect();
+        let profiles: Vec<&str> = specs.iter().map(|s| s.profile.as_str()).collect();
+        diags.push(warning(
+            &g.loc,
+            &format!("{}.mig", g.key),
+            format!(
+                "MIG profile(s) {} exist only on {}: plan refuses this entry on a GPU of another \
+                 model",
+                profiles.join(", "),
+                keys.join(", ")
+            ),
+            Some("replace all = true by model = \"…\" (a glob over these names)".into()),
+        ));
     }
     let results: Vec<(&GpuModel, Vec<MigProblem>)> = viable
         .iter()

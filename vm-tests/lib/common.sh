@@ -78,6 +78,25 @@ check_empty() {
     fi
 }
 
+# num_gt V LIMIT: V is a decimal number above LIMIT. Fails on anything else, so an empty query
+# result ("null", "") fails (awk alone compares "null" > 0.9 as strings, which is true).
+num_gt() {
+    [[ $1 =~ ^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$ ]] || { echo "not a number: '$1'"; return 1; }
+    awk -v v="$1" -v l="$2" 'BEGIN {exit !(v + 0 > l + 0)}'
+}
+
+# require_nonempty DESC LIST: a check that LIST (what a scenario found and is about to loop over)
+# is not empty: a loop over nothing checks nothing and would pass.
+require_nonempty() {
+    local desc=$1 list=$2
+    if [ -n "${list//[[:space:]]/}" ]; then
+        _vm_pass "$desc: $(wc -w <<<"$list") found"
+    else
+        _vm_fail "$desc: none found, so nothing below would be checked"
+        return 1
+    fi
+}
+
 # fail DESC: record a failed check without a command (for conditions computed by the scenario).
 fail() { _vm_fail "$*"; }
 pass() { _vm_pass "$*"; }

@@ -9,11 +9,17 @@
 #   gpuctld_start           (re)start gpuctld and wait for READY=1
 #   reload_wait             SIGHUP, then wait until a reconcile that started after it finished
 #   status_text             gpuctld's StatusText
+#   is_converged TEXT [TEAMS [GPUS]]   TEXT is a converged StatusText (of TEAMS teams, GPUS GPUs)
+#   is_not_converged TEXT   TEXT says the host differs (something waits)
+#   is_policy_error TEXT    TEXT says a policy error keeps the last good policy (or none) in force
+#   status_converged [TEAMS [GPUS]]    gpuctld's StatusText is converged (is_converged)
+#   wait_converged SECS [TEAMS [GPUS]] wait until it is; on timeout print it and fail
 #   wait_for SECS CMD...    poll CMD every 0.1 s (the product may not poll; a test may)
 #   probe SLICE NODE        open NODE from a service in SLICE: ENXIO (allowed, no driver),
 #                           EPERM (denied by the device filter), OK, or other: ...
 #   gpuctld_journal [ARGS]  gpuctld's journal (-o cat) since this scenario started: scenarios
 #                           that share a boot (# vmtest: group=...) see only their own lines
+#   journal_has REGEX       that journal has a line matching REGEX
 #   test_users              alice (group ml-infer), bob (no team), carol (group ml-train)
 
 # The fake NVML's state: written by the scenario (known UUIDs), read and updated by every
@@ -77,6 +83,31 @@ test_users() {
 
 status_text() { systemctl show -P StatusText gpuctld.service; }
 
+# The StatusText forms, as src/dbus_api/reply.rs (ReconcileReport::summary) and src/daemon/mod.rs
+# write them; tests/vm_status.rs runs these predicates on the real texts:
+#   "N teams, M GPUs converged"
+#   "N teams, M GPUs: not converged, K change(s) waiting, first: ..."
+#   "N teams, M GPUs: K error(s), first: ..."
+#   "policy error in WHERE — last good policy in force" (or "— no good policy yet, nothing applied")
+# Match a whole form, never a word: "not converged" contains "converged".
+is_converged() {
+    local re='^([0-9]+) teams, ([0-9]+) GPUs converged$'
+    [[ $1 =~ $re ]] || return 1
+    [ -z "${2:-}" ] || [ "${BASH_REMATCH[1]}" = "$2" ] || return 1
+    [ -z "${3:-}" ] || [ "${BASH_REMATCH[2]}" = "$3" ]
+}
+is_not_converged() { [[ $1 =~ ^[0-9]+\ teams,\ [0-9]+\ GPUs:\ not\ converged,\ [0-9]+\ change\(s\)\ waiting ]]; }
+is_policy_error() { [[ $1 =~ ^policy\ error\ in\ .+\ —\ (last\ good\ policy\ in\ force|no\ good\ policy\ yet) ]]; }
+# shellcheck disable=SC2120 # TEAMS and GPUS are optional
+status_converged() { is_converged "$(status_text)" "$@"; }
+wait_converged() {
+    local secs=$1
+    shift
+    wait_for "$secs" status_converged "$@" && return 0
+    echo "not converged after ${secs} s: $(status_text)"
+    return 1
+}
+
 wait_for() {
     local start=$SECONDS end=$((SECONDS + $1)) pause
     shift
@@ -132,6 +163,8 @@ reload_wait() {
 gpuctld_journal() {
     journalctl -u gpuctld.service -o cat --no-pager --since "@${VMTEST_SCENARIO_START:-0}" "$@"
 }
+# journal_has REGEX: gpuctld logged a line matching REGEX in this scenario (for wait_for).
+journal_has() { gpuctld_journal | grep -q -- "$1"; }
 
 # shell_setup: the gpuctl shell/run scenarios' host: 4 fake GPUs, alice/bob/carol, teams infer
 # (@ml-infer, GPU 0), train (@ml-train and alice, GPU 1) and empty (alice, no GPU); gpuctld
@@ -157,8 +190,7 @@ index = [1]
 owner = "train"
 P
     gpuctld_start
-    wait_for 20 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
-    echo "gpuctld: $(status_text)"
+    check "gpuctld converged on the shell host (3 teams, 2 GPUs)" wait_converged 20 3 2
 }
 
 # as USER CMD: run CMD (a shell string) as USER through a login-less su; prints output, keeps rc.

@@ -8,7 +8,7 @@
 fake_mps_control
 
 units=$(dpkg -L gpuctl | grep -E '^(/usr)?/lib/systemd/system/[^/]*$')
-[ -n "$units" ] && pass "package ships units: $(echo "$units" | xargs -n1 basename | xargs)"
+require_nonempty "units the package ships" "$units" && echo "    units: $(echo "$units" | xargs -n1 basename | xargs)"
 for u in $units; do
     name=${u##*/}
     if [[ $name == *@.* ]]; then

@@ -2,8 +2,7 @@
 # Upgrading (here: reinstalling over itself, which dpkg runs as an upgrade) keeps the admin's
 # edits to the conffile and their choice to disable the agent; a reinstall after `remove` applies
 # the preset again.
-# In the package group's VM since 2026-12-03 (one boot fewer, ~29 s of CI): it ends as 10-install
-# left the guest, with the package installed and gpuctld enabled by the preset, and the harness
+# In the package group's VM (one boot fewer): it ends as 10-install left the guest, with the package installed and gpuctld enabled by the preset, and the harness
 # resets gpuctl's run-time state before the next member.
 # vmtest: group=pkg
 . lib/common.sh

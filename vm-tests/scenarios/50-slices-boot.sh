@@ -30,7 +30,7 @@ t0=$(date +%s%N)
 gpuctld_start
 echo "gpuctld start (READY=1) took $(( ($(date +%s%N)-t0)/1000000 )) ms"
 systemctl show -p ActiveState -p StatusText gpuctld.service
-check "StatusText says converged" sh -c "systemctl show -P StatusText gpuctld.service | grep -q '2 teams, 2 GPUs converged'"
+check "StatusText says converged" status_converged 2 2
 systemctl show -p ActiveState -p MemoryMax -p MemoryHigh -p CPUWeight -p AllowedCPUs -p TasksMax -p IOWeight -p DevicePolicy -p DeviceAllow gpu-infer.slice
 check "gpu-infer.slice active" test "$(systemctl show -P ActiveState gpu-infer.slice)" = active
 check "MemoryMax=256M" test "$(systemctl show -P MemoryMax gpu-infer.slice)" = 268435456
@@ -58,7 +58,9 @@ j=$(journalctl --since "@$VMTEST_SCENARIO_START" -o verbose GPUCTL_TEAM=infer GP
 echo "journal entries with GPUCTL_TEAM=infer GPUCTL_ACTION=slices: $j"
 check "journald structured fields" test "$j" -ge 1
 # Idempotent: a second reconcile changes nothing.
+# The count below is of the line the first reconcile logged for each slice it set: it exists.
 before=$(gpuctld_journal | grep -c '^set gpu-')
+check "the first reconcile logged its slice changes ('set gpu-...': $before)" test "$before" -ge 2
 reload_wait
 after=$(gpuctld_journal | grep -c '^set gpu-')
 check "second reconcile changes nothing" test "$before" = "$after"

@@ -19,6 +19,8 @@ index = [0]
 owner = "infer"
 P
 gpuctld_start
+# The line whose absence below shows "no change": the first run logs it when it sets the slice.
+check "the first run logged 'set gpu-infer.slice'" wait_for 20 journal_has '^set gpu-infer.slice'
 systemctl stop gpuctld.service
 systemctl stop gpu-infer.slice
 rm -rf /run/systemd/system.control/gpu-*.slice.d

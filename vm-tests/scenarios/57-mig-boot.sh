@@ -38,7 +38,7 @@ echo "StatusText: $st"
 # What gpuctld's mount namespace sees of the faked driver files (its sandbox is its own).
 gpuctl plan 2>&1 | grep -E 'devices:|error' | sed 's/^/    plan| /'
 echo "mig-minors as gpuctld sees it: $(nsenter -t "$(systemctl show -P MainPID gpuctld.service)" -m sh -c 'grep -c access /proc/driver/nvidia-caps/mig-minors' 2>&1)"
-check "gpuctld converged" grep -q converged <<<"$st"
+check "gpuctld converged" is_converged "$st" 2 2
 
 S=$FAKE_NVML_STATE
 check_output "fake NVML: MIG on for GPU 0" test "$(jq -r '.gpus[0].mig.current' "$S")" = 1
@@ -107,8 +107,9 @@ check "train's CUDA_VISIBLE_DEVICES: its two MIG devices and GPU 1" \
 
 # Starting again (as at the next boot with the instances still there) changes nothing.
 calls=$(jq -r '.mutating_calls // 0' "$S")
+check "the fake NVML counted the first start's MIG changes ($calls calls)" test "$calls" -gt 0
 gpuctld_start
 check_output "a second start makes no NVML change (mutating calls stay $calls)" \
     test "$(jq -r '.mutating_calls // 0' "$S")" = "$calls"
-check "still converged" grep -q converged <<<"$(status_text)"
+check "still converged" status_converged 2 2
 finish

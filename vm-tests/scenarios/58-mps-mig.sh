@@ -54,7 +54,7 @@ t_us=$(date +%s%6N)
 # shellcheck disable=SC2317 # called through wait_for
 changed() {
     jq -e '[.gpus[0].gpu_instances[].profile_id] | index(5)' "$S" >/dev/null &&
-        _reconciled_since "$t_us" && status_text | grep -q converged
+        _reconciled_since "$t_us" && status_converged
 }
 policy 4g.40gb
 wait_for 60 changed

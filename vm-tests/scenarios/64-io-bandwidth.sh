@@ -34,6 +34,7 @@ check "systemd holds IOReadBandwidthMax" test "$(systemctl show -P IOReadBandwid
 check "systemd holds IOWriteBandwidthMax" test "$(systemctl show -P IOWriteBandwidthMax gpu-infer.slice)" = "$dev 2097152"
 # Read back through D-Bus (a(st)) equals what was set: a second reconcile sets nothing.
 before=$(gpuctld_journal | grep -c '^set gpu-')
+check "the first reconcile logged its slice change ('set gpu-...': $before)" test "$before" -ge 1
 reload_wait
 after=$(gpuctld_journal | grep -c '^set gpu-')
 check "second reconcile changes nothing (read-back matches)" test "$before" = "$after"

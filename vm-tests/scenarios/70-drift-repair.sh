@@ -24,8 +24,7 @@ index = [1]
 owner = "train"
 P
 gpuctld_start
-wait_for 20 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "GPUs converged"'
-echo "gpuctld: $(status_text)"
+check "gpuctld converged (2 teams, 2 GPUs)" wait_converged 20 2 2
 MEM=/sys/fs/cgroup/gpu.slice/gpu-infer.slice/memory.max
 check "policy limit live" test "$(cat $MEM)" = 268435456
 check "train's GPU denied to infer" test "$(probe gpu-infer.slice /dev/nvidia1)" = EPERM
@@ -34,22 +33,41 @@ N=${BENCH_N:-5}
 now_us() { date +%s%6N; }
 median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 
-# One drift: KIND (mem|dev), MODE (--runtime or empty). Prints "applied_us repaired_us".
+# The journal line a repair of each kind of drift logs (what gpuctld saw: the proof that the
+# value did change before it was put back).
+MEM_LINE='gpu-infer.slice (team infer) differs from the policy: MemoryMax=1073741824 (policy: 268435456)'
+DEV_LINE='gpu-infer.slice (team infer) differs from the policy: DeviceAllow +/dev/nvidia1'
+OVERRIDE_LINE='removed persistent override /etc/systemd/system.control/gpu-infer.slice.d/50-'
+seen() { gpuctld_journal | grep -cF "$1"; }
+# shellcheck disable=SC2317 # called through wait_for
+logged_more() { [ "$(seen "$1")" -gt "$2" ]; }
+
+# One drift: KIND (mem|dev), MODE (--runtime or empty). Prints "applied_us repaired_us". Fails
+# when the set-property fails, when the value is not back within 5 s, or when no new repair line
+# (and, for a persistent drift, no new removed-override line) was logged for it.
 drift_once() {
-    local kind=$1 mode=$2 t0 t1 t2
+    local kind=$1 mode=$2 t0 t1 t2 line n0 o0
+    [ "$kind" = mem ] && line=$MEM_LINE || line=$DEV_LINE
+    n0=$(seen "$line") o0=$(seen "$OVERRIDE_LINE")
     t0=$(now_us)
     if [ "$kind" = mem ]; then
         # shellcheck disable=SC2086 # mode is empty or one word
-        systemctl set-property $mode gpu-infer.slice MemoryMax=1G
+        systemctl set-property $mode gpu-infer.slice MemoryMax=1G || { echo "set-property failed"; return 1; }
         t1=$(now_us)
         wait_for 5 sh -c "test \"\$(cat $MEM)\" = 268435456" || { echo "not repaired"; return 1; }
     else
         # shellcheck disable=SC2086
-        systemctl set-property $mode gpu-infer.slice "DeviceAllow=/dev/nvidia1 rw"
+        systemctl set-property $mode gpu-infer.slice "DeviceAllow=/dev/nvidia1 rw" || { echo "set-property failed"; return 1; }
         t1=$(now_us)
         wait_for 5 sh -c '! systemctl show -P DeviceAllow gpu-infer.slice | grep -q "/dev/nvidia1 "' || { echo "not repaired"; return 1; }
     fi
     t2=$(now_us)
+    wait_for 5 logged_more "$line" "$n0" ||
+        { echo "repaired, but no drift was logged: did the value change?"; return 1; }
+    if [ -z "$mode" ]; then
+        wait_for 5 logged_more "$OVERRIDE_LINE" "$o0" ||
+            { echo "no removed persistent override logged"; return 1; }
+    fi
     echo "$((t1 - t0)) $((t2 - t1))"
 }
 
@@ -62,13 +80,14 @@ for kind in mem dev; do
                 hand+=("${r% *}") rep+=("${r#* }")
             else
                 fails=$((fails + 1))
+                echo "drift $kind $mode: $r"
             fi
             sleep 0.3
         done
         med=$(printf '%s\n' "${rep[@]}" | median)
         hmed=$(printf '%s\n' "${hand[@]}" | median)
         echo "drift $kind $mode: repair times (us): ${rep[*]}"
-        check "$kind drift ($mode) repaired every time ($N of $N)" test "$fails" = 0
+        check "$kind drift ($mode) applied, logged and repaired every time ($N of $N)" test "$fails" = 0
         check "$kind drift ($mode) repaired within 1 s (median ${med:-?} us)" test "${med:-9999999}" -lt 1000000
         echo "BENCH drift repair ($kind, $mode): median $((med / 1000)) ms over $N; the hand set-property itself took median $((hmed / 1000)) ms (ratio $(awk -v a="$med" -v b="$hmed" 'BEGIN{printf "%.1f", a/b}')x)"
     done
@@ -81,10 +100,13 @@ check "after a daemon-reload the policy still holds (memory)" test "$(cat $MEM)"
 check "after a daemon-reload the policy still holds (devices)" sh -c '! systemctl show -P DeviceAllow gpu-infer.slice | grep -q "/dev/nvidia1 "'
 check "train's GPU denied to infer again" test "$(probe gpu-infer.slice /dev/nvidia1)" = EPERM
 j=$(gpuctld_journal)
-check_output "the repair is logged with what changed" grep -m3 'differs from the policy: MemoryMax=1073741824 (policy: 268435456)' <<<"$j"
-check_output "an added DeviceAllow is logged" grep -m1 'DeviceAllow +/dev/nvidia1' <<<"$j"
-check_output "the removed persistent override is named" grep -m2 'removed persistent override /etc/systemd/system.control/gpu-infer.slice.d/50-' <<<"$j"
+grep -m3 -F "$MEM_LINE" <<<"$j" | sed 's/^/    | /'
+grep -m3 -F "$DEV_LINE" <<<"$j" | sed 's/^/    | /'
+# One line per drift: 2N of each kind (runtime and persistent), one removed override per
+# persistent drift.
+check "every memory drift is logged with what changed (2x$N)" test "$(grep -cF "$MEM_LINE" <<<"$j")" -ge $((2 * N))
+check "every added DeviceAllow is logged (2x$N)" test "$(grep -cF "$DEV_LINE" <<<"$j")" -ge $((2 * N))
+check "every removed persistent override is named (2x$N)" test "$(grep -cF "$OVERRIDE_LINE" <<<"$j")" -ge $((2 * N))
 check_output "the trigger names the drop-in" grep -m2 'drift: control drop-ins changed' <<<"$j"
-wait_for 10 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "GPUs converged"'
-echo "gpuctld: $(status_text)"
+check "converged after the drifts" wait_converged 10 2 2
 finish

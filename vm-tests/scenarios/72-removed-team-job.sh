@@ -11,7 +11,8 @@
 shell_setup
 # alice's job in infer; the fake NVML sees its pid on GPU 0 (as the driver would).
 as alice 'gpuctl run --team infer -- sleep 600' &
-wait_for 15 sh -c 'pgrep -u alice -x sleep >/dev/null'
+# Checked, not assumed: without the job nothing below holds GPU 0, and the checks test nothing.
+check "alice's job started" wait_for 60 sh -c 'pgrep -u alice -x sleep >/dev/null' || finish
 pid=$(pgrep -u alice -x sleep | head -1)
 echo "alice's job: pid $pid, cgroup $(cat /proc/"$pid"/cgroup)"
 jq ".processes += [{\"pid\": $pid, \"gpu\": 0, \"used_memory_mib\": 100}]" "$FAKE_NVML_STATE" >"$FAKE_NVML_STATE.new" && mv "$FAKE_NVML_STATE.new" "$FAKE_NVML_STATE"
@@ -32,7 +33,7 @@ check "train keeps its own GPU 1" grep -q '/dev/nvidia1 ' <<<"$da"
 r=$(probe gpu-train.slice /dev/nvidia0); echo "train -> /dev/nvidia0: $r"
 check "GPU 0 denied to train (EPERM)" test "$r" = EPERM
 check "alice's job still runs" kill -0 "$pid"
-check_not "status does not say converged" sh -c "systemctl show -P StatusText gpuctld.service | grep -q 'GPUs converged'"
+check "status says not converged" is_not_converged "$(status_text)"
 check_output "status says what waits and who holds it" sh -c "gpuctl status --json | jq -r '.last_reconcile.differs[]' | grep 'not handed over' | grep 'pid $pid'"
 gpuctl status; rc=$?
 check "gpuctl status exits non-zero while the host differs" test $rc != 0
@@ -43,5 +44,5 @@ jq '.processes = []' "$FAKE_NVML_STATE" >"$FAKE_NVML_STATE.new" && mv "$FAKE_NVM
 reload_wait
 echo "gpuctld: $(status_text)"
 check "train gets GPU 0 once the job ended" sh -c "systemctl show -P DeviceAllow gpu-train.slice | grep -q '/dev/nvidia0 '"
-check "converged" sh -c "systemctl show -P StatusText gpuctld.service | grep -q \"GPUs converged\""
+check "converged" status_converged
 finish

@@ -18,7 +18,7 @@ index = [0]
 owner = "infer"
 P
 gpuctld_start
-wait_for 20 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "GPUs converged"'
+check "gpuctld converged" wait_converged 20
 # A login session's job: a scope named like logind's, in user.slice.
 systemd-run -q --scope --unit=session-970.scope --slice=user-1000.slice sleep 600 &
 wait_for 10 systemctl is-active -q session-970.scope

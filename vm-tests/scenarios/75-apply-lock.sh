@@ -16,7 +16,7 @@ index = [0]
 owner = "infer"
 P
 gpuctld_start
-wait_for 20 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "GPUs converged"'
+check "gpuctld converged" wait_converged 20
 main=$(systemctl show -P MainPID gpuctld.service)
 check_output "the lock file names gpuctld as its last holder" grep -x "pid $main (gpuctld)" /run/gpuctl/apply.lock
 
@@ -38,7 +38,7 @@ check_output "gpuctld logs that it waits for the holder" sh -c "journalctl -u gp
 wait "$holder"
 wait_for 30 _reconciled_since "$t"
 echo "gpuctld: $(status_text)"
-check "after the holder ended, gpuctld converged" sh -c "systemctl show -P StatusText gpuctld.service | grep -q \"GPUs converged\""
+check "after the holder ended, gpuctld converged" status_converged
 out=$(gpuctl apply --local --lock-wait 30 2>&1); rc=$?
 echo "apply --local (free lock): rc=$rc: $(tail -3 <<<"$out")"
 check "apply --local with a free lock runs" test $rc = 0

@@ -81,7 +81,7 @@ check "a non-UTF-8 name is warned about" grep -q 'skipped: the file name is not 
 rm -f "$d/95-$(printf '\xff\xfe').toml"
 
 reload_wait
-check "clean again: converged" grep -q converged <<<"$(status_text)"
+check "clean again: converged" status_converged 3 2
 rss=$(awk '/VmRSS/ {print $2}' "/proc/$(systemctl show -P MainPID gpuctld.service)/status")
 echo "BENCH harden-rss-after-hostile-files-kib $rss"
 check "RSS bounded (< 64 MiB)" test "$rss" -lt 65536

@@ -39,7 +39,9 @@ r=$(http query "$P" 'sum by (team) (gpuctl_team_gpu_processes{team!=""})')
 echo "    processes per team: $r"
 check_output "PromQL: processes per team, team-labelled" test "$(jq -cS '[.[] | {(.metric.team): .value[1]}] | add' <<<"$r")" = '{"infer":"1","train":"1"}'
 r=$(http query "$P" 'gpuctl_device_memory_used_bytes{team="infer"} / gpuctl_device_memory_total_bytes{team="infer"}')
-check_output "PromQL: infer's GPU 0 is over 90% full" awk -v v="$(jq -r '.[0].value[1]' <<<"$r")" 'BEGIN {exit !(v > 0.9)}'
+echo "    infer's GPU 0 used/total: $r"
+check "PromQL: one series for infer's GPU 0" test "$(jq length <<<"$r")" = 1
+check "PromQL: infer's GPU 0 is over 90% full" num_gt "$(jq -r '.[0].value[1]' <<<"$r")" 0.9
 r=$(http query "$P" 'gpuctl_device_team_info{team="train"}')
 check_output "PromQL: the dcgm join labels of train's MIG device" \
     test "$(jq -c '.[0].metric | [.gpu, .GPU_I_PROFILE, (.GPU_I_ID != ""), (.UUID | startswith("GPU-"))]' <<<"$r")" = '["1","3g.40gb",true,true]'

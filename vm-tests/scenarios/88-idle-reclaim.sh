@@ -42,8 +42,7 @@ owner = "infer"
 P
 check_output "the policy with idle rules validates" gpuctl validate /etc/gpuctl/policy.d/88-idle.toml
 gpuctld_start
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q " converged"'
-echo "StatusText: $(status_text)"
+check "gpuctld converged" wait_converged 60
 
 # alice's terminal: a pty she owns (script(1) run as her), its output kept in a file.
 rm -f /tmp/alice-tty.log

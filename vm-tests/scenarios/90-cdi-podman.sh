@@ -40,8 +40,7 @@ index = [1]
 owner = "train"
 P
 gpuctld_start
-wait_for 30 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
-echo "gpuctld: $(status_text)"
+check "gpuctld converged" wait_converged 30
 echo "engines: $(podman --version), $(crun --version | head -n1), conmon $(conmon --version | head -n1)"
 
 ls -l /var/run/cdi/ | sed 's/^/    cdi| /'

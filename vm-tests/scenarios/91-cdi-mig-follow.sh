@@ -30,8 +30,7 @@ index = [1]
 owner = "train"
 P
 gpuctld_start
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
-echo "gpuctld: $(status_text)"
+check "gpuctld converged (2 teams, 2 GPUs)" wait_converged 60 2 2
 S=$FAKE_NVML_STATE
 spec_caps() { jq -r '.devices[0].containerEdits.deviceNodes[].path' "$(cdi_spec infer)" | grep nvidia-caps/ | sort; }
 slice_caps() { systemctl show -P DeviceAllow gpu-infer.slice | tr ' ' '\n' | grep '^/dev/nvidia-caps/' | sort; }
@@ -46,6 +45,7 @@ NODES="/dev/nvidia0 /dev/nvidia1 $(xargs <<<"$caps1")"
 export NODES
 out=$(in_ctr $(gpuctl env --team infer --format cdi) -e NODES -- "$PROBE" 2>&1)
 echo "$out" | sed 's/^/    before| /'
+require_nonempty "infer's cap nodes (3g.40gb)" "$caps1"
 for c in $caps1 /dev/nvidia0; do
     check "inside: $c opens (ENXIO)" test "$(field "$out" "node $c")" = ENXIO
 done
@@ -68,8 +68,7 @@ index = [1]
 owner = "train"
 P
 reload_wait
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
-echo "gpuctld: $(status_text)"
+check "converged on the new layout" wait_converged 60 2 2
 caps2=$(spec_caps)
 echo "infer's caps (2x 1g.10gb): $(xargs <<<"$caps2")"
 check "after the change: spec caps = DeviceAllow caps (two GIs + two CIs)" test "$caps2" = "$(slice_caps)" -a "$(wc -l <<<"$caps2")" = 4
@@ -80,9 +79,11 @@ echo "caps no longer infer's: $(xargs <<<"$gone")"
 NODES="/dev/nvidia0 $(xargs <<<"$caps2") $(xargs <<<"$gone")"
 out=$(in_ctr $(gpuctl env --team infer --format cdi) -e NODES -- "$PROBE" 2>&1)
 echo "$out" | sed 's/^/    after| /'
+require_nonempty "infer's cap nodes (2x 1g.10gb)" "$caps2"
 for c in $caps2; do
     check "inside: new $c opens (ENXIO)" test "$(field "$out" "node $c")" = ENXIO
 done
+require_nonempty "cap nodes infer lost" "$gone"
 for c in $gone; do
     check "inside: old $c is not there" test "$(field "$out" "node $c")" = ABSENT
 done

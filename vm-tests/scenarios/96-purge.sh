@@ -1,8 +1,8 @@
 #!/bin/bash
 # Remove keeps the admin's policy and the running team slices; purge then leaves nothing behind:
 # no files, no units, no gpu*.slice, no cgroups, no enablement symlinks.
-# The last member of the package group's VM (it was 45, alone in its own VM, until 2026-12-03:
-# one boot and one `dpkg -i` fewer, ~42 s of CI); the harness resets gpuctl's run-time state
+# The last member of the package group's VM (one boot and one `dpkg -i` fewer than a VM of its
+# own); the harness resets gpuctl's run-time state
 # before it, and what it removes is what the members before it installed.
 # vmtest: group=pkg
 . lib/common.sh
@@ -10,6 +10,7 @@
 fake_gpus 2
 
 files=$(dpkg -L gpuctl | while read -r p; do [ -f "$p" ] && echo "$p"; done)
+require_nonempty "files the package installed" "$files"
 
 # What gpuctld leaves on a host at run time: a team slice with a running job and runtime
 # properties, team env files, state, MPS logs, an admin drop-in and a locally edited conffile.

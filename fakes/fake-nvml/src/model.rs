@@ -101,6 +101,9 @@ pub struct Model {
     pub memory_total_mib: u64,
     /// `None` for GPUs without MIG.
     pub mig: Option<MigModel>,
+    /// Short names accepted in `FAKE_NVML_SPEC` besides the key (the reference file's
+    /// `sim_names`, which `gpuctl --simulate` takes too).
+    pub aliases: Vec<String>,
 }
 
 impl MigModel {
@@ -140,6 +143,9 @@ pub struct ModelDef {
     pub pci_device_ids: Vec<String>,
     /// Framebuffer in MiB.
     pub memory_total_mib: u64,
+    /// Short names (`h100`, `a800`), shared with `gpuctl --simulate`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub sim_names: Vec<String>,
     /// Whether the GPU can do MIG at all; absent means "has GI profiles".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_capable: Option<bool>,
@@ -169,6 +175,7 @@ impl ModelDef {
             nvml_name: self.nvml_name.clone(),
             pci_device_id: self.pci_device_ids.first().map_or(0, |s| parse_pci_id(s)),
             memory_total_mib: self.memory_total_mib,
+            aliases: self.sim_names.clone(),
             mig: mig_capable.then(|| MigModel {
                 memory_slices: self.memory_slices,
                 max_mig_device_count: self.max_mig_device_count,
@@ -216,36 +223,19 @@ pub fn models() -> &'static [Model] {
             pci_device_id: 0x26B5_10DE,
             memory_total_mib: 46068,
             mig: None,
+            aliases: vec!["l40s".into()],
         });
         out
     })
 }
 
-/// Short spellings accepted in `FAKE_NVML_SPEC`, besides the exact model keys.
-const ALIASES: &[(&str, &str)] = &[
-    ("a100", "A100-SXM4-40GB"),
-    ("a100-40gb", "A100-SXM4-40GB"),
-    ("a100-80gb", "A100-SXM4-80GB"),
-    ("h100", "H100-SXM5-80GB"),
-    ("h100-80gb", "H100-SXM5-80GB"),
-    ("h100-sxm", "H100-SXM5-80GB"),
-    ("h100-pcie", "H100-PCIe-80GB"),
-    ("h100-nvl", "H100-NVL-94GB"),
-    ("h200", "H200-141GB"),
-    ("h200-141gb", "H200-141GB"),
-    ("a30", "A30-24GB"),
-    ("a30-24gb", "A30-24GB"),
-    ("l40s", "L40S"),
-];
-
-/// Finds a model by key (case-insensitive) or alias.
+/// Finds a model by key or by one of its short names (the reference file's `sim_names`),
+/// case-insensitively.
 pub fn find_model(name: &str) -> Option<&'static Model> {
     let n = name.trim();
-    let key = ALIASES
-        .iter()
-        .find(|(a, _)| a.eq_ignore_ascii_case(n))
-        .map_or(n, |(_, k)| *k);
-    models().iter().find(|m| m.key.eq_ignore_ascii_case(key))
+    models().iter().find(|m| {
+        m.key.eq_ignore_ascii_case(n) || m.aliases.iter().any(|a| a.eq_ignore_ascii_case(n))
+    })
 }
 
 #[cfg(test)]
@@ -263,5 +253,7 @@ mod tests {
         assert!(find_model("l40s").unwrap().mig.is_none());
         assert!(find_model("H100-SXM5-80GB").is_some());
         assert!(find_model("nope").is_none());
+        assert_eq!(find_model("h800").unwrap().key, "H800-SXM5-80GB");
+        assert_eq!(find_model("A800").unwrap().key, "A800-SXM4-80GB");
     }
 }
