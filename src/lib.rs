@@ -44,5 +44,6 @@ pub mod ratelimit;
 pub mod real;
 pub mod settings;
 pub mod sim;
+pub mod slurm;
 pub mod systemd;
 pub mod usage;

@@ -47,6 +47,9 @@ pub struct Observed {
     /// `machine.slice`), by unit, as systemd reads them back.
     #[serde(default)]
     pub fences: BTreeMap<String, Fence>,
+    /// Slurm, read only when the policy's `[slurm]` is enabled.
+    #[serde(default)]
+    pub slurm: Option<SlurmObserved>,
 }
 
 /// One line of `/proc/devices`: a registered character or block major and its driver's name.
@@ -210,4 +213,29 @@ impl Observed {
     pub fn gpu(&self, index: u32) -> Option<&GpuState> {
         self.gpus.iter().find(|g| g.index == index)
     }
+}
+
+/// A node as `scontrol show node -o` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmNode {
+    /// `NodeName`.
+    pub name: String,
+    /// The node carries the DRAIN flag.
+    pub drain: bool,
+    /// Jobs still run on it (ALLOCATED, MIXED or COMPLETING): a drain has not finished.
+    pub busy: bool,
+    /// `Reason=`, when set.
+    pub reason: Option<String>,
+}
+
+/// What gpuctl observed of Slurm, when `[slurm]` is enabled.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmObserved {
+    /// The node, or why `scontrol` could not say.
+    pub node: Result<SlurmNode, String>,
+    /// The GRES file as it is on disk; `None` when it does not exist.
+    pub gres_file: Option<String>,
+    /// The `node-file` as it is on disk, when the policy names one and it exists.
+    #[serde(default)]
+    pub node_file: Option<String>,
 }

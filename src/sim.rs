@@ -23,7 +23,7 @@
 
 use crate::apply::{
     EffectError, FileEffector, GpuEffector, MpsEffector, Observer, OwnerLabels, SliceEffector,
-    UnitEffector,
+    SlurmEffector, UnitEffector,
 };
 use crate::observe::{
     ComputeInstance, GpuInstance, GpuState, HostInfo, MigState, MpsSpec, Observed, SliceSpec,
@@ -528,6 +528,61 @@ impl MpsEffector for SimHost {
     fn stop_mps(&mut self, instance: &str) -> Result<(), EffectError> {
         self.state.mps.remove(instance);
         Ok(())
+    }
+}
+
+/// Slurm as the planner sees it: the node's drain flag and reason, the GRES file. A host
+/// without `state.slurm` has no Slurm, and every call fails.
+impl SlurmEffector for SimHost {
+    fn drain_node(&mut self, node: &str, reason: &str) -> Result<(), EffectError> {
+        let n = self.slurm_node(node)?;
+        n.drain = true;
+        n.reason = Some(reason.to_string());
+        Ok(())
+    }
+    fn resume_node(&mut self, node: &str) -> Result<(), EffectError> {
+        let n = self.slurm_node(node)?;
+        n.drain = false;
+        n.reason = None;
+        Ok(())
+    }
+    fn write_gres(&mut self, path: &std::path::Path, content: &str) -> Result<(), EffectError> {
+        let s = self
+            .state
+            .slurm
+            .as_mut()
+            .ok_or_else(|| no_slurm(&path.display().to_string()))?;
+        // The simulated host knows no policy paths: the node file is the one that sets
+        // NodeName=DEFAULT, the GRES file the other.
+        if content.contains("\nNodeName=DEFAULT ") {
+            s.node_file = Some(content.to_string());
+        } else {
+            s.gres_file = Some(content.to_string());
+        }
+        Ok(())
+    }
+    fn reload_slurm(&mut self, _restart: &[String]) -> Result<(), EffectError> {
+        self.state
+            .slurm
+            .as_ref()
+            .map(|_| ())
+            .ok_or_else(|| no_slurm("scontrol reconfigure"))
+    }
+}
+
+fn no_slurm(what: &str) -> EffectError {
+    EffectError::Other {
+        what: what.to_string(),
+        message: "the simulated host has no Slurm".into(),
+    }
+}
+
+impl SimHost {
+    fn slurm_node(&mut self, node: &str) -> Result<&mut crate::observe::SlurmNode, EffectError> {
+        match self.state.slurm.as_mut().map(|s| s.node.as_mut()) {
+            Some(Ok(n)) if n.name == node => Ok(n),
+            _ => Err(no_slurm(node)),
+        }
     }
 }
 

@@ -424,6 +424,20 @@ mod delegate {
             self.inner.create_cap_nodes(m)
         }
     }
+    impl gpuctl::apply::SlurmEffector for Crashing {
+        fn drain_node(&mut self, n: &str, r: &str) -> Result<(), EffectError> {
+            self.inner.drain_node(n, r)
+        }
+        fn resume_node(&mut self, n: &str) -> Result<(), EffectError> {
+            self.inner.resume_node(n)
+        }
+        fn write_gres(&mut self, p: &std::path::Path, c: &str) -> Result<(), EffectError> {
+            self.inner.write_gres(p, c)
+        }
+        fn reload_slurm(&mut self, r: &[String]) -> Result<(), EffectError> {
+            self.inner.reload_slurm(r)
+        }
+    }
 }
 
 fn crash_at(fake: &FakeHost, p: &gpuctl::policy::Policy, k: u32) {

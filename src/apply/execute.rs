@@ -284,6 +284,10 @@ fn run_one<H: Host + ?Sized>(
         }
         ActionKind::RemoveSlice { team } => host.remove_slice(team),
         ActionKind::SetFence { slice, fence } => host.set_fence(slice, fence),
+        ActionKind::SlurmDrain { node, reason } => host.drain_node(node, reason),
+        ActionKind::WriteGres { path, content } => host.write_gres(path, content),
+        ActionKind::SlurmReload { restart } => host.reload_slurm(restart),
+        ActionKind::SlurmResume { node } => host.resume_node(node),
     }
 }
 

@@ -9,6 +9,7 @@ use crate::observe::{Fence, MpsSpec, Observed, SliceSpec};
 use crate::policy::TeamName;
 use crate::profiles::Placement;
 use std::collections::BTreeSet;
+use std::path::Path;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -125,6 +126,12 @@ pub trait UnitEffector {
     fn stop_units(&mut self, units: &[String], timeout: Duration) -> Result<(), EffectError>;
     /// Start units again.
     fn start_units(&mut self, units: &[String]) -> Result<(), EffectError>;
+    /// Restart units (Slurm's daemons after their GRES file changed). By default a stop, then
+    /// a start.
+    fn restart_units(&mut self, units: &[String]) -> Result<(), EffectError> {
+        self.stop_units(units, Duration::from_secs(90))?;
+        self.start_units(units)
+    }
 }
 
 /// Team slices (`gpu-<team>.slice`), set through systemd unit properties.
@@ -191,9 +198,28 @@ pub trait FileEffector {
     fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError>;
 }
 
+/// Slurm on a Slurm node (`[slurm] enabled`, docs/slurm.md): `scontrol` and the GRES file.
+pub trait SlurmEffector {
+    /// `scontrol update NodeName=node State=DRAIN Reason=reason`.
+    fn drain_node(&mut self, node: &str, reason: &str) -> Result<(), EffectError>;
+    /// `scontrol update NodeName=node State=RESUME`.
+    fn resume_node(&mut self, node: &str) -> Result<(), EffectError>;
+    /// Write the GRES file atomically.
+    fn write_gres(&mut self, path: &Path, content: &str) -> Result<(), EffectError>;
+    /// `scontrol reconfigure`, then restart `restart` (units) so Slurm reads the new types.
+    fn reload_slurm(&mut self, restart: &[String]) -> Result<(), EffectError>;
+}
+
 /// Everything the executor drives.
 pub trait Host:
-    Observer + GpuEffector + OwnerLabels + UnitEffector + SliceEffector + MpsEffector + FileEffector
+    Observer
+    + GpuEffector
+    + OwnerLabels
+    + UnitEffector
+    + SliceEffector
+    + MpsEffector
+    + FileEffector
+    + SlurmEffector
 {
 }
 
@@ -205,5 +231,6 @@ impl<T> Host for T where
         + SliceEffector
         + MpsEffector
         + FileEffector
+        + SlurmEffector
 {
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 pub mod doctor;
 pub mod env;
+pub mod export;
 pub mod idle;
 pub mod import;
 pub mod metrics;
@@ -98,6 +99,8 @@ pub enum Command {
     Idle(idle::IdleArgs),
     /// GPU-hours held and used per team, user or device, from gpuctld's ledger.
     Report(report::ReportArgs),
+    /// This host's GPUs in another tool's terms: Slurm's gres.conf lines and Gres=.
+    Export(export::ExportArgs),
 }
 
 /// Parse the command line and run; returns the process exit code.
@@ -116,6 +119,7 @@ pub fn run() -> i32 {
         Command::Check(a) => plan::run_check(&cli, a),
         Command::Import(a) => import::run(a),
         Command::Doctor(a) => doctor::run(&cli, a),
+        Command::Export(a) => export::run(&cli, a),
         // These talk to gpuctld and print their own one-line refusals with their own codes.
         Command::Shell(a) => return shell::run(a),
         Command::Run(a) => return run::run(a),

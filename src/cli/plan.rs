@@ -165,7 +165,7 @@ fn check_host(p: &Policy, observed: &Observed, json: bool) -> Result<(), i32> {
 /// Load the policy, open the host (simulated or real) and observe it once. NVML missing on a
 /// real host is said once here; the GPUs are then simply not observed (nothing is planned for
 /// them) and the rest of the plan stands.
-fn prepare(
+pub(super) fn prepare(
     cli: &Cli,
     host: &HostArgs,
     say_no_systemd: bool,
@@ -193,6 +193,7 @@ fn prepare(
         ),
         Err(_) => {}
     }
+    h.set_slurm(&p.slurm);
     let obs = h
         .observe()
         .map_err(|e| anyhow::anyhow!("observing the host: {e}"))?;
@@ -266,7 +267,7 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
         Err(code) => return Ok(code),
     };
     let d = desired(&p, &obs);
-    let pl = plan::diff(&d, &obs);
+    let pl = plan::slurm::around(&p, &obs, plan::diff(&d, &obs));
     let idle = idle_pending(&p, &a.host);
     if a.json {
         let j = JsonPlan {

@@ -65,7 +65,11 @@ fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
             pid,
             p.user.as_deref().unwrap_or("?"),
             p.team.as_deref().unwrap_or("-"),
-            p.unit.as_deref().unwrap_or("-"),
+            p.slurm_job
+                .map(|j| format!("slurm job {j}"))
+                .as_deref()
+                .or(p.unit.as_deref())
+                .unwrap_or("-"),
             bytes(p.used_memory),
             p.command.as_deref().unwrap_or(""),
             p.idle

@@ -108,6 +108,7 @@ impl CoreReconciler {
         self.host.set_nvml_library(crate::nvml::library_path(
             policy.host.nvml_library.as_deref(),
         ));
+        self.host.set_slurm(&policy.slurm);
         let fresh = match cached {
             Some(prev) => self.host.refresh(prev, &Default::default()),
             None => self.host.observe(),
@@ -495,7 +496,7 @@ impl Reconciler for CoreReconciler {
         };
         if let Some(obs) = self.observe(policy, None, &mut r) {
             let d = plan::desired(policy, &obs);
-            let pl = plan::diff(&d, &obs);
+            let pl = plan::slurm::around(policy, &obs, plan::diff(&d, &obs));
             r.gpus = d.gpus.len();
             r.units = units_of(&d.teams);
             r.changes = pl

@@ -72,6 +72,7 @@ fn policy() -> Policy {
         .collect(),
         gpus: vec![],
         sources: vec![],
+        slurm: Default::default(),
     }
 }
 

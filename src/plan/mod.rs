@@ -16,6 +16,7 @@ use std::fmt;
 pub mod desired;
 pub mod fence;
 pub mod mig;
+pub mod slurm;
 
 pub use desired::{desired, Desired, TeamView};
 
@@ -204,6 +205,30 @@ pub enum ActionKind {
         /// Units.
         units: Vec<String>,
     },
+    /// Drain the Slurm node (`scontrol update … State=DRAIN Reason=…`) before a MIG change.
+    SlurmDrain {
+        /// `NodeName`.
+        node: String,
+        /// Drain reason, starting with `gpuctl:`.
+        reason: String,
+    },
+    /// Write the GRES file Slurm includes.
+    WriteGres {
+        /// Host path.
+        path: std::path::PathBuf,
+        /// File content.
+        content: String,
+    },
+    /// Have Slurm read the GRES file again: `scontrol reconfigure`, then restart these units.
+    SlurmReload {
+        /// Units to restart (slurmd reads `Type=` changes only at start).
+        restart: Vec<String>,
+    },
+    /// Resume the node gpuctl drained.
+    SlurmResume {
+        /// `NodeName`.
+        node: String,
+    },
 }
 
 /// An action with its phase and reason.
@@ -274,7 +299,7 @@ impl fmt::Display for Phase {
 /// Two steps: [`desired()`] decides the target (including the MIG layout of each GPU, which
 /// depends on what exists), then [`diff`] lists the actions in phase order.
 pub fn plan(policy: &Policy, observed: &Observed) -> Plan {
-    diff(&desired(policy, observed), observed)
+    slurm::around(policy, observed, diff(&desired(policy, observed), observed))
 }
 
 fn push(actions: &mut Vec<Action>, phase: Phase, kind: ActionKind, reason: impl Into<String>) {
@@ -641,6 +666,18 @@ impl fmt::Display for ActionKind {
                 fence.policy,
                 fence.allow.len()
             ),
+            ActionKind::SlurmDrain { node, reason } => {
+                write!(f, "drain Slurm node {node} (Reason=\"{reason}\")")
+            }
+            ActionKind::WriteGres { path, .. } => write!(f, "write {}", path.display()),
+            ActionKind::SlurmReload { restart } => {
+                write!(f, "scontrol reconfigure")?;
+                if !restart.is_empty() {
+                    write!(f, ", restart {}", restart.join(" "))?;
+                }
+                Ok(())
+            }
+            ActionKind::SlurmResume { node } => write!(f, "resume Slurm node {node}"),
         }
     }
 }

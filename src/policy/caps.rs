@@ -116,6 +116,7 @@ mod tests {
             teams: Default::default(),
             gpus: vec![],
             sources: vec![],
+            slurm: Default::default(),
         };
         assert_eq!(check_policy(&p), Ok(()));
         p.host.drain_timeout = std::time::Duration::from_secs(u64::MAX);

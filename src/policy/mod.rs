@@ -104,6 +104,46 @@ pub struct Policy {
     pub gpus: Vec<GpuAssignment>,
     /// The files merged, in merge order (host paths).
     pub sources: Vec<PathBuf>,
+    /// `[slurm]`: whether this host is a Slurm node, and how gpuctl keeps Slurm informed.
+    #[serde(default)]
+    pub slurm: SlurmSettings,
+}
+
+/// `[slurm]` (docs/slurm.md). Off by default: with `enabled = false` nothing Slurm-related runs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SlurmSettings {
+    /// This host is a Slurm node: keep the GRES file current, drain around MIG changes.
+    pub enabled: bool,
+    /// The GRES file gpuctl owns, included from the admin's `gres.conf`.
+    pub gres_file: PathBuf,
+    /// The node's Slurm `NodeName`; `None`: the host's short name, as slurmd assumes.
+    pub node_name: Option<String>,
+    /// Type each device by its team (`interns_1g.10gb`), so jobs can ask for a team's share.
+    pub team_types: bool,
+    /// Units restarted after the GRES file changed (Slurm re-reads `Type=` only on a restart).
+    pub restart: Vec<String>,
+    /// A slurm.conf fragment gpuctl keeps: `NodeName=DEFAULT Gres=…`, included right before
+    /// the node's own line (one-node clusters; `None`: config management writes `Gres=`).
+    #[serde(default)]
+    pub node_file: Option<PathBuf>,
+}
+
+impl SlurmSettings {
+    /// Default `gres-file`.
+    pub const DEFAULT_GRES_FILE: &'static str = "/etc/slurm/gres.d/gpuctl.conf";
+}
+
+impl Default for SlurmSettings {
+    fn default() -> Self {
+        SlurmSettings {
+            enabled: false,
+            gres_file: PathBuf::from(Self::DEFAULT_GRES_FILE),
+            node_name: None,
+            team_types: false,
+            restart: vec!["slurmd.service".into()],
+            node_file: None,
+        }
+    }
 }
 
 /// What to do when a MIG change meets instances with running processes.

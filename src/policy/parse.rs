@@ -38,6 +38,25 @@ pub struct Fragment {
     /// Teams named by `[[gpu]]` entries that did not parse (their error is reported): such a
     /// team is not also told it has no GPUs.
     pub teams_of_bad_gpus: Vec<String>,
+    /// `[slurm]`.
+    pub slurm: SlurmPart,
+}
+
+/// `[slurm]` keys set in one file (merged per key, like `[host]`).
+#[derive(Debug, Clone, Default)]
+pub struct SlurmPart {
+    /// `enabled`.
+    pub enabled: Option<At<bool>>,
+    /// `gres-file`.
+    pub gres_file: Option<At<PathBuf>>,
+    /// `node-name`.
+    pub node_name: Option<At<String>>,
+    /// `team-types`.
+    pub team_types: Option<At<bool>>,
+    /// `restart`: units restarted after the GRES file changed.
+    pub restart: Option<At<Vec<String>>>,
+    /// `node-file`.
+    pub node_file: Option<At<PathBuf>>,
 }
 
 /// `[host]` keys set in one file.
@@ -164,7 +183,15 @@ pub struct MigPart {
     pub compute: Option<At<Vec<String>>>,
 }
 
-const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu"];
+const ROOT_KEYS: &[&str] = &["version", "host", "teams", "gpu", "slurm"];
+const SLURM_KEYS: &[&str] = &[
+    "enabled",
+    "gres-file",
+    "node-file",
+    "node-name",
+    "team-types",
+    "restart",
+];
 const HOST_KEYS: &[&str] = &[
     "reconfigure",
     "drain-timeout",
@@ -246,6 +273,12 @@ fn parse_inner(file: &Path, text: &str, diags: &mut Vec<Diagnostic>) -> Option<F
         match item.as_table_like() {
             Some(t) => frag.host = cx.host(t),
             None => cx.type_error(k, item, "host", "a table `[host]`"),
+        }
+    }
+    if let Some((k, item)) = root.get_key_value("slurm") {
+        match item.as_table_like() {
+            Some(t) => frag.slurm = cx.slurm(t),
+            None => cx.type_error(k, item, "slurm", "a table `[slurm]`"),
         }
     }
     if let Some((k, item)) = root.get_key_value("teams") {
@@ -553,6 +586,58 @@ impl<'a> Cx<'a> {
                         ),
                     )),
                 }
+            }),
+        }
+    }
+
+    fn slurm(&mut self, t: &dyn TableLike) -> SlurmPart {
+        self.check_keys(t, "slurm", SLURM_KEYS);
+        let boolean = |i: &Item| {
+            i.as_bool().ok_or_else(|| {
+                (
+                    format!("expected true or false, found {}", type_name(i)),
+                    None,
+                )
+            })
+        };
+        SlurmPart {
+            enabled: self.field(t, "slurm", "enabled", boolean),
+            gres_file: self.field(t, "slurm", "gres-file", |i| abs_path(want_str(i)?)),
+            node_file: self.field(t, "slurm", "node-file", |i| abs_path(want_str(i)?)),
+            node_name: self.field(t, "slurm", "node-name", |i| {
+                let s = want_str(i)?;
+                if valid_node_name(s) {
+                    Ok(s.to_string())
+                } else {
+                    Err((
+                        format!("invalid Slurm node name '{s}'"),
+                        Some(
+                            "the NodeName of slurm.conf: letters, digits, '-', '_' and '.', \
+                             at most 64 characters"
+                                .into(),
+                        ),
+                    ))
+                }
+            }),
+            team_types: self.field(t, "slurm", "team-types", boolean),
+            restart: self.field(t, "slurm", "restart", |i| {
+                let v = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
+                    (
+                        format!("expected a list of unit names, found {}", type_name(i)),
+                        Some("e.g. restart = [\"slurmd.service\"]".into()),
+                    )
+                })?;
+                if let Some(bad) = v
+                    .iter()
+                    .find(|u| !valid_unit_glob(u) || u.contains(['*', '?']) || !u.contains('.'))
+                {
+                    return Err((
+                        format!("'{bad}' is not a unit name"),
+                        Some("a unit name with its suffix, e.g. \"slurmd.service\"".into()),
+                    ));
+                }
+                no_dups(&v)?;
+                Ok(v)
             }),
         }
     }
@@ -1036,6 +1121,14 @@ fn percent_item(i: &Item, what: &str) -> Result<f64, Fail> {
 }
 
 /// A unit-name glob: the characters systemd allows in unit names, plus `*` and `?`.
+/// A Slurm `NodeName` gpuctl may pass to `scontrol` as one argument.
+fn valid_node_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
 fn valid_unit_glob(g: &str) -> bool {
     !g.is_empty()
         && g.len() <= 255

@@ -12,11 +12,11 @@
 //! MIG profiles are checked against every catalog model a selector could match.
 
 use super::parse::{
-    suggest, At, Fragment, GpuPart, HostPart, IdlePart, MpsPart, TeamPart, UsagePart,
+    suggest, At, Fragment, GpuPart, HostPart, IdlePart, MpsPart, SlurmPart, TeamPart, UsagePart,
 };
 use super::{
     Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
-    PlacementSettings, Policy, Selector, Size, Team, TeamName,
+    PlacementSettings, Policy, Selector, Size, SlurmSettings, Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -37,6 +37,7 @@ fn warning(loc: &Loc, key: &str, message: String, help: Option<String>) -> Diagn
 /// it when `diags` holds an error (see [`super::LoadOutcome`]).
 pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
     let mut host = HostPart::default();
+    let mut slurm = SlurmPart::default();
     let mut teams: BTreeMap<String, TeamPart> = BTreeMap::new();
     let mut gpus: Vec<&GpuPart> = Vec::new();
     let mut teams_of_bad_gpus: BTreeSet<&str> = BTreeSet::new();
@@ -48,6 +49,12 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut host.accounting, &f.host.accounting);
         overlay(&mut host.outside, &f.host.outside);
         overlay(&mut host.admin_group, &f.host.admin_group);
+        overlay(&mut slurm.enabled, &f.slurm.enabled);
+        overlay(&mut slurm.gres_file, &f.slurm.gres_file);
+        overlay(&mut slurm.node_name, &f.slurm.node_name);
+        overlay(&mut slurm.team_types, &f.slurm.team_types);
+        overlay(&mut slurm.restart, &f.slurm.restart);
+        overlay(&mut slurm.node_file, &f.slurm.node_file);
         for t in &f.teams {
             teams
                 .entry(t.name.clone())
@@ -83,6 +90,19 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             .collect(),
         gpus: gpus.iter().filter_map(|g| to_assignment(g)).collect(),
         sources: fragments.iter().map(|f| f.file.clone()).collect(),
+        slurm: to_slurm(&slurm),
+    }
+}
+
+fn to_slurm(s: &SlurmPart) -> SlurmSettings {
+    let d = SlurmSettings::default();
+    SlurmSettings {
+        enabled: value(&s.enabled).unwrap_or(d.enabled),
+        gres_file: value(&s.gres_file).unwrap_or(d.gres_file),
+        node_name: value(&s.node_name),
+        team_types: value(&s.team_types).unwrap_or(d.team_types),
+        restart: value(&s.restart).unwrap_or(d.restart),
+        node_file: value(&s.node_file),
     }
 }
 
@@ -1302,6 +1322,7 @@ mod tests {
                 key: "gpu[0]".into(),
             }],
             sources: vec![],
+            slurm: Default::default(),
         };
         let obs = host(vec![gpu(0, "H100-SXM5-80GB"), gpu(1, "H100-SXM5-80GB")]);
         let d = on_host(&p, &obs);

@@ -14,7 +14,7 @@
 
 use crate::apply::{
     EffectError, FileEffector, GpuEffector, MpsEffector, Observer, OwnerLabels, SliceEffector,
-    UnitEffector,
+    SlurmEffector, UnitEffector,
 };
 use crate::nvml::{NvmlBackend, NvmlUnavailable, ResetCommand};
 use crate::observe::{GpuState, MpsSpec, Observed, SliceSpec};
@@ -32,6 +32,7 @@ pub mod devnodes;
 pub mod envfiles;
 pub mod owners;
 pub mod procfs;
+pub mod slurm;
 pub mod tty;
 
 pub use devnodes::CAPS_DIR;
@@ -77,6 +78,8 @@ pub struct RealHost {
     /// `None`: closed, opened again at the next use ([`RealHost::release_nvml`]).
     nvml: Option<Result<NvmlBackend, NvmlUnavailable>>,
     systemd: Option<Box<dyn SystemdSide>>,
+    /// `[slurm]` and its `scontrol`; `None` or not enabled: Slurm is neither read nor touched.
+    slurm: Option<slurm::SlurmSide>,
 }
 
 impl RealHost {
@@ -89,7 +92,41 @@ impl RealHost {
             root,
             lib,
             systemd: None,
+            slurm: None,
         }
+    }
+
+    /// Follow the policy's `[slurm]` (gpuctld calls this before each observation). The
+    /// `scontrol` runner is kept; the first call installs the real one.
+    pub fn set_slurm(&mut self, settings: &crate::policy::SlurmSettings) {
+        match &mut self.slurm {
+            Some(s) => s.settings = settings.clone(),
+            None => {
+                self.slurm = Some(slurm::SlurmSide {
+                    settings: settings.clone(),
+                    scontrol: Box::new(slurm::ScontrolCommand),
+                })
+            }
+        }
+    }
+
+    /// Run `scontrol` through `sc` (tests).
+    pub fn with_scontrol(mut self, sc: Box<dyn slurm::Scontrol>) -> Self {
+        self.slurm = Some(slurm::SlurmSide {
+            settings: Default::default(),
+            scontrol: sc,
+        });
+        self
+    }
+
+    fn slurm_side(&mut self, what: &str) -> Result<&mut slurm::SlurmSide, EffectError> {
+        self.slurm
+            .as_mut()
+            .filter(|s| s.settings.enabled)
+            .ok_or_else(|| EffectError::Other {
+                what: what.to_string(),
+                message: "[slurm] is not enabled".into(),
+            })
     }
 
     /// Drive slices, MPS daemons and team units through `sd`, and observe the live slices and
@@ -197,6 +234,10 @@ impl RealHost {
             obs.fences = sd.read_fences(&crate::plan::fence::FENCED_SLICES)?;
         }
         obs.cap_nodes = devnodes::existing(&self.root);
+        obs.slurm = match &mut self.slurm {
+            Some(s) if s.settings.enabled => Some(s.observe(&self.root)),
+            _ => None,
+        };
         Ok(())
     }
 }
@@ -307,6 +348,31 @@ impl UnitEffector for RealHost {
     fn start_units(&mut self, units: &[String]) -> Result<(), EffectError> {
         self.systemd(&format!("start {}", units.join(" ")))?
             .start_units(units)
+    }
+    fn restart_units(&mut self, units: &[String]) -> Result<(), EffectError> {
+        self.systemd(&format!("restart {}", units.join(" ")))?
+            .restart_units(units)
+    }
+}
+
+impl SlurmEffector for RealHost {
+    fn drain_node(&mut self, node: &str, reason: &str) -> Result<(), EffectError> {
+        self.slurm_side(node)?.drain(node, reason)
+    }
+    fn resume_node(&mut self, node: &str) -> Result<(), EffectError> {
+        self.slurm_side(node)?.resume(node)
+    }
+    fn write_gres(&mut self, path: &std::path::Path, content: &str) -> Result<(), EffectError> {
+        slurm::write_gres(&self.root, path, content)
+    }
+    fn reload_slurm(&mut self, restart: &[String]) -> Result<(), EffectError> {
+        self.slurm_side("scontrol reconfigure")?.reconfigure()?;
+        if restart.is_empty() {
+            return Ok(());
+        }
+        self.restart_units(restart)?;
+        self.slurm_side("slurmctld")?
+            .wait_controller(Duration::from_secs(20))
     }
 }
 

@@ -758,6 +758,12 @@ impl UnitEffector for BlockingSystemd {
         }
         Ok(())
     }
+    fn restart_units(&mut self, units: &[String]) -> Result<(), EffectError> {
+        for u in units {
+            self.handle.block_on(self.inner.restart_unit(u))?;
+        }
+        Ok(())
+    }
 }
 
 impl LiveUnits for BlockingSystemd {

@@ -125,6 +125,7 @@ fn attributed(
                     unit: info.unit,
                     team: info.team,
                     team_unit: info.team_unit,
+                    slurm_job: info.slurm_job,
                     ..Default::default()
                 },
             ))

@@ -139,7 +139,11 @@ pub struct ProcessUsage {
     /// The unit directly in that slice: what the host's systemd can stop (idle reclaim).
     #[serde(default)]
     pub team_unit: Option<String>,
-    /// On a team's device but outside every owning team's slice.
+    /// The Slurm job it belongs to (its cgroup is a slurmstepd job step's): Slurm gave it
+    /// the device, so it is not a stray.
+    #[serde(default)]
+    pub slurm_job: Option<u64>,
+    /// On a team's device but outside every owning team's slice (and no Slurm job).
     #[serde(default)]
     pub stray: bool,
     /// Flagged by its team's idle rule: `idle`, `warned`, `stopping`, or `activity unknown`
@@ -163,7 +167,9 @@ pub struct Owners {
 pub fn attribute(usage: &mut Usage, owners: &Owners) {
     fn flag(procs: &mut [ProcessUsage], teams: &[String]) {
         for p in procs {
-            p.stray = !teams.is_empty() && !p.team.as_ref().is_some_and(|t| teams.contains(t));
+            p.stray = !teams.is_empty()
+                && !p.team.as_ref().is_some_and(|t| teams.contains(t))
+                && p.slurm_job.is_none();
         }
     }
     for g in &mut usage.gpus {
@@ -365,6 +371,21 @@ mod tests {
         assert!(!mps.stray, "{mps:?}");
         // Not a unit idle reclaim could stop: it sits in the share's slice, not the team's.
         assert_eq!(mps.team_unit, None);
+    }
+
+    #[test]
+    fn a_slurm_job_on_a_teams_device_is_named_not_a_stray() {
+        let mut u = sample();
+        let mut job = proc_in(7, None);
+        job.slurm_job = crate::slurm::job_of_cgroup("/system.slice/slurmstepd.scope/job_12/step_0");
+        u.gpus[0].processes.push(job);
+        attribute(&mut u, &owners());
+        let p = u.gpus[0].processes.iter().find(|p| p.pid == 7).unwrap();
+        assert_eq!((p.slurm_job, p.stray), (Some(12), false));
+        // The same process outside Slurm's cgroups would be one.
+        u.gpus[0].processes.last_mut().unwrap().slurm_job = None;
+        attribute(&mut u, &owners());
+        assert!(u.gpus[0].processes.last().unwrap().stray);
     }
 
     #[test]

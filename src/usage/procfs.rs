@@ -26,6 +26,8 @@ pub struct ProcInfo {
     pub team: Option<String>,
     /// The unit directly inside that slice (see [`team_unit_of_cgroup`]).
     pub team_unit: Option<String>,
+    /// The Slurm job whose step cgroup it runs in ([`crate::slurm::job_of_cgroup`]).
+    pub slurm_job: Option<u64>,
 }
 
 /// The team whose slice a cgroup path runs in ([`crate::names::cgroup_place`]).
@@ -66,6 +68,7 @@ pub fn read(root: &Root, pid: u32) -> Option<ProcInfo> {
         unit,
         team: team_of_cgroup(&cgroup),
         team_unit: team_unit_of_cgroup(&cgroup),
+        slurm_job: crate::slurm::job_of_cgroup(&cgroup),
     })
 }
 

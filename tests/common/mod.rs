@@ -45,6 +45,7 @@ pub fn policy(teams: Vec<Team>, gpus: Vec<GpuAssignment>, reconfigure: Reconfigu
         teams: teams.into_iter().map(|t| (t.name.clone(), t)).collect(),
         gpus,
         sources: vec![],
+        slurm: Default::default(),
     }
 }
 
