@@ -47,7 +47,7 @@ pub struct SlurmArgs {
 /// Run `gpuctl export`.
 pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
     let ExportTo::Slurm(a) = &args.to;
-    let (p, _h, obs) = match prepare(cli, &a.host, false)? {
+    let (p, _h, obs) = match prepare(cli, &a.host, false, false)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
     };

@@ -7,6 +7,7 @@
 # held time counted as reclaimed, and the team's utilisation over the phase rises above phase 1's.
 # A member (alice, interns) sees her team only; root sees both. Figures as BENCH lines.
 # vmtest: timeout=480
+# vmtest: quarantine=not yet seen passing: its only VM runs were on a host loaded far past its 2 cores, where it timed out before its checks
 # vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
