@@ -94,6 +94,7 @@ fn team(name: &str, mps: bool) -> Team {
         limits: Default::default(),
         mps: mps.then(MpsSettings::default),
         idle: None,
+        placement: Default::default(),
         loc: None,
     }
 }

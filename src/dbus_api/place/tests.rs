@@ -31,6 +31,7 @@ fn tv(name: &str) -> TeamView {
         slice: Default::default(),
         cap_minors: Default::default(),
         mps: Default::default(),
+        cdi_readers: vec![],
         provisional: false,
     }
 }
