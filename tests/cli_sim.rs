@@ -30,7 +30,15 @@ fn without_simulate_the_real_host_is_observed_through_nvml() {
     let text =
         String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{text}");
-    assert_eq!(text.matches("NVML not available").count(), 1, "{text}");
+    assert_eq!(
+        text.matches("gpuctl: NVML not available").count(),
+        1,
+        "{text}"
+    );
+    assert!(
+        text.contains("Host: GPUs unknown (NVML not available)"),
+        "{text}"
+    );
     let (code, text) = gpuctl(&["check", "--simulate", "h10"]);
     assert_eq!(code, 2);
     assert!(text.contains("did you mean 'h100'?"), "{text}");

@@ -162,6 +162,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--locked",
             "--timings",
             "--no-run",
+            "--profile",
         ],
     ),
     (

@@ -218,6 +218,7 @@ fn full_snapshot() -> Snapshot {
             since: 0,
             gpu_memory: None,
         }]),
+        ledger_users: None,
     }
 }
 
@@ -490,6 +491,8 @@ fn redacted_idle_holders_carry_no_user_or_unit_labels() {
     for h in &mut s.idle {
         h.redact();
     }
+    // A viewer of no team: the ledger's users are summed into user="" too.
+    s.ledger_users = Some(Default::default());
     let text = metrics::encode_prometheus_text(&s, metrics::counters());
     for leak in ["alice", "nb.scope", "other.service", "mig.service", "4242"] {
         assert!(!text.contains(leak), "{leak} in:\n{text}");

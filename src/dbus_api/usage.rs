@@ -188,6 +188,10 @@ pub async fn metrics(
         last_converged: sh.last_report.as_ref().map(|r| r.converged()),
         idle,
         leases: super::place::leases(sd, root).await.ok(),
+        ledger_users: match viewer {
+            Viewer::All => None,
+            Viewer::Teams(t) => Some(t.clone()),
+        },
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),

@@ -7,72 +7,68 @@ use crate::ledger::{Credit, Key};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 type Labels = Vec<(String, String)>;
 type Seconds = Family<Labels, Counter<f64, AtomicU64>>;
 
-#[derive(Default)]
-struct Counters {
-    held: Seconds,
-    active: Seconds,
-    unknown: Seconds,
-}
-
-fn counters() -> &'static Counters {
-    static C: OnceLock<Counters> = OnceLock::new();
-    C.get_or_init(Counters::default)
-}
-
-/// The `user` label's value: the one place to gate per-user figures.
-fn user_label(k: &Key) -> String {
-    k.user.clone()
-}
-
-fn labels(k: &Key) -> Labels {
-    vec![
-        ("team".to_string(), k.team.clone()),
-        ("user".to_string(), user_label(k)),
-        ("kind".to_string(), k.kind.clone()),
-    ]
+/// Totals in ms by (team, user, kind): the one source each scrape's counters are built from,
+/// so a scrape can merge users it may not name into `user=""` without a second set of counters.
+fn totals() -> &'static Mutex<BTreeMap<(String, String, String), [u64; 3]>> {
+    static T: OnceLock<Mutex<BTreeMap<(String, String, String), [u64; 3]>>> = OnceLock::new();
+    T.get_or_init(Default::default)
 }
 
 /// Add what one sample credited.
 pub fn count(credit: &Credit) {
-    let c = counters();
+    let mut t = totals().lock().unwrap_or_else(|e| e.into_inner());
     for (k, f) in credit {
-        let l = labels(k);
-        for (fam, ms) in [
-            (&c.held, f.held_ms),
-            (&c.active, f.active_ms),
-            (&c.unknown, f.unknown_ms),
-        ] {
-            fam.get_or_create(&l).inc_by(ms as f64 / 1000.0);
+        let e = t
+            .entry((k.team.clone(), k.user.clone(), k.kind.clone()))
+            .or_default();
+        for (slot, ms) in e.iter_mut().zip([f.held_ms, f.active_ms, f.unknown_ms]) {
+            *slot += ms;
         }
     }
 }
 
-/// Register the counters in a scrape's registry.
-pub fn register(r: &mut Registry) {
-    let c = counters();
+/// Register the counters in a scrape's registry. `names_users(team)`: whether this scrape may
+/// carry the user names of that team (the same rule as the other per-process labels); users it
+/// may not name are summed into `user=""`.
+pub fn register(r: &mut Registry, names_users: &dyn Fn(&str) -> bool) {
+    let fams: [Seconds; 3] = Default::default();
+    let t = totals().lock().unwrap_or_else(|e| e.into_inner());
+    for ((team, user, kind), ms) in t.iter() {
+        let user = if names_users(team) { user.as_str() } else { "" };
+        let l: Labels = vec![
+            ("team".to_string(), team.clone()),
+            ("user".to_string(), user.to_string()),
+            ("kind".to_string(), kind.clone()),
+        ];
+        for (fam, v) in fams.iter().zip(ms) {
+            fam.get_or_create(&l).inc_by(*v as f64 / 1000.0);
+        }
+    }
+    let [held, active, unknown] = fams;
     r.register_with_unit(
         "ledger_held",
         "Device-seconds held (a process of the team's user on the device), by team, user and kind (gpu or MIG profile); sampling gaps not counted",
         Unit::Seconds,
-        c.held.clone(),
+        held,
     );
     r.register_with_unit(
         "ledger_active",
         "Device-seconds held with activity at or above the team's idle threshold",
         Unit::Seconds,
-        c.active.clone(),
+        active,
     );
     r.register_with_unit(
         "ledger_unknown",
         "Device-seconds held on devices that report no activity (never counted as idle or active)",
         Unit::Seconds,
-        c.unknown.clone(),
+        unknown,
     );
 }
 
@@ -97,7 +93,7 @@ mod tests {
         count(&vec![(k.clone(), f)]);
         count(&vec![(k, f)]);
         let mut r = Registry::with_prefix("gpuctl");
-        register(&mut r);
+        register(&mut r, &|_| true);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
         let line = |name: &str| {
@@ -115,5 +111,15 @@ mod tests {
         assert!(line("gpuctl_ledger_active_seconds_total{").ends_with(" 5.0"));
         // Zero, but present: a series exists from the first credit, so rate() has a start.
         assert!(line("gpuctl_ledger_unknown_seconds_total{").ends_with(" 0.0"));
+        // A scrape that may not name the team's users sums them into user="".
+        let mut r = Registry::with_prefix("gpuctl");
+        register(&mut r, &|_| false);
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &r).unwrap();
+        assert!(!out.contains("ann"), "{out}");
+        assert!(
+            out.contains(r#"team="ledger_test_team",user="",kind="3g.40gb"} 20.0"#),
+            "{out}"
+        );
     }
 }

@@ -126,6 +126,9 @@ pub struct Snapshot {
     /// Live placement leases (`None`: systemd could not list them, so no series rather than
     /// a made-up zero).
     pub leases: Option<Vec<crate::placement::Lease>>,
+    /// The teams whose user names the ledger counters may carry (`None`: every team's); the
+    /// others' users are summed into `user=""`, like the other per-process labels.
+    pub ledger_users: Option<std::collections::BTreeSet<String>>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -381,7 +384,9 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     );
     r.register("join", "Join calls by team and outcome", c.joins.clone());
     register_idle(&mut r, &s.idle);
-    ledger::register(&mut r);
+    ledger::register(&mut r, &|team: &str| {
+        s.ledger_users.as_ref().is_none_or(|t| t.contains(team))
+    });
     if let Some(leases) = &s.leases {
         let per: Family<Labels, Gauge> = Family::default();
         for lease in leases {
