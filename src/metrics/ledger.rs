@@ -3,7 +3,7 @@
 //! counters, as Prometheus expects: a restart resets them and `rate`/`increase` handle that,
 //! while the ledger's own day files carry the history for `gpuctl report`.
 
-use crate::ledger::{Credit, Key};
+use crate::ledger::Credit;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::registry::{Registry, Unit};
@@ -16,8 +16,10 @@ type Seconds = Family<Labels, Counter<f64, AtomicU64>>;
 
 /// Totals in ms by (team, user, kind): the one source each scrape's counters are built from,
 /// so a scrape can merge users it may not name into `user=""` without a second set of counters.
-fn totals() -> &'static Mutex<BTreeMap<(String, String, String), [u64; 3]>> {
-    static T: OnceLock<Mutex<BTreeMap<(String, String, String), [u64; 3]>>> = OnceLock::new();
+type Totals = BTreeMap<(String, String, String), [u64; 3]>;
+
+fn totals() -> &'static Mutex<Totals> {
+    static T: OnceLock<Mutex<Totals>> = OnceLock::new();
     T.get_or_init(Default::default)
 }
 
@@ -75,7 +77,7 @@ pub fn register(r: &mut Registry, names_users: &dyn Fn(&str) -> bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ledger::Figures;
+    use crate::ledger::{Figures, Key};
 
     #[test]
     fn credits_reach_the_counters_with_team_user_and_kind() {
