@@ -64,6 +64,7 @@ owner = "train"
 P
 reload_wait
 st=$(gpuctl status 2>&1); rc=$?
+# shellcheck disable=SC2001 # a prefix on every line
 sed 's/^/    status| /' <<<"$st"
 check_output "a drop-in naming missing GPU 7: status exits 1" test "$rc" = 1
 check "and says why, with file and line" grep -q "30-ghost.toml:3:1: .*gpu 7 does not exist" <<<"$st"

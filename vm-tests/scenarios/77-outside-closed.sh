@@ -37,12 +37,15 @@ allow=$(systemctl show -P DeviceAllow user.slice)
 echo "user.slice DeviceAllow: $allow"
 check "user.slice is fenced by default (DevicePolicy=closed)" test "$(systemctl show -P DevicePolicy user.slice)" = closed
 check "machine.slice too" test "$(systemctl show -P DevicePolicy machine.slice)" = closed
+# shellcheck disable=SC2317 # called through check
 has_all() { grep -q 'char-mem ' <<<"$allow" && grep -q 'char-misc ' <<<"$allow" && grep -q 'block-' <<<"$allow"; }
 check "the allow-list has the guest's majors by name (char-mem, char-misc, block-...)" has_all
 check_not "... and none of NVIDIA's" grep -q nvidia <<<"$allow"
 
 for u in bob alice; do
+    # shellcheck disable=SC2086 # the node lists are split into arguments on purpose
     out=$(session_probe "$u" $NV_NODES $OTHER_NODES)
+    # shellcheck disable=SC2001 # a prefix on every line
     echo "$out" | sed "s/^/    $u| /"
     check "$u's login shell runs in a logind session under user.slice" \
         grep -Eq '^cgroup 0::/user.slice/user-[0-9]+.slice/session-[^/]+.scope$' <<<"$out"
@@ -97,6 +100,7 @@ mknod /dev/vmtest77/node c 241 0
 r=$(probe user.slice /dev/vmtest77/node); echo "new major, before gpuctld noticed: $r"
 check "a major registered after the fence was set is not in it yet (EPERM)" test "$r" = EPERM
 mknod /dev/vmtest77-node c 241 0
+# shellcheck disable=SC2317 # called through wait_for
 new_major_opens() { test "$(probe user.slice /dev/vmtest77/node)" = ENXIO; }
 check "after its node appears in /dev gpuctld re-fences and it opens from user.slice (ENXIO)" \
     wait_for 30 new_major_opens
