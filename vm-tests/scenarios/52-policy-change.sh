@@ -67,7 +67,7 @@ st=$(gpuctl status 2>&1); rc=$?
 # shellcheck disable=SC2001 # a prefix on every line
 sed 's/^/    status| /' <<<"$st"
 check_output "a drop-in naming missing GPU 7: status exits 1" test "$rc" = 1
-check "and says why, with file and line" grep -q "30-ghost.toml:3:1: .*gpu 7 does not exist" <<<"$st"
+check "and says why, with file and line" grep -qE "30-ghost.toml:[0-9]+:[0-9]+: .*gpu 7 does not exist" <<<"$st"
 check_output "StatusText is not converged" sh -c 'systemctl show -P StatusText gpuctld.service | grep -q "does not fit this host"'
 rm -f /etc/gpuctl/policy.d/30-ghost.toml
 reload_wait
