@@ -154,7 +154,7 @@ P_H=$(systemctl show -P MainPID holder77.service)
 flock "$S.lock" sh -c "jq '.processes += [{pid: $P_H, gpu: 2, used_memory_mib: 100}]' '$S' >'$S.new' && mv '$S.new' '$S'"
 printf 'version = 1\n[host]\noutside = "closed"\n' >/tmp/77-closed.toml
 check_output "the plan to close names the holder in user.slice" \
-    sh -c "gpuctl plan --policy /etc/gpuctl/policy.d/60-shell.toml --policy /tmp/77-closed.toml | grep -E 'user.slice.*pid $P_H'"
+    sh -c "gpuctl plan /etc/gpuctl/policy.d/60-shell.toml /tmp/77-closed.toml | grep -E 'user.slice.*pid $P_H'"
 rm /etc/gpuctl/policy.d/10-host.toml
 reload_wait
 check "closed again" test "$(systemctl show -P DevicePolicy user.slice)" = closed
