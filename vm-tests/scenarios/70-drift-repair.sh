@@ -1,7 +1,7 @@
 #!/bin/bash
 # 70: gpuctl owns its slices. A hand `systemctl set-property` on a team slice -- runtime or
-# persistent, a memory limit or an added DeviceAllow= -- is reverted within 2 s, logged with what
-# changed; a persistent override file under /etc/systemd/system.control is removed and named in
+# persistent, a memory limit or an added DeviceAllow= -- is reverted by the event (within 10x the
+# hand set-property's own latency), logged with what changed; a persistent override file under /etc/systemd/system.control is removed and named in
 # the journal. BENCH: repair latency per kind of drift (median), against the latency of the hand
 # set-property itself in the same run.
 # vmtest: timeout=300
@@ -88,9 +88,10 @@ for kind in mem dev; do
         hmed=$(printf '%s\n' "${hand[@]}" | median)
         echo "drift $kind $mode: repair times (us): ${rep[*]}"
         check "$kind drift ($mode) applied, logged and repaired every time ($N of $N)" test "$fails" = 0
-        # A bound only against waiting for the drift timer (300 s); the latency itself is the
-        # BENCH line's ratio below.
-        check "$kind drift ($mode) repaired within 2 s (median ${med:-?} us)" test "${med:-9999999}" -lt 2000000
+        # Event-driven, not the drift timer (300 s): the repair is bounded against the hand
+        # set-property measured in the same run, so host load moves both sides alike.
+        check "$kind drift ($mode) repaired within 10x the hand set-property (median ${med:-?} us, hand ${hmed:-?} us)" \
+            test "${med:-999999999}" -lt "$((${hmed:-0} * 10))" -a "${med:-999999999}" -lt 30000000
         echo "BENCH drift repair ($kind, $mode): median $((med / 1000)) ms over $N; the hand set-property itself took median $((hmed / 1000)) ms (ratio $(awk -v a="$med" -v b="$hmed" 'BEGIN{printf "%.1f", a/b}')x)"
     done
 done
