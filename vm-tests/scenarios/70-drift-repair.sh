@@ -2,8 +2,8 @@
 # 70: gpuctl owns its slices. A hand `systemctl set-property` on a team slice -- runtime or
 # persistent, a memory limit or an added DeviceAllow= -- is reverted by the event (within 10x the
 # hand set-property's own latency), logged with what changed; a persistent override file under
-# /etc/systemd/system.control is removed and named in the journal. BENCH: repair latency per kind of drift (median), against the latency of the hand
-# set-property itself in the same run.
+# /etc/systemd/system.control is removed and named in the journal. BENCH: repair latency per kind
+# of drift (median), against the latency of the hand set-property itself in the same run.
 # vmtest: timeout=300
 # vmtest: group=own
 . lib/common.sh
