@@ -94,20 +94,13 @@ fn parse_gpu_memory(s: &str) -> Result<u64, String> {
 impl PlaceArgs {
     /// The `JoinWith` options map (empty: a plain `Join`).
     pub fn options(&self) -> BTreeMap<String, String> {
-        let mut m = BTreeMap::new();
-        if let Some(g) = self.gpus {
-            m.insert("gpus".into(), g.to_string());
+        crate::dbus_api::place::JoinOptions {
+            gpus: self.gpus,
+            device: self.device.clone(),
+            gpu_memory: self.gpu_memory,
+            wait: self.wait,
         }
-        if let Some(d) = &self.device {
-            m.insert("device".into(), d.clone());
-        }
-        if let Some(b) = self.gpu_memory {
-            m.insert("gpu-memory".into(), b.to_string());
-        }
-        if let Some(w) = self.wait {
-            m.insert("wait".into(), w.as_millis().to_string());
-        }
-        m
+        .to_map()
     }
 }
 
