@@ -7,6 +7,12 @@
 //! `gpu-<team>.slice` per team in the generator's normal directory, which ranks below
 //! `/etc/systemd/system` (an admin's own unit wins) and above `/usr/lib`.
 //!
+//! The fences of `user.slice` and `machine.slice` (`[host] outside = "closed"`) are written as
+//! drop-ins too, so no login session or container opens a GPU in the seconds before gpuctld's
+//! first reconcile. They name majors (`char-drm`); systemd skips a name not registered yet, so a
+//! module loaded after boot is closed there until gpuctld, which watches `/proc/devices`, sets
+//! the fence again: the boot window fails closed, never open.
+//!
 //! A generator must never break boot: a missing or unreadable state file produces no units and
 //! a message on stderr (the kernel log at that point), never a failure exit.
 
@@ -15,6 +21,10 @@ use crate::files::FileError;
 use crate::paths::Root;
 use crate::systemd::props;
 use std::path::Path;
+
+/// The fence drop-in's name: before systemd's `50-Device*.conf` of gpuctld's runtime
+/// properties, which reset the list and so win once gpuctld has run.
+const FENCE_DROP_IN: &str = "10-gpuctl-fence.conf";
 
 /// Write the units for the state found under `root` into `out`; returns the files written.
 /// An error means the state file was unreadable; nothing was written then.
@@ -31,8 +41,20 @@ pub fn generate(root: &Root, out: &Path) -> Result<Vec<String>, StateError> {
         written.push(name);
         Ok(())
     };
+    for (slice, fence) in &state.fences {
+        // Only the slices gpuctl fences: a hand-edited state names no other unit.
+        let text = props::fence_drop_in(fence, STATE_FILE)
+            .filter(|_| crate::plan::fence::FENCED_SLICES.contains(&slice.as_str()));
+        let Some(text) = text else {
+            eprintln!("gpuctl-generator: {STATE_FILE}: skipping fence of {slice:?}");
+            continue;
+        };
+        let dir = out.join(format!("{slice}.d"));
+        std::fs::create_dir_all(&dir).map_err(|e| FileError::new(&dir, e))?;
+        put(format!("{slice}.d/{FENCE_DROP_IN}"), text)?;
+    }
     if state.slices.is_empty() {
-        return Ok(Vec::new());
+        return Ok(written);
     }
     put(
         "gpu.slice".into(),

@@ -275,6 +275,13 @@ impl CoreReconciler {
                     .iter()
                     .map(|(t, v)| (t.to_string(), v.slice.clone()))
                     .collect(),
+                fences: d
+                    .fences
+                    .iter()
+                    .flatten()
+                    .filter(|(_, f)| !f.is_open())
+                    .map(|(s, f)| (s.clone(), f.clone()))
+                    .collect(),
             };
             if let Err(e) = state.save(&self.host.root().join(STATE_FILE)) {
                 r.errors.push(e.to_string());

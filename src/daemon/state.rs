@@ -1,8 +1,8 @@
-//! Persistent daemon state under `/var/lib/gpuctl`: the last applied slices (read by the
-//! generator at boot) and the last good policy.
+//! Persistent daemon state under `/var/lib/gpuctl`: the last applied slices and outside fences
+//! (read by the generator at boot) and the last good policy.
 
 use crate::files::{write_if_changed, FileError};
-use crate::observe::SliceSpec;
+use crate::observe::{Fence, SliceSpec};
 use crate::policy::Policy;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -21,6 +21,10 @@ pub struct AppliedState {
     pub version: u32,
     /// Team slices by team.
     pub slices: BTreeMap<String, SliceSpec>,
+    /// The fences outside the team shares (`user.slice`, `machine.slice`), so that they hold
+    /// from boot on, before gpuctld's first reconcile; empty when none is closed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fences: BTreeMap<String, Fence>,
 }
 
 /// A state file that cannot be read, parsed or written.

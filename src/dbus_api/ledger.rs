@@ -1,18 +1,17 @@
 //! The `Report` method: the GPU-hours ledger over whole UTC days, read from the day files
 //! under `/var/lib/gpuctl/ledger/` on a blocking thread.
 //!
-//! Authorization is `Teams`'s: a caller sees the rows of the teams it may use (listed by name,
-//! or through a listed `@group`, as [`crate::join::joinable`] decides), root sees every team,
-//! processes outside team slices and teams no longer in the policy included.
+//! Authorization is `Usage`'s ([`crate::join::viewer`]): a caller sees the rows of the teams it
+//! may use; root and members of `[host] admin-group` see every team, processes outside team
+//! slices and teams no longer in the policy included.
 
-use super::join::{bus_caller, JoinError};
+use super::join::JoinError;
 use super::reply::{LedgerReply, LedgerRow};
 use super::Backend;
-use crate::join::nss::Nss;
+use crate::join::Viewer;
 use crate::ledger::store::Store;
 use crate::ledger::{day_name, parse_day, summarise, By, Figures, Key};
 use crate::paths::Root;
-use std::collections::BTreeSet;
 use zbus::fdo;
 use zbus::message::Header;
 use zbus::Connection;
@@ -69,8 +68,10 @@ pub async fn report(
         )));
     }
     let by: By = by.parse().map_err(bad)?;
-    let caller = bus_caller(conn, hdr).await?.caller;
-    let all = caller.uid == 0;
+    // The same rule as Usage/Idle/Metrics: root and the `[host] admin-group` see every team
+    // (processes outside team slices included), a member the teams it may join.
+    let viewer = super::usage::viewer(backend, conn, hdr).await?;
+    let all = viewer == Viewer::All;
     let state = backend.state();
     let policy = match (backend.policy(), all) {
         (Ok(p), _) => Some(p),
@@ -78,20 +79,11 @@ pub async fn report(
         (Err(e), false) => return Err(e.into()),
     };
     let root = root.clone();
-    let p = policy.clone();
-    let (mine, (days, problems)) = tokio::task::spawn_blocking(move || {
-        let mine: BTreeSet<String> = match (&p, all) {
-            (Some(p), false) => crate::join::joinable(&caller, p, &Nss)
-                .into_iter()
-                .map(|t| t.0)
-                .collect(),
-            _ => BTreeSet::new(),
-        };
-        (mine, Store::new(&root).range(first, last))
-    })
-    .await
-    .map_err(|e| JoinError::from(fdo::Error::Failed(format!("ledger read failed: {e}"))))?;
-    let visible = |k: &Key| all || mine.contains(&k.team);
+    let (days, problems) =
+        tokio::task::spawn_blocking(move || Store::new(&root).range(first, last))
+            .await
+            .map_err(|e| JoinError::from(fdo::Error::Failed(format!("ledger read failed: {e}"))))?;
+    let visible = |k: &Key| viewer.sees(Some(&k.team));
     let mut rows: Vec<LedgerRow> = summarise(&days, by, visible)
         .iter()
         .map(|(k, f)| row(k, f, by))
@@ -116,7 +108,7 @@ pub async fn report(
         idle_rule_teams: policy
             .iter()
             .flat_map(|p| &p.teams)
-            .filter(|(t, team)| team.idle.is_some() && (all || mine.contains(&t.to_string())))
+            .filter(|(t, team)| team.idle.is_some() && viewer.sees(Some(t)))
             .map(|(t, _)| t.to_string())
             .collect(),
         problems,

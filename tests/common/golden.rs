@@ -49,17 +49,24 @@ pub fn check(path: &Path, got: &str) {
     }
 }
 
-/// The files of a directory by name (`.keep`, which holds an empty directory in git, left out).
+/// The files of a directory tree by path relative to `dir` (`user.slice.d/x.conf`), `.keep`,
+/// which holds an empty directory in git, left out.
 pub fn read_dir(dir: &Path) -> BTreeMap<String, String> {
-    let mut out = BTreeMap::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
+    fn walk(dir: &Path, prefix: &str, out: &mut BTreeMap<String, String>) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
         for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if name != ".keep" {
+            let name = format!("{prefix}{}", e.file_name().to_string_lossy());
+            if e.path().is_dir() {
+                walk(&e.path(), &format!("{name}/"), out);
+            } else if !name.ends_with(".keep") {
                 out.insert(name, std::fs::read_to_string(e.path()).unwrap());
             }
         }
     }
+    let mut out = BTreeMap::new();
+    walk(dir, "", &mut out);
     out
 }
 
@@ -71,7 +78,9 @@ pub fn check_dir(dir: &Path, got: &BTreeMap<String, String>) {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join(".keep"), "").unwrap();
         for (name, text) in got {
-            std::fs::write(dir.join(name), text).unwrap();
+            let p = dir.join(name);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(p, text).unwrap();
         }
     }
     assert_eq!(

@@ -27,9 +27,10 @@ fake_gpus() {
     [ -e /dev/nvidia-uvm-tools ] || mknod -m 666 /dev/nvidia-uvm-tools c "$FAKE_NVIDIA_UVM_MAJOR" 1
     mkdir -p /dev/nvidia-caps
     chmod 755 /dev/nvidia-caps
-    # The driver creates the caps nodes 0400 root: only root (or what it grants) opens them.
+    # The modes the driver's capability files give (DeviceFileMode): mig/config 0400 (root
+    # creates instances), mig/monitor and every GI/CI access node 0444 (any user runs on MIG).
     [ -e /dev/nvidia-caps/nvidia-cap1 ] || mknod -m 400 /dev/nvidia-caps/nvidia-cap1 c "$FAKE_NVIDIA_CAPS_MAJOR" 1
-    [ -e /dev/nvidia-caps/nvidia-cap2 ] || mknod -m 400 /dev/nvidia-caps/nvidia-cap2 c "$FAKE_NVIDIA_CAPS_MAJOR" 2
+    [ -e /dev/nvidia-caps/nvidia-cap2 ] || mknod -m 444 /dev/nvidia-caps/nvidia-cap2 c "$FAKE_NVIDIA_CAPS_MAJOR" 2
     fake_proc_devices
     fake_mig_minors "$n"
 }
@@ -37,7 +38,7 @@ fake_gpus() {
 # fake_cap_node MINOR: create /dev/nvidia-caps/nvidia-capMINOR as `nvidia-modprobe -f` would.
 fake_cap_node() {
     [ -e "/dev/nvidia-caps/nvidia-cap$1" ] ||
-        mknod -m 400 "/dev/nvidia-caps/nvidia-cap$1" c "$FAKE_NVIDIA_CAPS_MAJOR" "$1"
+        mknod -m 444 "/dev/nvidia-caps/nvidia-cap$1" c "$FAKE_NVIDIA_CAPS_MAJOR" "$1"
 }
 
 # /proc/devices is not writable, but a file can be bind-mounted over it (as lxcfs does for

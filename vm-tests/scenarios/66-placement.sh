@@ -39,14 +39,20 @@ echo "gpuctld: $(status_text)"
 
 d=$(mktemp -d)
 chmod 777 "$d"
-# A job that reports its device and which cap nodes it may open, then holds its lease.
+# A job that reports its device and which cap nodes its fence lets it open (read-only, as CUDA
+# opens them): ENXIO is the fake node opened, EPERM the device filter; the config node (0400)
+# fails its mode check first and counts as neither.
 cat >"$d/job.sh" <<'J'
 #!/bin/bash
 out=$1
 {
     echo "DEV=$CUDA_VISIBLE_DEVICES"
     for n in /dev/nvidia-caps/nvidia-cap*; do
-        if ( exec 3<>"$n" ) 2>&1 | grep -q 'Operation not permitted'; then echo "DENY $n"; else echo "OPEN $n"; fi
+        case $( (exec 3<"$n") 2>&1 ) in
+            *"No such device or address"*) echo "OPEN $n" ;;
+            *"Operation not permitted"*) echo "DENY $n" ;;
+            *) echo "MODE $n" ;;
+        esac
     done
 } >"$out.tmp"
 mv "$out.tmp" "$out"

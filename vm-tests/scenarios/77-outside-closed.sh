@@ -2,7 +2,8 @@
 # 77: closed by default (issue 31). Outside the team shares no NVIDIA node opens: login sessions
 # (su -l, a logind session in user.slice) of bob (no team) and alice (infer) get EPERM on every
 # one while /dev/null, /dev/tty, a pty and /dev/fuse still open; system.slice stays open and its
-# user shows as a stray; a major registered later is usable once gpuctld sees it; a removed
+# user shows as a stray; a major registered later is usable once gpuctld sees it; the fence
+# holds before gpuctld runs (the generator's drop-in, as at boot); a removed
 # team's job loses the team's devices before another team is given them; outside = "open" is
 # today's behaviour, and closing again names the process that holds a GPU outside, in the plan
 # and the journal. ENXIO = allowed (no driver behind the fake node), EPERM = denied.
@@ -109,6 +110,20 @@ check "user.slice's list has it" sh -c "systemctl show -P DeviceAllow user.slice
 rm -rf /dev/vmtest77 /dev/vmtest77-node
 grep -v ' vmtest77$' /run/vmtest-fake/devices >/run/vmtest-fake/devices.new
 cat /run/vmtest-fake/devices.new >/run/vmtest-fake/devices
+
+# At boot, before gpuctld's first reconcile, the generator's drop-in (from the last applied
+# state) holds the fence. Shown without a reboot: gpuctld stopped, its runtime properties
+# reverted as a reboot drops them, the generators run again.
+systemctl stop gpuctld.service
+systemctl revert user.slice >/dev/null 2>&1
+systemctl daemon-reload
+systemctl cat user.slice 2>&1 | grep -E '^# /|DevicePolicy' | sed 's/^/    | /'
+check "the generator writes user.slice's fence" test -f /run/systemd/generator/user.slice.d/10-gpuctl-fence.conf
+check "no runtime fence is left" sh -c '! ls /run/systemd/system.control/user.slice.d/*Device* 2>/dev/null'
+check "without gpuctld, user.slice is closed by the generator's fence (EPERM)" test "$(probe user.slice /dev/nvidia0)" = EPERM
+check "... and /dev/null opens there" test "$(probe user.slice /dev/null)" = OK
+gpuctld_start
+wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q " converged"'
 
 # The removal sequence: alice's job in infer's scope; infer removed, GPU 0 given to train.
 as alice 'gpuctl run --team infer -- sleep 600' &
