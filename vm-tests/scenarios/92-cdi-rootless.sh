@@ -4,7 +4,8 @@
 # --cgroups=disabled --device gpuctl.io/team=infer ...`: with cgroups disabled the container stays
 # in the caller's cgroup, the `gpuctl run` scope under gpu-infer.slice, so the slice's device
 # filter and memory limit hold (docs/containers.md, "Rootless"). Outside gpuctl run, rootless
-# podman's container is not under the team slice.
+# podman's container is not under the team slice. bob (no team) gets neither infer's CDI device
+# (the spec is for members) nor, forced in, its node (the outside fence of user.slice).
 # vmtest: timeout=480
 # vmtest: group=usage
 # Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
@@ -34,10 +35,14 @@ rootfs=$(cdi_rootfs alice)
 # runtime dir or the bare root-owned mount point depended on whether her previous session's
 # mount had been torn down yet ("XDG_RUNTIME_DIR ... is not owned by the current user": the
 # forced run of a CI check failed so).
-install -d -o alice -g alice -m 0700 /run/vmtest-alice
-as_alice_np() {
-    unshare -m --propagation private sh -c 'umount -l /proc/devices; umount -l /proc/driver; exec su -s /bin/sh alice -c "export XDG_RUNTIME_DIR=/run/vmtest-alice; $1"' sh "$*"
+# as_np USER CMD: CMD as USER in such a namespace, with a runtime dir of their own.
+as_np() {
+    local u=$1
+    shift
+    install -d -o "$u" -g "$u" -m 0700 "/run/vmtest-$u"
+    unshare -m --propagation private sh -c 'umount -l /proc/devices; umount -l /proc/driver; exec su -s /bin/sh "$1" -c "export XDG_RUNTIME_DIR=/run/vmtest-$1; $2"' sh "$u" "$*"
 }
+as_alice_np() { as_np alice "$@"; }
 
 export NODES="/dev/nvidia0 /dev/nvidiactl /dev/nvidia1"
 # as alice, inside her team share; --cgroupns=host to read the slice's memory.max.
@@ -72,4 +77,18 @@ out=$(as_alice_np "cd ~ && podman run --rm --network=none --device gpuctl.io/tea
 echo "$out" | tail -n 2 | sed 's/^/    parent| /'
 check "rootless --cgroup-parent=gpu-infer.slice: no container under the team slice" \
     bash -c "! grep -q '^0::/gpu.slice/gpu-infer.slice/' <<<'$out'"
+
+# bob (no team) with rootless podman: infer's spec is not his to read, so the CDI device does
+# not resolve; forcing infer's node in from his session (user.slice) meets the outside fence.
+sed -i '/^bob:/d' /etc/subuid /etc/subgid
+rootfs_bob=$(cdi_rootfs bob)
+out=$(as_np bob "cd ~ && podman run --rm --network=none --cgroups=disabled --device gpuctl.io/team=infer --rootfs $rootfs_bob true" 2>&1)
+rc=$?
+echo "$out" | tail -n 2 | sed 's/^/    bob-cdi| /'
+check "bob: podman with infer's CDI device fails (rc $rc)" test "$rc" != 0
+check "bob: ... because the device does not resolve for him" grep -qi 'cdi' <<<"$out"
+out=$(as_np bob "cd ~ && podman run --rm --network=none --cgroups=disabled --device /dev/nvidia0 -e NODES=/dev/nvidia0 --cgroupns=host --rootfs $rootfs_bob sh -c 'grep ^0:: /proc/self/cgroup; $PROBE'" 2>&1)
+echo "$out" | grep -E '^(0::|node|Error)' | sed 's/^/    bob-forced| /'
+check "bob: his rootless container runs in user.slice" grep -q '^0::/user.slice/' <<<"$out"
+check "bob: infer's node forced in is denied there (EPERM)" test "$(field "$out" "node /dev/nvidia0")" = EPERM
 finish
