@@ -2,7 +2,8 @@
 //! heading), every `--flag` the docs and man pages name is a flag of `gpuctl` or `gpuctld` (or of
 //! a tool listed below as another's), a value written after a flag that takes a fixed set of
 //! values is one of them (`env --format cdi`), and the generated man page's NAME line reads as a
-//! NAME line.
+//! NAME line; every `GPUCTL_*` variable they name exists in the code, and the interval defaults
+//! gpuctld(8) gives are the code's.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -367,4 +368,116 @@ fn the_summary_of_env_names_every_format() {
             v.get_name()
         );
     }
+}
+
+/// Every `GPUCTL_*` variable the docs, man pages and READMEs name, with the files naming it.
+fn documented_variables() -> BTreeMap<String, BTreeSet<String>> {
+    let mut files = markdown_files();
+    files.extend(
+        std::fs::read_dir(repo().join("docs/man"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let text = std::fs::read_to_string(&f).unwrap_or_default();
+        let rel = f.strip_prefix(repo()).unwrap().display().to_string();
+        let mut rest = text.as_str();
+        while let Some(i) = rest.find("GPUCTL_") {
+            let name: String = rest[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || *c == '_')
+                .collect();
+            rest = &rest[i + name.len()..];
+            let name = name.trim_end_matches('_').to_string();
+            if name.len() > "GPUCTL_".len() {
+                out.entry(name).or_default().insert(rel.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The text of every source file under `dirs` (Rust, shell, the CI script).
+fn sources(dirs: &[&str]) -> String {
+    fn walk(dir: &Path, out: &mut String) {
+        let Ok(rd) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else if let Ok(t) = std::fs::read_to_string(&p) {
+                out.push_str(&t);
+            }
+        }
+    }
+    let mut out = String::new();
+    for d in dirs {
+        let p = repo().join(d);
+        if p.is_file() {
+            out.push_str(&std::fs::read_to_string(p).unwrap());
+        } else {
+            walk(&p, &mut out);
+        }
+    }
+    out
+}
+
+#[test]
+fn every_variable_the_docs_name_is_read_or_set_by_the_code() {
+    let code = sources(&[
+        "src",
+        "fakes",
+        "tests",
+        "packaging",
+        "vm-tests/lib",
+        ".ci/run",
+    ]);
+    let vars = documented_variables();
+    assert!(vars.contains_key("GPUCTL_USAGE_INTERVAL_MS"), "{vars:?}");
+    let unknown: Vec<String> = vars
+        .iter()
+        // A journal field is a tracing field in the code (`gpuctl_uid = …`, upper-cased by
+        // the journal).
+        .filter(|(v, _)| {
+            !code.contains(&format!("\"{v}"))
+                && !code.contains(&format!("{v}="))
+                && !code.contains(&format!("{} =", v.to_lowercase()))
+        })
+        .map(|(v, files)| format!("{v} (named in {files:?})"))
+        .collect();
+    assert!(
+        unknown.is_empty(),
+        "the docs name variables no code reads or sets: {unknown:?}"
+    );
+}
+
+#[test]
+fn the_interval_defaults_the_man_page_gives_are_the_codes() {
+    let man = std::fs::read_to_string(repo().join("docs/man/gpuctld.8")).unwrap();
+    let default_of = |var: &str| -> u128 {
+        let at = man
+            .find(&format!(".B {var}"))
+            .unwrap_or_else(|| panic!("gpuctld(8) does not describe {var}"));
+        let after = &man[at..];
+        let d = after.find("Default:").expect("a Default: line") + "Default:".len();
+        let value: String = after[d..]
+            .trim_start_matches(['\n', ' '])
+            .trim_start_matches(".BR ")
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        value.parse().unwrap()
+    };
+    assert_eq!(
+        default_of("GPUCTL_USAGE_INTERVAL_MS"),
+        gpuctl::usage::collect::DEFAULT_INTERVAL.as_millis()
+    );
+    assert_eq!(
+        default_of("GPUCTL_IDLE_INTERVAL_MS"),
+        gpuctl::daemon::idle::DEFAULT_INTERVAL.as_millis()
+    );
 }
