@@ -21,7 +21,9 @@ pub enum ExportTo {
     #[command(after_long_help = "\
 The lines are what gpuctld writes to [slurm] gres-file when [slurm] enabled = true; this \
 command prints them whether or not Slurm is enabled, from the host as it is now (or a \
-simulated one). --gres prints only the value of Gres= for the node's slurm.conf line.
+simulated one). --gres prints only the value of Gres= for the node's slurm.conf line; \
+--job-submit a job_submit.lua for slurmctld that allows a team's GPU types (team-types) \
+only in the partition named after the team.
 
 Exit status: 0 printed, 1 invalid policy, 2 a policy file could not be read.")]
     Slurm(SlurmArgs),
@@ -42,6 +44,10 @@ pub struct SlurmArgs {
     /// Print the slurm.conf fragment `[slurm] node-file` holds: `NodeName=DEFAULT Gres=…`.
     #[arg(long)]
     pub node_file: bool,
+    /// Print a job_submit.lua that allows a team's GPU types (`team-types`) only in the
+    /// partition named after the team (docs/slurm.md).
+    #[arg(long, conflicts_with_all = ["gres", "node_file"])]
+    pub job_submit: bool,
 }
 
 /// Run `gpuctl export`.
@@ -57,6 +63,13 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
     }
     if a.gres {
         println!("{}", g.node_gres());
+        return Ok(super::exit::OK);
+    }
+    if a.job_submit {
+        print!(
+            "{}",
+            crate::slurm::job_submit_lua(p.teams.keys().map(|t| &**t))
+        );
         return Ok(super::exit::OK);
     }
     if a.node_file {

@@ -169,6 +169,102 @@ impl Gres {
     }
 }
 
+/// A job_submit.lua (Slurm's `JobSubmitPlugins=lua`) that closes what partitions leave open
+/// with `team-types`: a GPU type of a team (`<team>_<kind>`) may be asked for only in the
+/// partition named after that team, whose `AllowGroups=` slurmctld enforces. The request is
+/// read from the `tres_per_*` fields (Slurm 21.08 and later) and `gres` (before); a GPU item
+/// without a type is refused too, as Slurm could give it any team's device. A type's team is
+/// the longest team name it starts with, as team names may hold `_`. Jobs asking for no GPU,
+/// and root's, pass untouched.
+pub fn job_submit_lua<'a>(teams: impl IntoIterator<Item = &'a str>) -> String {
+    let mut s = String::from(
+        "-- Written by `gpuctl export slurm --job-submit` (docs/slurm.md, \"Teams and Slurm\").\n\
+         -- A team's GPU type (<team>_<kind>) is for the team's partition only.\n\
+         local teams = {\n",
+    );
+    for t in teams {
+        // Team names are [a-z][a-z0-9_]*: nothing to escape in a Lua string.
+        let _ = writeln!(s, "  [\"{t}\"] = true,");
+    }
+    s.push_str(JOB_SUBMIT_BODY);
+    s
+}
+
+const JOB_SUBMIT_BODY: &str = r#"}
+
+local function team_of(gpu_type)
+  local best = nil
+  for t in pairs(teams) do
+    if string.sub(gpu_type, 1, #t + 1) == t .. "_" and (best == nil or #t > #best) then
+      best = t
+    end
+  end
+  return best
+end
+
+-- Why a request (one TRES/GRES string: "gres/gpu:infer_3g.40gb:1,gres/gpu:2", ...) may not
+-- run in `partition`, or nil: each GPU item must name a type of the partition's team.
+local function check(request, partition)
+  if request == nil then
+    return nil
+  end
+  for item in string.gmatch(request, "[^,]+") do
+    local rest = string.match(item, "gpu(.*)$")
+    if rest ~= nil then
+      local gpu_type = string.match(rest, "^:([%w%._%-]+)")
+      if gpu_type == nil or string.match(gpu_type, "^%d+$") then
+        return "gpuctl: name your team's GPU type (--gres=gpu:<team>_<kind>:N, see " ..
+          "`scontrol show node`): an untyped GPU request may get another team's device"
+      end
+      local team = team_of(gpu_type)
+      if team ~= nil and partition ~= team then
+        return "gpuctl: GPU type " .. gpu_type .. " is team " .. team ..
+          "'s: submit it to partition " .. team .. " (-p " .. team .. ")"
+      end
+    end
+  end
+  return nil
+end
+
+local fields = { "tres_per_node", "tres_per_job", "tres_per_socket", "tres_per_task", "gres" }
+
+local function refusal(job_desc, partition)
+  for _, f in ipairs(fields) do
+    local why = check(job_desc[f], partition)
+    if why ~= nil then
+      return why
+    end
+  end
+  return nil
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  if submit_uid == 0 then
+    return slurm.SUCCESS
+  end
+  local why = refusal(job_desc, job_desc.partition)
+  if why ~= nil then
+    slurm.log_user(why)
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  if modify_uid == 0 then
+    return slurm.SUCCESS
+  end
+  local why = refusal(job_desc, job_desc.partition or job_rec.partition)
+  if why ~= nil then
+    slurm.log_user(why)
+    return slurm.ERROR
+  end
+  return slurm.SUCCESS
+end
+
+return slurm.SUCCESS
+"#;
+
 /// The prefix of every drain reason gpuctl sets; a node drained with another reason is the
 /// admin's, and gpuctl never resumes it.
 pub const REASON_PREFIX: &str = "gpuctl:";

@@ -309,3 +309,26 @@ fn slurm_job_cgroups_are_recognised() {
     assert_eq!(job_of_cgroup("/system.slice/slurmstepd.scope/system"), None);
     assert_eq!(job_of_cgroup("/gpu.slice/gpu-infer.slice/job_3"), None);
 }
+
+#[test]
+fn the_job_submit_script_lists_the_teams_and_exempts_root() {
+    let lua = job_submit_lua(["infer", "train_big"]);
+    assert!(lua.starts_with("-- Written by `gpuctl export slurm --job-submit`"));
+    let table: Vec<&str> = lua
+        .lines()
+        .skip_while(|l| *l != "local teams = {")
+        .skip(1)
+        .take_while(|l| *l != "}")
+        .collect();
+    assert_eq!(
+        table,
+        ["  [\"infer\"] = true,", "  [\"train_big\"] = true,"]
+    );
+    // Both entry points slurmctld calls, each letting root through first.
+    for f in ["slurm_job_submit(", "slurm_job_modify("] {
+        let body = &lua[lua.find(&format!("function {f}")).unwrap()..];
+        let first = body.lines().nth(1).unwrap().trim();
+        assert!(first.contains("_uid == 0"), "{f}: {first}");
+    }
+    assert!(lua.trim_end().ends_with("return slurm.SUCCESS"));
+}

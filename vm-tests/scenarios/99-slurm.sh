@@ -2,7 +2,8 @@
 # 99: gpuctl on a one-node Slurm cluster (Debian's slurmctld, slurmd, munge; docs/slurm.md).
 # gpuctld carves GPU 0 and keeps the GRES file and the node's Gres= current; a job asking for a
 # team's MIG type gets exactly that device (its cap nodes open, a neighbour's are denied by
-# Slurm's device constraint); a member of another team cannot use the team's partition; a
+# Slurm's device constraint); a member of another team cannot use the team's partition, nor a
+# member the other team's type in their own (the generated job_submit.lua); a
 # layout change while a job runs drains the node, waits for the job, applies, rewrites the GRES
 # file, restarts Slurm, resumes, and the next job sees the new types; `gpuctl top` names the job.
 # vmtest: timeout=600
@@ -126,6 +127,27 @@ check_output "the job's CUDA_VISIBLE_DEVICES names one device" \
 check_not "carol is refused in infer's partition" \
     timeout 60 runuser -u carol -- srun -p infer --gres=gpu:infer_3g.40gb:1 true
 check_output "alice runs in infer's partition" timeout 60 runuser -u alice -- srun -p infer --gres=gpu:infer_3g.40gb:1 id -un
+
+# The generated job_submit.lua (docs/slurm.md): a team's GPU type only in the team's partition,
+# which closes what AllowGroups= leaves open (a member of infer asking for train's type).
+lua_plugin=$(find /usr/lib -name job_submit_lua.so 2>/dev/null | head -n1)
+if [ -z "$lua_plugin" ]; then
+    echo "NOTE: this Slurm has no job_submit_lua.so: the GPU type rule is not checked"
+else
+    gpuctl export slurm --job-submit >/etc/slurm/job_submit.lua
+    echo "JobSubmitPlugins=lua" >>/etc/slurm/slurm.conf
+    systemctl restart slurmctld
+    wait_for 60 sh -c "scontrol show node -o $H | grep -q 'State=IDLE'"
+    out=$(timeout 60 runuser -u alice -- srun -p infer --gres=gpu:train_1g.10gb:1 true 2>&1)
+    rc=$?
+    echo "$out" | sed 's/^/    lua| /'
+    check "job_submit.lua: alice is refused train's type in infer's partition (rc $rc)" test "$rc" != 0
+    check "... told which partition the type is for" grep -q "is team train's" <<<"$out"
+    check_not "job_submit.lua: an untyped GPU request is refused" \
+        timeout 60 runuser -u alice -- srun -p infer --gres=gpu:1 true
+    check_output "job_submit.lua: alice still gets infer's type in infer's partition" \
+        timeout 60 runuser -u alice -- srun -p infer --gres=gpu:infer_3g.40gb:1 id -un
+fi
 
 # gpuctl top names a Slurm job holding a MIG device.
 J=$(sbatch --parsable -p debug -o /dev/null --gres=gpu:train_1g.10gb:1 --wrap 'echo $$ >/run/vmtest-job.pid; exec sleep 600')
