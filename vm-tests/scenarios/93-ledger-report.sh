@@ -17,7 +17,8 @@ IDLE_MS=2000
 USAGE_MS=500
 # The ledger's nominal interval: a collection is served for one usage interval.
 NOMINAL=$((IDLE_MS + USAGE_MS))
-PHASE=${LEDGER_PHASE_S:-40}
+# Long enough for phase 2's stop (after 6 s, grace 4 s) to leave a busy stretch after it.
+PHASE=${LEDGER_PHASE_S:-24}
 
 gpuctld_setup 3
 test_users
