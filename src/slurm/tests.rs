@@ -306,6 +306,15 @@ fn slurm_job_cgroups_are_recognised() {
         job_of_cgroup("/system.slice/slurmstepd.scope/job_7"),
         Some(7)
     );
+    // Slurm 22.05 (Debian 12) prefixes the node name.
+    assert_eq!(
+        job_of_cgroup("/system.slice/vmtest_slurmstepd.scope/job_5/step_batch/user/task_0"),
+        Some(5)
+    );
+    assert_eq!(
+        job_of_cgroup("/system.slice/notslurmstepd.scope/job_5"),
+        None
+    );
     assert_eq!(job_of_cgroup("/system.slice/slurmstepd.scope/system"), None);
     assert_eq!(job_of_cgroup("/gpu.slice/gpu-infer.slice/job_3"), None);
 }

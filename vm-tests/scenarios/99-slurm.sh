@@ -178,7 +178,7 @@ wait_for 120 sh -c "scontrol show node -o $H | grep -q 'State=IDLE '"
 check_output "after the job: the node is resumed" sh -c "scontrol show node -o $H | grep -o 'State=[^ ]*'; scontrol show node -o $H | grep -q 'State=IDLE '"
 check "the new layout is applied" test "$(jq -c '[.gpus[0].gpu_instances[].profile_id] | sort' "$S")" = "[9,9]"
 check_output "gres.conf names the new types" sh -c "cat /etc/slurm/gres.d/gpuctl.conf; grep -q 'Type=train_3g.40gb MultipleFiles' /etc/slurm/gres.d/gpuctl.conf && ! grep -q 1g.10gb /etc/slurm/gres.d/gpuctl.conf"
-check_output "the next job gets the new type" timeout 120 srun -p debug --gres=gpu:train_3g.40gb:1 printenv SLURM_JOB_GPUS
+check_output "the next job gets the new type" timeout 120 srun -p debug --gres=gpu:train_3g.40gb:1 printenv CUDA_VISIBLE_DEVICES
 check_not "the old type is gone" timeout 60 srun -p debug --immediate=20 --gres=gpu:train_1g.10gb:1 true
 [ "$VMTEST_CHECKS_FAILED" = 0 ] || { gpuctld_journal | tail -n 40 | sed 's/^/    gpuctld| /'; tail -n 30 /var/log/slurm/slurmd.log /var/log/slurm/slurmctld.log | sed 's/^/    log| /'; }
 
