@@ -491,6 +491,29 @@ pub async fn serve(
     Ok(())
 }
 
+/// A GPU's MIG state in `Status` words (`on, 3 instance(s)`), `None` without MIG. A GPU the
+/// policy holds in MIG mode for no team (`mig = []`) says so: its empty team list is meant.
+fn mig_words(g: &crate::observe::GpuState, policy: Option<&Policy>) -> Option<String> {
+    let m = g.mig.as_ref()?;
+    let mode = |on: bool| if on { "on" } else { "off" };
+    let pending = if m.is_pending() {
+        format!(" (pending {}: needs GPU reset)", mode(m.pending))
+    } else {
+        String::new()
+    };
+    let held = match policy.and_then(|p| p.usage_for(g)) {
+        Some(crate::policy::GpuUse::Mig(specs)) if specs.is_empty() => {
+            ", held for no team (mig = [])"
+        }
+        _ => "",
+    };
+    Some(format!(
+        "{}{pending}, {} instance(s){held}",
+        mode(m.current),
+        m.instances.len()
+    ))
+}
+
 /// Emit `PropertiesChanged` for `StatusText` (best effort: status is also in `STATUS=`).
 pub async fn status_text_changed(conn: &Connection) {
     if let Ok(iface) = conn
@@ -579,19 +602,7 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
                 })
                 .map(|(n, _)| n.to_string())
                 .collect(),
-            mig: g.mig.as_ref().map(|m| {
-                let mode = |on: bool| if on { "on" } else { "off" };
-                let pending = if m.is_pending() {
-                    format!(" (pending {}: needs GPU reset)", mode(m.pending))
-                } else {
-                    String::new()
-                };
-                format!(
-                    "{}{pending}, {} instance(s)",
-                    mode(m.current),
-                    m.instances.len()
-                )
-            }),
+            mig: mig_words(g, sh.policy.as_ref()),
             instances: g.mig.as_ref().map(|m| m.instances.clone()),
         })
         .collect();
