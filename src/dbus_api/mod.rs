@@ -617,3 +617,45 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
         gpus,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::{GpuState, MigState};
+
+    fn policy(text: &str) -> Policy {
+        let mut d = Vec::new();
+        let f = crate::policy::parse::parse_fragment(std::path::Path::new("p.toml"), text, &mut d);
+        crate::policy::validate::build(&[f.unwrap()], &mut d)
+    }
+
+    #[test]
+    fn status_says_when_the_policy_holds_a_mig_gpu_for_no_team() {
+        let g = |index: u32| GpuState {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            model: Some("H100-SXM5-80GB".into()),
+            minor: index,
+            memory_mib: 81559,
+            mig: Some(MigState {
+                current: true,
+                pending: true,
+                instances: vec![],
+            }),
+            processes: vec![],
+        };
+        let p = policy(
+            "version = 1\n[teams.a]\nmembers = [\"x\"]\n[[gpu]]\nindex = [0]\nmig = []\n\
+             [[gpu]]\nindex = [1]\nmig = [{ profile = \"7g.80gb\", owner = \"a\" }]\n",
+        );
+        assert_eq!(
+            mig_words(&g(0), Some(&p)).unwrap(),
+            "on, 0 instance(s), held for no team (mig = [])"
+        );
+        assert_eq!(mig_words(&g(1), Some(&p)).unwrap(), "on, 0 instance(s)");
+        assert_eq!(mig_words(&g(0), None).unwrap(), "on, 0 instance(s)");
+        let whole = GpuState { mig: None, ..g(2) };
+        assert_eq!(mig_words(&whole, Some(&p)), None);
+    }
+}
