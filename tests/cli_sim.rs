@@ -184,3 +184,69 @@ fn changing_one_of_seven_instances_in_a_policy_file_plans_one_destroy_and_one_cr
     let (code, text) = gpuctl(&["check", "--state", state, v2]);
     assert_eq!(code, 0, "{text}");
 }
+
+#[test]
+fn empty_mig_holds_a_gpu_in_mig_mode_and_empties_one_that_had_instances() {
+    const TEAMS: &str = "version = 1\n[teams.a]\nmembers = [\"alice\"]\n\
+                         [teams.b]\nmembers = [\"bob\"]\n";
+    let v1 = format!(
+        "{TEAMS}[[gpu]]\nindex = [0]\nmig = [{{ profile = \"3g.40gb\", owner = \"a\" }}, \
+         {{ profile = \"3g.40gb\", owner = \"b\" }}]\n[[gpu]]\nindex = [1]\nmig = []\n"
+    );
+    let v2 = v1.replace(
+        "mig = [{ profile = \"3g.40gb\", owner = \"a\" }, { profile = \"3g.40gb\", owner = \"b\" }]",
+        "mig = []",
+    );
+    assert_ne!(v1, v2);
+    let tmp = tempfile::tempdir().unwrap();
+    let (p1, p2) = (tmp.path().join("v1.toml"), tmp.path().join("v2.toml"));
+    std::fs::write(&p1, &v1).unwrap();
+    std::fs::write(&p2, &v2).unwrap();
+    let (p1, p2) = (p1.to_str().unwrap(), p2.to_str().unwrap());
+    let state = tmp.path().join("host.json");
+    let state = state.to_str().unwrap();
+    let spec = "h100-80gb*2";
+
+    let (code, text) = gpuctl(&["validate", p1]);
+    assert_eq!(code, 0, "{text}");
+    // gpu 1 turns MIG on and gets nothing else; the plan says whose it is: no team's.
+    let (code, text) = gpuctl(&["plan", "--simulate", spec, p1]);
+    assert_eq!(code, 0, "{text}");
+    assert!(
+        text.contains("    wants: MIG on, no instances (mig = []): no team gets this GPU\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("— gpu 1 wants MIG mode with no instances (mig = [])"),
+        "{text}"
+    );
+    let out = run(&["plan", "--simulate", spec, "--json", p1]);
+    let first = actions(&out.stdout);
+    let on_gpu1 = |a: &&serde_json::Value| a["index"] == 1 || a["gi"]["index"] == 1;
+    let gpu1: Vec<&serde_json::Value> = first.iter().filter(on_gpu1).collect();
+    assert_eq!(gpu1.len(), 1, "{gpu1:#?}");
+    assert_eq!(gpu1[0]["kind"], "set-mig-mode");
+    assert_eq!(gpu1[0]["enable"], true);
+
+    let (code, text) = gpuctl(&["apply", "--simulate", spec, "--state", state, p1]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = gpuctl(&["check", "--state", state, p1]);
+    assert_eq!(code, 0, "{text}");
+
+    // v2 empties gpu 0: its two instances go, the mode stays, nothing is created.
+    let out = run(&["plan", "--json", "--state", state, p2]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let plan = actions(&out.stdout);
+    assert_eq!(kinds(&plan, "destroy-gi"), 2, "{plan:#?}");
+    assert_eq!(kinds(&plan, "destroy-ci"), 2, "{plan:#?}");
+    assert_eq!(kinds(&plan, "create-gi"), 0, "{plan:#?}");
+    assert_eq!(kinds(&plan, "set-mig-mode"), 0, "{plan:#?}");
+    let (code, text) = gpuctl(&["apply", "--state", state, p2]);
+    assert_eq!(code, 0, "{text}");
+    let (code, text) = gpuctl(&["check", "--state", state, p2]);
+    assert_eq!(code, 0, "{text}");
+    let out = run(&["plan", "--state", state, "--json", p2]);
+    assert_eq!(actions(&out.stdout).len(), 0, "replan not empty");
+    let (_, text) = gpuctl(&["plan", "--state", state, p2]);
+    assert!(text.contains("gets: no GPUs"), "{text}");
+}

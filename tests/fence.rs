@@ -15,15 +15,17 @@ use std::collections::{BTreeMap, BTreeSet};
 
 const TEAMS: [&str; 3] = ["a", "b", "c"];
 
-/// One GPU's use: 0 none, 1-3 owned by a/b/c, 4-7 shared by {a,b}, {b,c}, {a,c}, {a,b,c}.
+/// One GPU's use: 0 none, 1-3 owned by a/b/c, 4-7 shared by {a,b}, {b,c}, {a,c}, {a,b,c}; 8
+/// `mig = []` (MIG on, no instances: no team).
 fn use_of(k: u8) -> Option<Vec<&'static str>> {
     match k {
-        0 => None,
+        0 | 8 => None,
         1..=3 => Some(vec![TEAMS[k as usize - 1]]),
         4 => Some(vec!["a", "b"]),
         5 => Some(vec!["b", "c"]),
         6 => Some(vec!["a", "c"]),
-        _ => Some(vec!["a", "b", "c"]),
+        7 => Some(vec!["a", "b", "c"]),
+        _ => unreachable!("no use {k}"),
     }
 }
 
@@ -32,7 +34,10 @@ fn make(uses: &[u8], keep: &[bool]) -> Policy {
     let mut names: BTreeSet<&str> = BTreeSet::new();
     let mut gpus = Vec::new();
     for (i, k) in uses.iter().enumerate() {
-        if let Some(ts) = use_of(*k) {
+        if *k == 8 {
+            let u = GpuUse::Mig(vec![]);
+            gpus.push(assign(Selector::Index(vec![i as u32]), u));
+        } else if let Some(ts) = use_of(*k) {
             names.extend(&ts);
             let u = if ts.len() == 1 {
                 GpuUse::Owned(ts[0].parse().unwrap())
@@ -120,7 +125,7 @@ proptest! {
     #[test]
     fn no_sequence_of_policy_changes_opens_a_gpu_to_two_teams(
         steps in prop::collection::vec(
-            (prop::collection::vec(0u8..8, 4), prop::collection::vec(any::<bool>(), 3)),
+            (prop::collection::vec(0u8..9, 4), prop::collection::vec(any::<bool>(), 3)),
             1..6,
         )
     ) {

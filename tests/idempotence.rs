@@ -20,6 +20,8 @@ enum Use {
     Shared,
     /// (profile pick, owner, compute pick) triples.
     Mig(Vec<(usize, usize, usize)>),
+    /// `mig = []`: MIG on, no instances.
+    MigEmpty,
 }
 
 fn use_strategy() -> impl Strategy<Value = Use> {
@@ -28,6 +30,7 @@ fn use_strategy() -> impl Strategy<Value = Use> {
         2 => (0..3usize).prop_map(Use::Owned),
         1 => Just(Use::Shared),
         5 => prop::collection::vec((0..16usize, 0..3usize, 0..4usize), 1..6).prop_map(Use::Mig),
+        1 => Just(Use::MigEmpty),
     ]
 }
 
@@ -95,6 +98,8 @@ proptest! {
                 Use::Skip => continue,
                 Use::Owned(t) => GpuUse::Owned(TEAMS[*t].parse().unwrap()),
                 Use::Shared => GpuUse::Shared(vec![TEAMS[0].parse().unwrap(), TEAMS[2].parse().unwrap()]),
+                Use::MigEmpty if model.mig_capable() => GpuUse::Mig(vec![]),
+                Use::MigEmpty => continue,
                 Use::Mig(specs) => {
                     if !model.mig_capable() { continue; }
                     let mut out: Vec<MigSpec> = Vec::new();

@@ -29,14 +29,16 @@ mig-configs:
       mig-enabled: true
       mig-devices:
         "2g.20gb": 3
-  with-empty:
+  with-unsupported:
     - devices: [0]
       mig-enabled: true
       mig-devices:
         "3g.40gb": 2
     - devices: [1]
+      device-filter: "0x233010DE"
       mig-enabled: true
-      mig-devices: {}
+      mig-devices:
+        "1g.10gb": 7
 "#;
 
 #[test]
@@ -109,7 +111,7 @@ fn unsupported_is_named_and_nothing_written_unless_skipped() {
         "mig-parted",
         yaml.to_str().unwrap(),
         "-c",
-        "with-empty",
+        "with-unsupported",
         "--owner",
         "infer",
         "-o",
@@ -119,7 +121,8 @@ fn unsupported_is_named_and_nothing_written_unless_skipped() {
     assert_eq!(code, 1, "{err}");
     assert!(
         err.contains(
-            "mig-configs.with-empty[1].mig-devices: unsupported: MIG enabled with no MIG devices"
+            "mig-configs.with-unsupported[1].device-filter: unsupported: a device-filter on a \
+             devices list"
         ),
         "{err}"
     );
@@ -130,7 +133,7 @@ fn unsupported_is_named_and_nothing_written_unless_skipped() {
     assert_eq!(code, 0, "{err}");
     let text = std::fs::read_to_string(&out).unwrap();
     assert!(
-        text.contains("# NOT IMPORTED: mig-configs.with-empty[1].mig-devices"),
+        text.contains("# NOT IMPORTED: mig-configs.with-unsupported[1].device-filter"),
         "{text}"
     );
     assert!(text.contains("profile = \"3g.40gb\""), "{text}");
@@ -170,7 +173,6 @@ fn a_default_config_shaped_file_imports_config_by_config() {
     assert_eq!(names.len(), 11);
     // The parts that cannot be imported, and the words that say why.
     let refused = [
-        ("all-enabled", "MIG enabled with no MIG devices"),
         ("all-4g.96gb.gfx", "profile 4g.96gb+gfx is in no GPU model"),
         ("all-2g.47gb", "profile 2g.47gb is in no GPU model"),
     ];
@@ -243,4 +245,34 @@ fn a_default_config_shaped_file_imports_config_by_config() {
             assert_eq!(got, want, "{host} gpu {}", g.index);
         }
     }
+
+    // `all-enabled` (MIG mode only) is `mig = []`: MIG turns on, no instance is made, and no
+    // team gets a device.
+    let enabled = import(yaml, "all-enabled", Some("infer"), "fixture").unwrap();
+    assert!(
+        enabled.toml.contains("[[gpu]]\nall = true\nmig = []\n"),
+        "{}",
+        enabled.toml
+    );
+    let p = gpuctl::policy::load_files(&[teams, dir.path().join("50-all-enabled.toml")])
+        .policy
+        .unwrap();
+    let obs = gpuctl::sim::build("h800-80gb*2").unwrap();
+    let pl = gpuctl::plan::plan(&p, &obs);
+    use gpuctl::plan::ActionKind;
+    let modes = pl
+        .actions
+        .iter()
+        .filter(|a| matches!(a.kind, ActionKind::SetMigMode { enable: true, .. }))
+        .count();
+    assert_eq!(modes, 2, "{pl:#?}");
+    assert!(
+        !pl.actions
+            .iter()
+            .any(|a| matches!(a.kind, ActionKind::CreateGi { .. })),
+        "{pl:#?}"
+    );
+    assert!(pl.blocked.is_empty(), "{pl:#?}");
+    let d = gpuctl::plan::desired(&p, &obs);
+    assert!(d.teams["infer"].visible.is_empty());
 }

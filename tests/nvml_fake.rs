@@ -699,3 +699,76 @@ fn a_reset_command_runs_after_gpuctl_lets_go_of_nvml() {
     assert_eq!(h.observe().unwrap().gpus.len(), 2);
     assert_eq!(fakehost::open_inits(), 1);
 }
+
+#[test]
+fn empty_mig_through_nvml_turns_mig_on_and_destroys_only_idle_instances() {
+    let fake = FakeHost::new("h100*2");
+    let two = "[[gpu]]\nindex = [0]\nmig = [ { profile = \"3g.40gb\", owner = \"a\" }, \
+               { profile = \"3g.40gb\", owner = \"b\" } ]\n";
+    let empty1 = "[[gpu]]\nindex = [1]\nmig = []\n";
+    let head = format!("version = 1\n{}\n", teams(&["a", "b"]));
+    let p1 = policy(fake.dir.path(), "p1.toml", &format!("{head}{two}{empty1}"));
+    let r = fake.apply(&p1);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    let obs = fake.observe();
+    let m1 = obs.gpus[1].mig.as_ref().unwrap();
+    assert!(m1.current && m1.instances.is_empty(), "{m1:?}");
+    assert_eq!(layout(&obs, 0).len(), 2);
+    assert!(mig_part(&plan::plan(&p1, &obs)).is_empty());
+
+    // Team a's instance runs a job; gpu 0 goes to mig = [] too.
+    let busy = obs.gpus[0]
+        .mig
+        .as_ref()
+        .unwrap()
+        .instances
+        .iter()
+        .find(|g| g.owner.as_deref() == Some("a"))
+        .unwrap()
+        .clone();
+    fake.add_process(0, busy.id, busy.compute[0].id, 4242, "train.service");
+    let empty0 = "[[gpu]]\nindex = [0]\nmig = []\n";
+    let p2 = policy(
+        fake.dir.path(),
+        "p2.toml",
+        &format!("{head}{empty0}{empty1}"),
+    );
+    let before = fake.log().len();
+    let r = fake.apply(&p2);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    let log = fake.log();
+    let destroyed: Vec<u64> = log[before..]
+        .iter()
+        .filter(|(f, res, _)| f == "nvmlGpuInstanceDestroy" && res == "NVML_SUCCESS")
+        .map(|(_, _, a)| a["gpuInstanceId"].as_u64().unwrap())
+        .collect();
+    assert_eq!(destroyed.len(), 1, "{:?}", &log[before..]);
+    assert_ne!(
+        destroyed[0],
+        u64::from(busy.id),
+        "destroyed the busy instance"
+    );
+    assert!(!log[before..]
+        .iter()
+        .any(|(f, _, _)| f == "nvmlDeviceSetMigMode"));
+    let blocked = &r.remaining.blocked;
+    assert_eq!(blocked.len(), 1, "{blocked:?}");
+    assert!(
+        blocked[0].holders[0].contains("train.service"),
+        "{blocked:?}"
+    );
+    assert!(blocked[0]
+        .reason
+        .contains("is not in the policy but processes hold it"));
+    let after = fake.observe();
+    assert_eq!(layout(&after, 0).len(), 1);
+    assert!(after.gpus[0].mig.as_ref().unwrap().current);
+
+    // The job ends: the last instance goes, and the plan after that is empty.
+    fake_nvml::control::remove_process(&fake.state, 4242).unwrap();
+    let r = fake.apply(&p2);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    let after = fake.observe();
+    assert!(layout(&after, 0).is_empty());
+    assert!(mig_part(&plan::plan(&p2, &after)).is_empty());
+}

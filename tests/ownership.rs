@@ -383,7 +383,8 @@ proptest! {
     #[test]
     fn busy_instances_are_untouched(
         existing in prop::collection::vec((0..16usize, 0..8usize, 0..3usize, any::<bool>(), any::<bool>()), 1..6),
-        specs in prop::collection::vec((0..16usize, 0..3usize, 0..3usize), 1..6),
+        // From 0: `mig = []` (no instances wanted) is one of the geometries.
+        specs in prop::collection::vec((0..16usize, 0..3usize, 0..3usize), 0..6),
         never in any::<bool>(),
         drop_team in 0..4usize,
     ) {

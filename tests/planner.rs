@@ -635,3 +635,165 @@ fn shared_entries_naming_one_gpu_add_up_their_teams() {
         vec![h.state.gpus[0].uuid.clone()]
     );
 }
+
+/// `mig = []` on GPU 0: MIG on, no instances, no team.
+fn mig_empty(reconfigure: Reconfigure) -> gpuctl::policy::Policy {
+    policy(
+        vec![team("a")],
+        vec![assign(Selector::Index(vec![0]), GpuUse::Mig(vec![]))],
+        reconfigure,
+    )
+}
+
+#[test]
+fn empty_mig_turns_mig_on_without_instances_and_gives_no_team_a_device() {
+    for (spec, resets) in [("h100-80gb", 0), ("a100-40gb", 1)] {
+        let mut h = SimHost::from_spec(spec).unwrap();
+        // The GPU was team a's whole: it leaves a's slice and env.
+        let whole = policy(
+            vec![team("a")],
+            vec![assign(
+                Selector::Index(vec![0]),
+                GpuUse::Owned("a".parse().unwrap()),
+            )],
+            Reconfigure::WhenIdle,
+        );
+        apply(&whole, &mut h);
+        let want = mig_empty(Reconfigure::WhenIdle);
+        let p = plan(&want, &h.state);
+        let modes: Vec<&str> = p
+            .actions
+            .iter()
+            .filter(|a| matches!(a.kind, ActionKind::SetMigMode { enable: true, .. }))
+            .map(|a| a.reason.as_str())
+            .collect();
+        assert_eq!(
+            modes,
+            ["gpu 0 wants MIG mode with no instances (mig = [])"],
+            "{spec}: {p:#?}"
+        );
+        assert_eq!(
+            count(&p, |k| matches!(k, ActionKind::ResetGpu { .. })),
+            resets,
+            "{spec}"
+        );
+        assert_eq!(count(&p, is_create_gi), 0, "{spec}: {p:#?}");
+        assert!(p.blocked.is_empty(), "{spec}: {p:#?}");
+        let (_, remaining) = apply(&want, &mut h);
+        assert!(remaining.is_converged(), "{spec}: {remaining:#?}");
+        assert!(plan(&want, &h.state).actions.is_empty());
+        let m = h.state.gpus[0].mig.as_ref().unwrap();
+        assert!(m.current && m.pending && m.instances.is_empty(), "{spec}");
+        assert!(h.state.env_files["a"].contains("GPUCTL_DEVICES=none"));
+        assert!(!h.state.slices["a"].device_allow.contains("/dev/nvidia0"));
+    }
+}
+
+#[test]
+fn empty_mig_destroys_idle_instances_and_keeps_the_mode() {
+    let (mut h, _) = busy_host(0, None);
+    for gi in &mut h.state.gpus[0].mig.as_mut().unwrap().instances {
+        gi.compute[0].processes.clear();
+    }
+    let want = mig_empty(Reconfigure::WhenIdle);
+    let p = plan(&want, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 2, "{p:#?}");
+    assert_eq!(count(&p, |k| matches!(k, ActionKind::DestroyCi { .. })), 2);
+    assert_eq!(count(&p, |k| matches!(k, ActionKind::SetMigMode { .. })), 0);
+    assert_eq!(count(&p, is_create_gi), 0);
+    assert!(p
+        .actions
+        .iter()
+        .filter(|a| is_destroy_gi(&a.kind))
+        .all(|a| a.phase == Phase::MigInstances
+            && a.reason.ends_with("is not in the policy's layout")));
+    let (_, remaining) = apply(&want, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    let m = h.state.gpus[0].mig.as_ref().unwrap();
+    assert!(m.current && m.instances.is_empty());
+    assert!(!h.state.env_files["a"].contains("MIG-"));
+    assert!(!h.state.slices["a"]
+        .device_allow
+        .iter()
+        .any(|d| d.starts_with("/dev/nvidia-caps/")));
+}
+
+#[test]
+fn empty_mig_keeps_a_busy_instance_with_the_usual_reason() {
+    // when-idle: the idle 3g at 4 goes, the busy one at 0 stays, named with its holder.
+    let (mut h, busy) = busy_host(0, Some("train.service"));
+    let want = mig_empty(Reconfigure::WhenIdle);
+    let p = plan(&want, &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 1, "{p:#?}");
+    assert!(p
+        .actions
+        .iter()
+        .all(|a| !matches!(&a.kind, ActionKind::DestroyGi { gi, .. } if gi.placement.start == 0)));
+    assert_eq!(p.blocked.len(), 1, "{p:#?}");
+    let b = &p.blocked[0];
+    assert_eq!(b.holders, ["pid 4242 (train.service)"]);
+    assert_eq!(
+        b.reason,
+        "3g.40gb@0+4 is not in the policy but processes hold it; waits until idle \
+         (reconfigure = when-idle)"
+    );
+    let (_, remaining) = apply(&want, &mut h);
+    assert!(remaining.actions.is_empty(), "{remaining:#?}");
+    assert_eq!(remaining.blocked.len(), 1);
+    let gis = &h.state.gpus[0].mig.as_ref().unwrap().instances;
+    assert_eq!(gis.len(), 1);
+    assert_eq!(gis[0].id, busy);
+    // Busy means untouched: its owner keeps the device until the job ends.
+    let env = &h.state.env_files["a"];
+    assert!(env.contains(&gis[0].compute[0].uuid), "{env}");
+    // The job ends: the last instance goes.
+    h.state.gpus[0].mig.as_mut().unwrap().instances[0].compute[0]
+        .processes
+        .clear();
+    let (_, remaining) = apply(&want, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(h.state.gpus[0].mig.as_ref().unwrap().instances.is_empty());
+
+    // never: nothing that exists goes, idle or not.
+    let (h, _) = busy_host(0, Some("train.service"));
+    let p = plan(&mig_empty(Reconfigure::Never), &h.state);
+    assert_eq!(count(&p, is_destroy_gi), 0, "{p:#?}");
+    assert_eq!(p.blocked.len(), 2, "{p:#?}");
+    assert!(p
+        .blocked
+        .iter()
+        .all(|b| b.reason.ends_with("not done (reconfigure = never)")));
+
+    // drain: the unit stops, both go, the unit starts again.
+    let (mut h, _) = busy_host(0, Some("train.service"));
+    let drain = mig_empty(Reconfigure::Drain);
+    let p = plan(&drain, &h.state);
+    assert!(
+        matches!(&p.actions[0].kind, ActionKind::StopUnits { team, units } if team == "a" && units == &["train.service".to_string()]),
+        "{p:#?}"
+    );
+    assert_eq!(count(&p, is_destroy_gi), 2);
+    let (_, remaining) = apply(&drain, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+}
+
+#[test]
+fn empty_mig_waits_for_a_busy_whole_gpu() {
+    let mut h = SimHost::from_spec("h100-80gb").unwrap();
+    h.state.gpus[0]
+        .processes
+        .push(proc(77, Some("job.service")));
+    let p = plan(&mig_empty(Reconfigure::WhenIdle), &h.state);
+    assert_eq!(
+        count(&p, |k| matches!(k, ActionKind::SetMigMode { .. })),
+        0,
+        "{p:#?}"
+    );
+    assert!(
+        p.blocked.iter().any(|b| b.reason
+            == "gpu 0 enabling MIG needs the GPU idle: processes hold it; waits until idle \
+            (reconfigure = when-idle)"
+            && b.holders == ["pid 77 (job.service)"]),
+        "{p:#?}"
+    );
+}

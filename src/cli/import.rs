@@ -22,8 +22,9 @@ Maps devices (all / [indices]; device-filter PCI IDs become one model selector p
 knows, so on a host only the entries of its models select GPUs; an ID of a model gpuctl does not \
 know is named on stderr and in the drop-in, and its GPUs are left as they are), mig-enabled and \
 mig-devices (\"1g.10gb\": 7; \"1c.3g.40gb\": 2 is two 3g.40gb instances with one 1c compute \
-instance each). mig-parted has no owners: every share gets --owner, or a placeholder the drop-in \
-does not validate with until it is replaced.
+instance each; MIG enabled without devices, as in all-enabled, is mig = []: MIG on, no \
+instances, no team). mig-parted has no owners: every share gets --owner, or a placeholder the \
+drop-in does not validate with until it is replaced.
 
 A field gpuctl cannot express is named on stderr (YAML path and reason) and nothing is written, \
 exit 1; with --skip-unsupported the drop-in is written without them and lists them in its header.

@@ -468,6 +468,9 @@ fn usage_line(u: &GpuUse) -> String {
     match u {
         GpuUse::Owned(t) => format!("whole GPU, owned by {t}"),
         GpuUse::Shared(ts) => format!("whole GPU, shared by {}", ts.join(", ")),
+        GpuUse::Mig(specs) if specs.is_empty() => {
+            "MIG on, no instances (mig = []): no team gets this GPU".into()
+        }
         GpuUse::Mig(specs) => {
             let parts: Vec<String> = specs
                 .iter()

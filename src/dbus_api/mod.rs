@@ -491,6 +491,29 @@ pub async fn serve(
     Ok(())
 }
 
+/// A GPU's MIG state in `Status` words (`on, 3 instance(s)`), `None` without MIG. A GPU the
+/// policy holds in MIG mode for no team (`mig = []`) says so: its empty team list is meant.
+fn mig_words(g: &crate::observe::GpuState, policy: Option<&Policy>) -> Option<String> {
+    let m = g.mig.as_ref()?;
+    let mode = |on: bool| if on { "on" } else { "off" };
+    let pending = if m.is_pending() {
+        format!(" (pending {}: needs GPU reset)", mode(m.pending))
+    } else {
+        String::new()
+    };
+    let held = match policy.and_then(|p| p.usage_for(g)) {
+        Some(crate::policy::GpuUse::Mig(specs)) if specs.is_empty() => {
+            ", held for no team (mig = [])"
+        }
+        _ => "",
+    };
+    Some(format!(
+        "{}{pending}, {} instance(s){held}",
+        mode(m.current),
+        m.instances.len()
+    ))
+}
+
 /// Emit `PropertiesChanged` for `StatusText` (best effort: status is also in `STATUS=`).
 pub async fn status_text_changed(conn: &Connection) {
     if let Ok(iface) = conn
@@ -579,19 +602,7 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
                 })
                 .map(|(n, _)| n.to_string())
                 .collect(),
-            mig: g.mig.as_ref().map(|m| {
-                let mode = |on: bool| if on { "on" } else { "off" };
-                let pending = if m.is_pending() {
-                    format!(" (pending {}: needs GPU reset)", mode(m.pending))
-                } else {
-                    String::new()
-                };
-                format!(
-                    "{}{pending}, {} instance(s)",
-                    mode(m.current),
-                    m.instances.len()
-                )
-            }),
+            mig: mig_words(g, sh.policy.as_ref()),
             instances: g.mig.as_ref().map(|m| m.instances.clone()),
         })
         .collect();
@@ -604,5 +615,47 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
         last_reconcile: sh.last_report.as_ref().map(LastReconcile::from),
         teams,
         gpus,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observe::{GpuState, MigState};
+
+    fn policy(text: &str) -> Policy {
+        let mut d = Vec::new();
+        let f = crate::policy::parse::parse_fragment(std::path::Path::new("p.toml"), text, &mut d);
+        crate::policy::validate::build(&[f.unwrap()], &mut d)
+    }
+
+    #[test]
+    fn status_says_when_the_policy_holds_a_mig_gpu_for_no_team() {
+        let g = |index: u32| GpuState {
+            index,
+            uuid: format!("GPU-{index}"),
+            name: "NVIDIA H100 80GB HBM3".into(),
+            model: Some("H100-SXM5-80GB".into()),
+            minor: index,
+            memory_mib: 81559,
+            mig: Some(MigState {
+                current: true,
+                pending: true,
+                instances: vec![],
+            }),
+            processes: vec![],
+        };
+        let p = policy(
+            "version = 1\n[teams.a]\nmembers = [\"x\"]\n[[gpu]]\nindex = [0]\nmig = []\n\
+             [[gpu]]\nindex = [1]\nmig = [{ profile = \"7g.80gb\", owner = \"a\" }]\n",
+        );
+        assert_eq!(
+            mig_words(&g(0), Some(&p)).unwrap(),
+            "on, 0 instance(s), held for no team (mig = [])"
+        );
+        assert_eq!(mig_words(&g(1), Some(&p)).unwrap(), "on, 0 instance(s)");
+        assert_eq!(mig_words(&g(0), None).unwrap(), "on, 0 instance(s)");
+        let whole = GpuState { mig: None, ..g(2) };
+        assert_eq!(mig_words(&whole, Some(&p)), None);
     }
 }

@@ -17,6 +17,8 @@
 //! - a profile no model gpuctl knows offers (or, under a filter, one a filtered model lacks) is
 //!   unsupported: it names the profile and the models that have it;
 //! - `mig-enabled: false` → whole GPUs, `owner = …`;
+//! - `mig-enabled: true` without devices (`mig-devices: {}`, absent, or only zero counts; the
+//!   `all-enabled` config) → `mig = []`: MIG on, no instances, no team;
 //! - `mig-devices: {"1g.10gb": 7}` → `mig = [{ profile = "1g.10gb", count = 7, owner = … }]`;
 //!   a compute-instance name `"1c.3g.40gb": 2` → two `3g.40gb` GPU instances with one `1c`
 //!   compute instance each (mig-parted creates one GI per listed device).
@@ -321,15 +323,7 @@ pub fn import(
                     compute: compute.map(|c| vec![c]),
                 });
             }
-            if out.is_empty() {
-                unsupported.push(Unsupported {
-                    path: format!("{at}.mig-devices"),
-                    why: "MIG enabled with no MIG devices: gpuctl has no MIG-on-but-empty \
-                          layout; this entry is left out"
-                        .into(),
-                });
-                continue;
-            }
+            // No devices (`all-enabled`) is `mig = []`: MIG on, no instances, no owner.
             // A filter of unknown models only selects nothing: its notes say so.
             let missing = if selectors.is_empty() {
                 vec![]
@@ -367,7 +361,7 @@ pub fn import(
     let mut header = format!(
         "# Imported from mig-parted config '{config}' of {source} by `gpuctl import mig-parted`.\n"
     );
-    if owner.is_none() {
+    if owner.is_none() && body.contains(OWNER_PLACEHOLDER) {
         header.push_str(&format!(
             "# mig-parted has no owners: replace every \"{OWNER_PLACEHOLDER}\" with a team from \
              [teams.*]\n# (the file does not validate until you do).\n"
@@ -580,7 +574,13 @@ mig-configs:
 
     #[test]
     fn published_all_configs_import_and_validate() {
-        for config in ["all-disabled", "all-1g.5gb", "all-2g.10gb", "all-3g.20gb"] {
+        for config in [
+            "all-disabled",
+            "all-enabled",
+            "all-1g.5gb",
+            "all-2g.10gb",
+            "all-3g.20gb",
+        ] {
             let i = import(EXAMPLE, config, Some("infer"), "config.yaml").unwrap();
             assert!(i.unsupported.is_empty(), "{config}: {:?}", i.unsupported);
             assert_eq!(
@@ -676,17 +676,40 @@ mig-configs:
     }
 
     #[test]
-    fn unsupported_fields_are_named() {
-        let i = import(EXAMPLE, "all-enabled", Some("infer"), "c.yaml").unwrap();
-        assert_eq!(
-            i.unsupported,
-            vec![Unsupported {
-                path: "mig-configs.all-enabled[0].mig-devices".into(),
-                why: "MIG enabled with no MIG devices: gpuctl has no MIG-on-but-empty layout; \
-                      this entry is left out"
-                    .into()
-            }]
+    fn mig_on_without_devices_imports_as_an_empty_geometry() {
+        // `all-enabled`: MIG mode only. No owner is written (mig = [] gives no team anything),
+        // so the drop-in validates as it is, even without --owner.
+        for owner in [Some("infer"), None] {
+            let i = import(EXAMPLE, "all-enabled", owner, "c.yaml").unwrap();
+            assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
+            assert!(
+                i.toml.contains("[[gpu]]\nall = true\nmig = []\n"),
+                "{}",
+                i.toml
+            );
+            assert!(!i.toml.contains(OWNER_PLACEHOLDER), "{}", i.toml);
+            assert_valid(&i.toml);
+            let v: toml::Value = toml::from_str(&i.toml).unwrap();
+            assert_eq!(v["gpu"][0]["mig"].as_array().map(Vec::len), Some(0));
+            assert!(v["gpu"][0].get("owner").is_none());
+        }
+        // Absent `mig-devices` and only zero counts say the same.
+        let yaml =
+            "version: v1\nmig-configs:\n  c:\n    - devices: [1]\n      mig-enabled: true\n    \
+                    - devices: [2]\n      mig-enabled: true\n      mig-devices: {\"1g.10gb\": 0}\n";
+        let i = import(yaml, "c", None, "c.yaml").unwrap();
+        assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
+        assert!(
+            i.toml
+                .contains("[[gpu]]\nindex = [1]\nmig = []\n\n[[gpu]]\nindex = [2]\nmig = []\n"),
+            "{}",
+            i.toml
         );
+        assert_valid(&i.toml);
+    }
+
+    #[test]
+    fn unsupported_fields_are_named() {
         let yaml = "version: v1\nextra: 1\nmig-configs:\n  c:\n    - devices: [0]\n      \
                     mig-enabled: false\n      mig-devices: {\"1g.5gb\": 1}\n      \
                     future-field: x\n    - devices: [1]\n      device-filter: \"0x233010DE\"\n      \

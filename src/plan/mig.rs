@@ -385,7 +385,8 @@ impl MigOutcome {
 }
 
 /// Plan the MIG side of one GPU. `want` is `None` when the policy wants the whole GPU (MIG off),
-/// or the geometry when it wants MIG.
+/// or the geometry when it wants MIG; an empty geometry (`mig = []`) is MIG on with no instances,
+/// reached by the same rules: idle instances go, busy ones stay and are reported.
 pub fn plan_gpu(
     gpu: &GpuState,
     model: &GpuModel,
@@ -487,7 +488,12 @@ pub fn plan_gpu(
             let gpu_procs: Vec<&GpuProcess> = gpu.processes.iter().collect();
             let idle_ok = drainable(&gpu_procs, reconf);
             if !mig.pending && (idle_ok || needs_reset) {
-                out.set_mode(gpu, true, format!("gpu {} wants MIG", gpu.index));
+                let what = if specs.is_empty() {
+                    " mode with no instances (mig = [])"
+                } else {
+                    ""
+                };
+                out.set_mode(gpu, true, format!("gpu {} wants MIG{what}", gpu.index));
             }
             if !idle_ok {
                 let what = if needs_reset {

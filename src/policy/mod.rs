@@ -359,7 +359,8 @@ pub enum GpuUse {
     Owned(TeamName),
     /// Whole GPUs shared by several teams (MIG off).
     Shared(Vec<TeamName>),
-    /// MIG on, with this geometry on every selected GPU.
+    /// MIG on, with this geometry on every selected GPU. Empty (`mig = []`): MIG on with no
+    /// instances, a GPU held for later carving that gives no team anything.
     Mig(Vec<MigSpec>),
 }
 

@@ -162,7 +162,7 @@ pub enum UsagePart {
     Owned(At<String>),
     /// `shared = ["a", "b"]`.
     Shared(Vec<At<String>>),
-    /// `mig = [...]`.
+    /// `mig = [...]`; empty for `mig = []` (MIG on, no instances).
     Mig(Vec<MigPart>),
 }
 
@@ -850,6 +850,28 @@ impl<'a> Cx<'a> {
                  all = true",
             )
             .and_then(|one| self.selector(t, key, one));
+        // `owner`/`shared` beside `mig = []` reads as "MIG on, for this team", which the empty
+        // geometry cannot give: say so rather than only "several uses".
+        let empty_mig = matches!(t.get("mig"), Some(Item::Value(Value::Array(a))) if a.is_empty());
+        if let Some(other) = ["owner", "shared"]
+            .into_iter()
+            .find(|k| empty_mig && t.contains_key(k))
+        {
+            self.error(
+                t.key(other).and_then(Key::span),
+                &join(key, other),
+                format!(
+                    "`{other}` beside `mig = []`: an entry with mig = [] keeps its GPUs in MIG \
+                     mode with no instances and gives them to no team"
+                ),
+                Some(
+                    "to give a team MIG devices, list them: mig = [{ profile = \"3g.40gb\", \
+                     owner = \"infer\" }]; to give it the whole GPU, drop mig = []"
+                        .into(),
+                ),
+            );
+            return None;
+        }
         let usage = self
             .one_of(
                 t,
@@ -1011,19 +1033,7 @@ impl<'a> Cx<'a> {
                     self.error(span(k, item), &key, m, None);
                     return None;
                 }
-                if elems.is_empty() {
-                    self.error(
-                        span(k, item),
-                        &key,
-                        "empty MIG geometry".into(),
-                        Some(
-                            "list GPU instances, e.g. mig = [{ profile = \"3g.40gb\", owner = \"infer\" }]; \
-                             for a whole GPU use owner = \"team\""
-                                .into(),
-                        ),
-                    );
-                    return None;
-                }
+                // `mig = []`: MIG on, no instances (a GPU held for later carving, no team's).
                 let mut out = Vec::new();
                 let mut ok = true;
                 for (i, (et, sp)) in elems.into_iter().enumerate() {
@@ -1372,6 +1382,47 @@ owner = "c"
         ]) {
             assert!(m.contains(want), "{msgs:#?}");
         }
+    }
+
+    #[test]
+    fn empty_mig_is_mig_on_for_no_team_and_takes_no_owner_beside_it() {
+        let (f, d) = parse("version = 1\n[[gpu]]\nindex = [0]\nmig = []\n");
+        assert!(d.is_empty(), "{d:?}");
+        let f = f.unwrap();
+        assert!(matches!(&f.gpus[0].usage, UsagePart::Mig(m) if m.is_empty()));
+
+        // An owner (or a shared list) beside it is an error at that key, saying why.
+        for (line, want) in [
+            (
+                "owner = \"infer\"",
+                ":4:1: error: gpu[0].owner: `owner` beside `mig = []`",
+            ),
+            (
+                "shared = [\"a\"]",
+                ":4:1: error: gpu[0].shared: `shared` beside `mig = []`",
+            ),
+        ] {
+            let (f, d) = parse(&format!(
+                "version = 1\n[[gpu]]\nindex = [0]\n{line}\nmig = []\n"
+            ));
+            let f = f.unwrap();
+            assert!(f.gpus.is_empty());
+            let msgs: Vec<_> = d.iter().map(|e| e.to_string()).collect();
+            assert_eq!(msgs.len(), 1, "{msgs:#?}");
+            assert!(msgs[0].starts_with("/etc/gpuctl/policy.toml"), "{msgs:#?}");
+            assert!(msgs[0].contains(want), "{msgs:#?}");
+            assert!(msgs[0].contains("gives them to no team"), "{msgs:#?}");
+            assert!(msgs[0].contains("drop mig = []"), "{msgs:#?}");
+        }
+        // Beside a non-empty geometry, an owner is the plain "several uses".
+        let (_, d) = parse(
+            "version = 1\n[[gpu]]\nindex = [0]\nowner = \"a\"\nmig = [{ profile = \"7g.80gb\", owner = \"a\" }]\n",
+        );
+        assert!(
+            d[0].to_string()
+                .contains(":5:1: error: gpu[0].mig: several uses"),
+            "{d:?}"
+        );
     }
 
     #[test]

@@ -1304,6 +1304,49 @@ mod tests {
     }
 
     #[test]
+    fn empty_mig_holds_mig_gpus_for_no_team() {
+        // `mig = []` on an index, a model and `all`: valid, MIG on with no instances, and the
+        // team it would have named has no GPUs.
+        for sel in ["index = [0]", "model = \"*H100*\"", "all = true"] {
+            let (p, d) = check(&format!("{TEAMS}[[gpu]]\n{sel}\nmig = []\n"));
+            let p = p.unwrap_or_else(|| panic!("{sel}: {d:#?}"));
+            assert_eq!(p.gpus[0].usage, GpuUse::Mig(vec![]), "{sel}");
+            assert!(d.iter().all(|e| e.contains("warning")), "{sel}: {d:#?}");
+            assert_any(&d, &["teams.a: team 'a' has no GPUs"]);
+        }
+        // A model without MIG cannot be held in MIG mode: statically for a model glob, on the
+        // host for the others, with the file and line of the entry.
+        let (p, d) = check(&format!("{TEAMS}[[gpu]]\nmodel = \"*L40S*\"\nmig = []\n"));
+        assert!(p.is_none());
+        assert_any(
+            &d,
+            &["/etc/gpuctl/policy.toml:6:1: error: gpu[0].mig: ", "no MIG"],
+        );
+        let p = check(&format!("{TEAMS}[[gpu]]\nall = true\nmig = []\n"))
+            .0
+            .unwrap();
+        let obs = host(vec![gpu(0, "H100-SXM5-80GB"), gpu(1, "L40S-48GB")]);
+        let d = on_host(&p, &obs);
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert_any(
+            &d,
+            &["policy.toml:6:1: error: gpu[0].mig: gpu 1 (L40S): this GPU has no MIG"],
+        );
+        // It claims its GPU like any entry: a second entry naming it is a conflict.
+        let (p, d) = check(&format!(
+            "{TEAMS}[[gpu]]\nindex = [0]\nmig = []\n[[gpu]]\nindex = [0]\nowner = \"a\"\n"
+        ));
+        assert!(p.is_none());
+        assert_any(
+            &d,
+            &[
+                "policy.toml:10:9: error: gpu[1]: gpu 0 assigned twice",
+                "7:9 (gpu[0])",
+            ],
+        );
+    }
+
+    #[test]
     fn host_check_misfit_names_gpu_and_model() {
         // Policies built in code (the planner's property tests do) skip the static checks, so
         // the host check must catch a misfit on its own.
