@@ -7,6 +7,7 @@ mod fakehost;
 use fakehost::{lib_path, FakeHost};
 use gpuctl::apply::{EffectError, MpsEffector, SliceEffector, UnitEffector};
 use gpuctl::daemon::reconcile::{CoreReconciler, ReconcileReport, Reconciler};
+use gpuctl::daemon::requeue::{Backoff, Requeue, FIRST_RETRY, RECHECK, RETRY_CAP};
 use gpuctl::daemon::state::{AppliedState, STATE_FILE};
 use gpuctl::daemon::{load_keeping_last_good, persist_last_good, Shared};
 use gpuctl::observe::{MpsSpec, Observed, SliceSpec};
@@ -31,6 +32,8 @@ struct Rec {
     calls: Vec<(String, u64)>,
     /// Reads of the live units (one per observation of systemd's side).
     reads: usize,
+    /// The next `set_slice` fails with this (a systemd job that timed out, say).
+    fail_next_set: Option<SystemdError>,
 }
 
 /// A systemd in memory; clones share the state, so the test keeps a handle.
@@ -61,11 +64,11 @@ impl RecSystemd {
 impl SliceEffector for RecSystemd {
     fn set_slice(&mut self, team: &TeamName, spec: &SliceSpec) -> Result<(), EffectError> {
         self.log(format!("set {team}"));
-        self.rec
-            .lock()
-            .unwrap()
-            .slices
-            .insert(team.clone(), spec.clone());
+        let mut r = self.rec.lock().unwrap();
+        if let Some(e) = r.fail_next_set.take() {
+            return Err(e.into());
+        }
+        r.slices.insert(team.clone(), spec.clone());
         Ok(())
     }
     /// Recorded with the live spec it was given, so tests see that the executor passes what
@@ -779,4 +782,115 @@ fn a_policy_naming_a_missing_gpu_is_not_converged_and_says_why() {
 
     std::fs::remove_file(d.root().join("/etc/gpuctl/policy.d/20-ghost.toml")).unwrap();
     converged(&d.rec.reconcile(&d.load()));
+}
+
+/// The next mutating NVML call fails with `code` (the fake's one-shot fault).
+fn fail_next_nvml_call(d: &Daemon, code: &str) {
+    fake_nvml::control::update(&d.fake.state, |st| {
+        let call = st.mutating_calls + 1;
+        st.faults.fail_at.push(fake_nvml::state::FailAt {
+            call,
+            code: code.into(),
+        });
+    })
+    .unwrap();
+}
+
+const ONE_MIG: &str = r#"
+version = 1
+[teams.infer]
+[[gpu]]
+index = [0]
+mig = [{ profile = "3g.40gb", owner = "infer" }]
+"#;
+
+#[test]
+fn an_nvml_call_that_times_out_once_is_retried_soon_and_the_retry_converges() {
+    let mut d = Daemon::new("h100");
+    d.put("10-mig.toml", ONE_MIG);
+    let p = d.load();
+    d.observe();
+    fail_next_nvml_call(&d, "TIMEOUT");
+    let first = d.rec.reconcile(&p);
+    assert!(!first.errors.is_empty(), "{first:#?}");
+    assert!(first.heal.transient, "a timeout may not recur: {first:#?}");
+    let mut backoff = Backoff::default();
+    assert_eq!(
+        backoff.after(&first).0,
+        Requeue::Retry {
+            after: FIRST_RETRY,
+            attempt: 1
+        }
+    );
+    let retry = d.rec.reconcile(&p);
+    converged(&retry);
+    assert_eq!(backoff.after(&retry).0, Requeue::Idle);
+    assert!(d.env("infer").contains("CUDA_VISIBLE_DEVICES=MIG-"));
+}
+
+#[test]
+fn an_nvml_refusal_that_would_repeat_waits_at_the_cap() {
+    let mut d = Daemon::new("h100");
+    d.put("10-mig.toml", ONE_MIG);
+    let p = d.load();
+    d.observe();
+    fail_next_nvml_call(&d, "INVALID_ARGUMENT");
+    let first = d.rec.reconcile(&p);
+    assert!(!first.errors.is_empty(), "{first:#?}");
+    assert!(!first.heal.transient, "{first:#?}");
+    let (q, new) = Backoff::default().after(&first);
+    assert_eq!(
+        q,
+        Requeue::Retry {
+            after: RETRY_CAP,
+            attempt: 1
+        }
+    );
+    assert!(new);
+}
+
+#[test]
+fn a_systemd_job_that_times_out_once_is_retried_soon_and_the_retry_converges() {
+    let mut d = Daemon::new("h100*2");
+    d.put("10-teams.toml", TWO_TEAMS);
+    let p = d.load();
+    d.sd.rec.lock().unwrap().fail_next_set = Some(SystemdError::JobTimeout {
+        unit: "gpu-infer.slice".into(),
+        op: "start",
+        secs: 30,
+    });
+    let first = d.rec.reconcile(&p);
+    assert!(
+        first.errors.iter().any(|e| e.contains("gpu-infer.slice")),
+        "{first:#?}"
+    );
+    assert!(first.heal.transient, "{first:#?}");
+    let mut backoff = Backoff::default();
+    assert!(matches!(
+        backoff.after(&first).0,
+        Requeue::Retry { after, .. } if after == FIRST_RETRY
+    ));
+    let retry = d.rec.reconcile(&p);
+    converged(&retry);
+    assert!(d.slice("infer").memory_max.is_some());
+}
+
+#[test]
+fn a_mig_change_blocked_by_a_busy_instance_is_rechecked_shortly() {
+    let mut d = Daemon::new("h100");
+    d.put("10-mig.toml", ONE_MIG);
+    let p = d.load();
+    converged(&d.rec.reconcile(&p));
+    let gi = d.observe().gpus[0].mig.as_ref().unwrap().instances[0].id;
+    d.fake.add_process(0, gi, 0, 4242, "job.service");
+    d.put("10-mig.toml", &ONE_MIG.replace("3g.40gb", "2g.20gb"));
+    let p = d.load();
+    let blocked = d.rec.reconcile(&p);
+    assert!(blocked.errors.is_empty(), "{blocked:#?}");
+    assert!(!blocked.differs.is_empty(), "{blocked:#?}");
+    assert!(blocked.heal.holders, "{blocked:#?}");
+    assert_eq!(
+        Backoff::default().after(&blocked).0,
+        Requeue::Recheck(RECHECK)
+    );
 }

@@ -480,4 +480,15 @@ fn the_interval_defaults_the_man_page_gives_are_the_codes() {
         default_of("GPUCTL_IDLE_INTERVAL_MS"),
         gpuctl::daemon::idle::DEFAULT_INTERVAL.as_millis()
     );
+    // The retry paragraph's figures.
+    use gpuctl::daemon::requeue::{FIRST_RETRY, RECHECK, RETRY_CAP};
+    let text = man.replace('\n', " ");
+    for said in [
+        format!("after {} s, then", FIRST_RETRY.as_secs()),
+        format!("up to {} s", RETRY_CAP.as_secs()),
+        format!("every {} s, logged once", RETRY_CAP.as_secs()),
+        format!("checked again every {} s", RECHECK.as_secs()),
+    ] {
+        assert!(text.contains(&said), "gpuctld(8) does not say {said:?}");
+    }
 }

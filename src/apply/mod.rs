@@ -33,7 +33,16 @@ pub enum EffectError {
         /// What was being created.
         what: String,
     },
-    /// Anything else, with the backend's words.
+    /// A call that may succeed when repeated: the bus or the driver did not answer in time,
+    /// a systemd job failed or timed out. gpuctld retries these with backoff.
+    #[error("{what}: {message}")]
+    Transient {
+        /// What was being changed.
+        what: String,
+        /// The backend's message.
+        message: String,
+    },
+    /// Anything else, with the backend's words: repeating the call gives the same answer.
     #[error("{what}: {message}")]
     Other {
         /// What was being changed.
@@ -41,6 +50,17 @@ pub enum EffectError {
         /// The backend's message.
         message: String,
     },
+}
+
+impl EffectError {
+    /// Whether the failure may heal without a change of policy or host: a transient error, or a
+    /// thing busy now. Drives gpuctld's retry ([`crate::daemon::requeue`]).
+    pub fn is_transient(&self) -> bool {
+        matches!(
+            self,
+            EffectError::Transient { .. } | EffectError::InUse { .. }
+        )
+    }
 }
 
 impl From<crate::files::FileError> for EffectError {

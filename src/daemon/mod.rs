@@ -38,6 +38,7 @@ pub mod idle;
 mod ledger;
 pub mod logging;
 pub mod reconcile;
+pub mod requeue;
 pub mod state;
 pub mod watch;
 pub mod watchdog;
@@ -261,8 +262,8 @@ pub fn unix_now_us() -> u64 {
         .map_or(0, |d| d.as_micros() as u64)
 }
 
-pub use crate::dbus_api::Observe;
 pub use crate::dbus_api::Request;
+pub use crate::dbus_api::{Observe, Trigger};
 
 /// The daemon as the bus API sees it ([`crate::dbus_api::Backend`]): the shared state and the
 /// reconcile loop's queue.
@@ -512,7 +513,10 @@ async fn watch_units(sd: Systemd, expected: ExpectedUnits, tx: mpsc::UnboundedSe
             .map(|s| s.contains(id.as_str()))
             .unwrap_or(false);
         if ours && wanted {
-            let _ = tx.send(Request::trigger(format!("{id} removed"), Observe::Units));
+            let _ = tx.send(Request::trigger(
+                Trigger::UnitRemoved(id.to_string()),
+                Observe::Units,
+            ));
         }
     }
 }
@@ -532,16 +536,14 @@ async fn watch_dropins(root: Root, shared: Arc<Mutex<Shared>>, tx: mpsc::Unbound
         }
         files.sort();
         files.dedup();
-        let busy = shared.lock().map(|s| s.busy).unwrap_or(false);
         // gpuctld's own set-property writes the same files; those arrive while it reconciles
         // and lead to one more, empty, check rather than being ignored, so that a hand change
         // made during a reconcile is not lost.
-        let what = if busy {
-            "re-check after control drop-ins changed during a reconcile"
-        } else {
-            "drift: control drop-ins changed"
+        let during_reconcile = shared.lock().map(|s| s.busy).unwrap_or(false);
+        let reason = Trigger::Dropins {
+            files,
+            during_reconcile,
         };
-        let reason = format!("{what}: {}", files.join(" "));
         let _ = tx.send(Request::trigger(reason, Observe::Units));
     }
 }
@@ -602,7 +604,7 @@ async fn watch_mps_state(
             continue;
         };
         let _ = tx.send(Request::trigger(
-            format!("drift: {unit} is {state}"),
+            Trigger::MpsState { unit, state },
             Observe::Units,
         ));
     }
@@ -635,11 +637,45 @@ async fn watch_majors(root: Root, tx: mpsc::UnboundedSender<Request>) {
         let now = crate::real::procfs::majors(&root);
         if now != last {
             last = now;
-            let _ = tx.send(Request::trigger(
-                "the registered device majors changed",
-                Observe::Units,
-            ));
+            let _ = tx.send(Request::trigger(Trigger::Majors, Observe::Units));
         }
+    }
+}
+
+/// When and why to run again after `report` ([`requeue`]), logging a retry once per new set of
+/// errors rather than at every attempt.
+fn requeued(
+    backoff: &mut requeue::Backoff,
+    report: &ReconcileReport,
+) -> Option<(tokio::time::Instant, Trigger)> {
+    let (q, new) = backoff.after(report);
+    let now = tokio::time::Instant::now();
+    match q {
+        requeue::Requeue::Idle => None,
+        requeue::Requeue::Retry { after, attempt } => {
+            let transient = report.heal.transient;
+            if new {
+                warn!(
+                    gpuctl_action = "retry",
+                    "{} error(s); retrying in {} s{}",
+                    report.errors.len(),
+                    after.as_secs(),
+                    if transient {
+                        ", then backing off"
+                    } else {
+                        " (none looks transient: fix the policy or the host)"
+                    }
+                );
+            } else {
+                debug!(
+                    gpuctl_action = "retry",
+                    "the same error(s) again; retry {attempt} in {} s",
+                    after.as_secs()
+                );
+            }
+            Some((now + after, Trigger::Retry { attempt }))
+        }
+        requeue::Requeue::Recheck(after) => Some((now + after, Trigger::Recheck)),
     }
 }
 
@@ -659,7 +695,7 @@ async fn watch_policy(root: Root, debounce: Duration, tx: mpsc::UnboundedSender<
     // coalesced into exactly one more by the main loop. `debounce` is only the quiet window
     // for changes under way (`PolicyWatch::next_settled` says why).
     while w.next_settled(debounce).await.is_ok() {
-        let _ = tx.send(Request::trigger("policy files changed", Observe::Policy));
+        let _ = tx.send(Request::trigger(Trigger::PolicyFiles, Observe::Policy));
     }
 }
 
@@ -780,23 +816,39 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         START_EXTEND_EVERY,
         START_EXTEND_BY,
     );
-    looper.cycle("start", Observe::All).await;
+    let mut backoff = requeue::Backoff::default();
+    let report = looper
+        .cycle(&Trigger::Start.to_string(), Observe::All)
+        .await;
+    let mut next = requeued(&mut backoff, &report);
     extend.abort();
     notify(&[sd_notify::NotifyState::Ready]);
 
     let mut drift = tokio::time::interval_at(tokio::time::Instant::now() + opts.drift, opts.drift);
     loop {
+        // A retry or recheck due: `pending()` never fires, so without one the branch sleeps.
+        let due = async {
+            match &next {
+                Some((at, _)) => tokio::time::sleep_until(*at).await,
+                None => std::future::pending().await,
+            }
+        };
         let first = tokio::select! {
             r = rx.recv() => match r { Some(r) => r, None => break },
             _ = hup.recv() => {
                 notify(&[sd_notify::NotifyState::Reloading]);
                 let mono = sd_notify::NotifyState::monotonic_usec_now().ok();
                 if let Some(m) = mono { notify(&[m]); }
-                looper.cycle("SIGHUP", Observe::All).await;
+                let report = looper.cycle(&Trigger::Sighup.to_string(), Observe::All).await;
+                next = requeued(&mut backoff, &report);
                 notify(&[sd_notify::NotifyState::Ready]);
                 continue;
             }
-            _ = drift.tick() => Request::trigger("drift timer", Observe::All),
+            _ = drift.tick() => Request::trigger(Trigger::DriftTimer, Observe::All),
+            _ = due => {
+                let (_, t) = next.take().expect("only armed with a trigger");
+                Request::trigger(t, Observe::All)
+            }
             _ = term.recv() => break,
             _ = int.recv() => break,
         };
@@ -822,9 +874,11 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         }
         if !reasons.is_empty() {
             reasons.dedup();
+            let reasons: Vec<String> = reasons.iter().map(Trigger::to_string).collect();
             let report = looper
                 .cycle(&reasons.join(", "), observe.unwrap_or(Observe::All))
                 .await;
+            next = requeued(&mut backoff, &report);
             for w in waiters {
                 let _ = w.send(report.clone());
             }

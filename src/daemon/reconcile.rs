@@ -117,7 +117,7 @@ impl CoreReconciler {
             Ok(o) => o,
             Err(e) => {
                 error!(gpuctl_action = "observe", "observing the host: {e}");
-                r.errors.push(format!("observing the host: {e}"));
+                r.error(format!("observing the host: {e}"), e.is_transient());
                 return None;
             }
         };
@@ -160,7 +160,8 @@ impl CoreReconciler {
             Ok(l) => l,
             Err(e) => {
                 error!(gpuctl_action = "lock", "{e}");
-                r.errors.push(e.to_string());
+                // The other writer (`gpuctl apply --local`) finishes: a retry soon gets it.
+                r.error(e.to_string(), true);
                 return;
             }
         };
@@ -244,7 +245,7 @@ impl CoreReconciler {
                     Ok(std::mem::take(&mut rep.end))
                 }
                 Err(e) => {
-                    r.errors.push(format!("apply: {e}"));
+                    r.error(format!("apply: {e}"), e.is_transient());
                     match &prev {
                         Some(prev) => self.host.refresh(prev, &Default::default()),
                         None => self.host.observe(),
@@ -254,8 +255,10 @@ impl CoreReconciler {
             match after {
                 Ok(o) => o,
                 Err(e) => {
-                    r.errors
-                        .push(format!("observing the host after apply: {e}"));
+                    r.error(
+                        format!("observing the host after apply: {e}"),
+                        e.is_transient(),
+                    );
                     return;
                 }
             }
@@ -284,7 +287,7 @@ impl CoreReconciler {
                     .collect(),
             };
             if let Err(e) = state.save(&self.host.root().join(STATE_FILE)) {
-                r.errors.push(e.to_string());
+                r.error(e.to_string(), false);
             }
         }
         laps.lap("state");
@@ -317,8 +320,7 @@ fn host_check(policy: &Policy, obs: &Observed, r: &mut ReconcileReport) {
                 gpuctl_action = "host-check",
                 "the policy does not fit this host: {d}"
             );
-            r.errors
-                .push(format!("the policy does not fit this host: {d}"));
+            r.error(format!("the policy does not fit this host: {d}"), false);
         } else {
             r.warnings.push(d.to_string());
         }
@@ -387,6 +389,7 @@ fn warn_blocked(pl: &Plan, r: &mut ReconcileReport) {
         );
         r.differs.push(line.clone());
         r.warnings.push(line);
+        r.heal.holders = true;
     }
 }
 
@@ -438,6 +441,7 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
             );
             r.warnings.push(e.to_string());
             r.differs.push(e.to_string());
+            r.heal.holders = true;
             continue;
         }
         error!(
@@ -447,7 +451,7 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
             "{}: {e}",
             a.kind
         );
-        r.errors.push(format!("{}: {e}", a.kind));
+        r.error(format!("{}: {e}", a.kind), e.is_transient());
     }
     for a in &rep.skipped {
         r.warnings.push(format!(

@@ -55,8 +55,11 @@ pub mod ledger;
 pub mod place;
 pub mod queue;
 pub mod reply;
+mod trigger;
 pub mod usage;
 pub mod wire;
+
+pub use trigger::Trigger;
 
 /// What the daemon shows on the bus (and in `STATUS=`), as of the call.
 #[derive(Debug, Clone, Default)]
@@ -85,8 +88,8 @@ pub struct AgentState {
 pub enum Request {
     /// Reload the policy and reconcile; the report goes to `reply`.
     Reconcile {
-        /// Why (for the journal).
-        reason: String,
+        /// Why (for the journal, and the loop's retry).
+        reason: Trigger,
         /// Who waits for the result.
         reply: Option<oneshot::Sender<ReconcileReport>>,
         /// What may have changed: a hand change of a unit gpuctl owns needs only units read
@@ -118,9 +121,9 @@ pub enum Observe {
 
 impl Request {
     /// A reconcile for `reason` that nobody waits for (a watch's trigger, the drift timer).
-    pub fn trigger(reason: impl Into<String>, observe: Observe) -> Request {
+    pub fn trigger(reason: Trigger, observe: Observe) -> Request {
         Request::Reconcile {
-            reason: reason.into(),
+            reason,
             reply: None,
             observe,
         }
@@ -238,10 +241,10 @@ fn report_json(r: ReconcileReport) -> String {
 }
 
 impl Agent {
-    async fn request(&self, reason: &str) -> fdo::Result<ReconcileReport> {
+    async fn request(&self, method: &'static str) -> fdo::Result<ReconcileReport> {
         let (reply, rx) = oneshot::channel();
         let sent = self.backend.send(Request::Reconcile {
-            reason: reason.into(),
+            reason: Trigger::Bus(method),
             reply: Some(reply),
             observe: Observe::All,
         });
@@ -297,7 +300,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         require_root(conn, &hdr, "Apply").await?;
-        Ok(report_json(self.request("D-Bus Apply").await?))
+        Ok(report_json(self.request("Apply").await?))
     }
 
     /// Reload the policy and reconcile (root only); returns the report as JSON.
@@ -307,7 +310,7 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         require_root(conn, &hdr, "Reload").await?;
-        Ok(report_json(self.request("D-Bus Reload").await?))
+        Ok(report_json(self.request("Reload").await?))
     }
 
     /// Move the caller's own process (the bus's `ProcessID` of the connection) into a new

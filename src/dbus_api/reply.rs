@@ -44,6 +44,21 @@ pub struct ReconcileReport {
     /// report).
     #[serde(skip)]
     pub view: Option<HostView>,
+    /// How the run's failures may heal, for gpuctld's retry (not part of the JSON).
+    #[serde(skip)]
+    pub heal: Heal,
+}
+
+/// What a run that did not converge waits for: the daemon's requeue reads it
+/// ([`crate::dbus_api::Trigger::Retry`], [`crate::dbus_api::Trigger::Recheck`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Heal {
+    /// An error may not recur (the bus, a job, the driver timing out; a lock held by the other
+    /// writer): retried soon, with backoff.
+    pub transient: bool,
+    /// A change waits only for holders to go (busy MIG instances, jobs in a removed team's
+    /// slice, a Slurm node draining): checked again shortly, nothing else tells gpuctld.
+    pub holders: bool,
 }
 
 /// The host as the last reconcile left it: what each team gets and the GPUs.
@@ -79,6 +94,13 @@ impl ReconcileReport {
     /// The host matches the policy as far as this run could tell.
     pub fn converged(&self) -> bool {
         self.errors.is_empty() && self.differs.is_empty()
+    }
+
+    /// Record a failure of the run; `transient` when repeating may succeed
+    /// ([`crate::apply::EffectError::is_transient`]).
+    pub fn error(&mut self, line: String, transient: bool) {
+        self.errors.push(line);
+        self.heal.transient |= transient;
     }
 
     /// `converged`, `differs` (something waits: blocked, in use) or `errors`.

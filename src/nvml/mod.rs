@@ -137,9 +137,15 @@ impl std::fmt::Debug for NvmlBackend {
 }
 
 fn nvml_err(what: impl Into<String>, e: NvmlError) -> EffectError {
-    EffectError::Other {
-        what: what.into(),
-        message: e.to_string(),
+    let (what, message) = (what.into(), e.to_string());
+    // The driver's own "try again": a timeout, an unknown error, a GPU the driver is still
+    // bringing up. Anything else repeats the same answer.
+    match e {
+        NvmlError::Timeout
+        | NvmlError::Unknown
+        | NvmlError::Uninitialized
+        | NvmlError::DriverNotLoaded => EffectError::Transient { what, message },
+        _ => EffectError::Other { what, message },
     }
 }
 
@@ -397,6 +403,10 @@ fn raw_err(lib: &NvmlLib, what: String, code: raw::Code) -> EffectError {
     match code {
         raw::IN_USE => EffectError::InUse { what },
         raw::INSUFFICIENT_RESOURCES => EffectError::InsufficientResources { what },
+        c if raw::is_transient(c) => EffectError::Transient {
+            what,
+            message: raw::error_string(lib, c),
+        },
         c => EffectError::Other {
             what,
             message: raw::error_string(lib, c),

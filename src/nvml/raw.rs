@@ -25,6 +25,15 @@ pub(crate) const NOT_SUPPORTED: Code = nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
 /// Argument out of range (an unknown profile index, for instance).
 pub(crate) const INVALID_ARGUMENT: Code = nvmlReturn_enum_NVML_ERROR_INVALID_ARGUMENT;
 
+/// Codes that a repeated call may not give again (the driver's timeout, its unknown error, a
+/// library not yet initialised), as [`super::nvml_err`] sorts `nvml-wrapper`'s errors.
+pub(crate) fn is_transient(code: Code) -> bool {
+    code == nvmlReturn_enum_NVML_ERROR_TIMEOUT
+        || code == nvmlReturn_enum_NVML_ERROR_UNKNOWN
+        || code == nvmlReturn_enum_NVML_ERROR_UNINITIALIZED
+        || code == nvmlReturn_enum_NVML_ERROR_DRIVER_NOT_LOADED
+}
+
 /// `SUCCESS` as `Ok`, any other code as the error.
 pub(crate) fn rc(code: Code) -> Result<(), Code> {
     if code == SUCCESS {

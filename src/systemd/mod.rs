@@ -120,19 +120,28 @@ impl From<SystemdError> for EffectError {
             SystemdError::Busy { .. } => EffectError::InUse {
                 what: e.to_string(),
             },
+            // The bus, a job's failure or timeout: the next try may succeed (a unit restarted
+            // too fast, systemd busy with a daemon-reload).
             SystemdError::Bus { ref unit, .. }
             | SystemdError::Job { ref unit, .. }
-            | SystemdError::JobTimeout { ref unit, .. }
-            | SystemdError::Invalid { ref unit, .. } => EffectError::Other {
+            | SystemdError::JobTimeout { ref unit, .. } => EffectError::Transient {
                 what: unit.clone(),
-                message: e
-                    .to_string()
-                    .trim_start_matches(&format!("{unit}: "))
-                    .to_string(),
+                message: without_prefix(&e, unit),
+            },
+            SystemdError::Invalid { ref unit, .. } => EffectError::Other {
+                what: unit.clone(),
+                message: without_prefix(&e, unit),
             },
             SystemdError::Io { path, source } => crate::files::FileError { path, source }.into(),
         }
     }
+}
+
+/// `e`'s message without the `unit: ` it starts with (the effect error names the unit apart).
+fn without_prefix(e: &SystemdError, unit: &str) -> String {
+    e.to_string()
+        .trim_start_matches(&format!("{unit}: "))
+        .to_string()
 }
 
 /// What gpuctl reads back from systemd to observe the host: the live team slices and MPS

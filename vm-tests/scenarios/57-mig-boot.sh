@@ -5,7 +5,8 @@
 # nodes of every GI and CI exist under /dev/nvidia-caps with the nvidia-caps major from
 # /proc/devices and the minors from /proc/driver/nvidia-caps/mig-minors; each team's DeviceAllow
 # has exactly its own caps (plus the parent /dev/nvidia0), and its env names its MIG devices by
-# UUID. A second start changes nothing on the GPUs.
+# UUID. A second start changes nothing on the GPUs. A driver call that times out once is retried
+# within seconds.
 # vmtest: timeout=240
 # vmtest: group=daemon
 . lib/common.sh
@@ -112,4 +113,19 @@ gpuctld_start
 check_output "a second start makes no NVML change (mutating calls stay $calls)" \
     test "$(jq -r '.mutating_calls // 0' "$S")" = "$calls"
 check "still converged" status_converged 2 2
+
+# A driver call that times out once (the fake's one-shot fault on the next mutating call) is
+# retried after a second and the change converges: no wait for the drift timer.
+n=$(jq -r '.mutating_calls // 0' "$S")
+flock "$S.lock" sh -c "jq '.faults.fail_at += [{call: $((n + 1)), code: \"TIMEOUT\"}]' '$S' >'$S.new' && mv '$S.new' '$S'"
+t0=$(date +%s%N)
+put_policy 10-mig.toml < <(sed '/1g.10gb/d' /etc/gpuctl/policy.d/10-mig.toml)
+check "after a driver timeout, the change converges by a retry" wait_converged 30 2 2
+echo "    converged $((($(date +%s%N) - t0) / 1000000)) ms after the policy change"
+gpuctld_journal | grep -E 'TIMEOUT|Timeout|timed out|retry' | sed 's/^/    | /'
+check "the journal says it retries in 1 s" journal_has 'retrying in 1 s'
+check "the journal shows the retry run" journal_has 'reconcile (retry 1 after transient errors)'
+check_output "call $((n + 1)) timed out (the injected fault), a later one succeeded" \
+    test "$(jq -r --argjson n "$((n + 1))" '[.call_log[] | select(.seq >= $n) | .result] | .[0] + " " + .[-1]' "$S")" = \
+    "NVML_ERROR_TIMEOUT NVML_SUCCESS"
 finish
