@@ -282,6 +282,9 @@ pub fn not_stoppable(rule: &IdleRule, unit: &str) -> Option<String> {
     if unit.starts_with("session-") && unit.ends_with(".scope") {
         return Some("a login session".into());
     }
+    if unit.starts_with("slurm job ") {
+        return Some("a Slurm job: Slurm's limits end it, gpuctl only reports".into());
+    }
     if unit.starts_with("gpuctl-mps@") {
         return Some("gpuctl's own MPS daemon".into());
     }

@@ -46,6 +46,11 @@ pub fn from_usage(usage: &Usage, rules: &BTreeMap<String, IdleRule>) -> Sample {
     }
 }
 
+/// How an idle Slurm job is named as a holder.
+pub(crate) fn slurm_unit(job: u64) -> String {
+    format!("slurm job {job}")
+}
+
 fn device(
     out: &mut Vec<HolderSample>,
     rules: &BTreeMap<String, IdleRule>,
@@ -67,16 +72,17 @@ fn device(
         .collect();
     let mut groups: BTreeMap<(String, String), Vec<&ProcessUsage>> = BTreeMap::new();
     for p in procs {
-        let (Some(team), Some(unit)) = (&p.team, &p.team_unit) else {
-            continue;
+        let (team, unit) = match (&p.team, &p.team_unit, p.slurm_job) {
+            (Some(team), Some(unit), _) => (team.clone(), unit.clone()),
+            // A Slurm job runs in Slurm's cgroups, on a device its team owns (Slurm's GRES
+            // fence): it is that team's holder, reported but never stopped (`not_stoppable`).
+            (None, _, Some(job)) if owners.len() == 1 => (owners[0].clone(), slurm_unit(job)),
+            _ => continue,
         };
-        if p.stray || !owners.contains(team) || !rules.contains_key(team) {
+        if p.stray || !owners.contains(&team) || !rules.contains_key(&team) {
             continue;
         }
-        groups
-            .entry((team.clone(), unit.clone()))
-            .or_default()
-            .push(p);
+        groups.entry((team, unit)).or_default().push(p);
     }
     for ((team, unit), ps) in groups {
         let known: Vec<u64> = ps.iter().filter_map(|p| p.used_memory).collect();

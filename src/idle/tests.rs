@@ -583,3 +583,37 @@ fn mig_without_gpm_is_unknown_and_mig_mode_gpu_processes_too() {
     let e = s.holders.iter().find(|h| h.unit == "e.service").unwrap();
     assert_eq!(e.activity, Activity::Unknown, "no utilisation in MIG mode");
 }
+
+#[test]
+fn an_idle_slurm_job_on_a_teams_device_is_reported_and_never_stopped() {
+    let mut u = usage();
+    let mut job = p(9, None, Some("slurmstepd.scope"), 1 << 30);
+    job.team_unit = None;
+    job.slurm_job = Some(42);
+    u.gpus[1].mig_devices[0].processes = vec![job];
+    crate::usage::attribute(
+        &mut u,
+        &crate::usage::Owners {
+            gpus: [(0, vec!["research".to_string()])].into(),
+            mig: [("MIG-gpm".to_string(), vec!["research".to_string()])].into(),
+        },
+    );
+    let rules: BTreeMap<String, IdleRule> =
+        [("research".to_string(), rule(IdleAction::Stop))].into();
+    let s = from_usage(&u, &rules);
+    let h = s.holders.iter().find(|h| h.device == "MIG-gpm").unwrap();
+    assert_eq!((h.team.as_str(), h.unit.as_str()), ("research", "slurm job 42"));
+    // Idle for the window: told it is idle, never stopped by gpuctl.
+    let mut t = tracker("research", rule(IdleAction::Stop));
+    let ev = run(&mut t, 0, 30, |_| vec![idle("slurm job 42")]);
+    assert!(!kinds(&ev).iter().any(|(_, k)| *k == "stop"), "{ev:?}");
+    let held = &t.holders()[0];
+    assert_eq!(held.stop_at_ms, None);
+    assert!(held.not_stopped.as_deref().unwrap().contains("Slurm"));
+    // Outside a device its team owns (no single owner), a Slurm job is no holder.
+    u.gpus[1].mig_devices[0].teams.clear();
+    assert!(from_usage(&u, &rules)
+        .holders
+        .iter()
+        .all(|h| h.device != "MIG-gpm"));
+}
