@@ -8,7 +8,6 @@
 # and gives two whole GPUs on train; `--gpu-memory 2G` on train's MPS devices puts the client
 # limit in the job's environment and 20G (above the daemon's 8G) is refused.
 # vmtest: timeout=420
-# vmtest: quarantine=not yet seen passing: its only VM runs were on a host loaded far past its 2 cores, where it timed out before its checks
 # vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
