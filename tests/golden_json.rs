@@ -115,7 +115,7 @@ fn status_reply(view: &HostView) -> StatusReply {
                     uuid: Some(view.gpus[*i as usize].uuid.clone()),
                 })
                 .collect(),
-            mig_instances: tv.mig_devices.clone(),
+            mig_instances: tv.mig_devices.iter().map(Into::into).collect(),
             mps,
             slice: SliceStatus {
                 active_state: Some("active".into()),

@@ -588,7 +588,11 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
             };
             let team = TeamStatus {
                 gpus,
-                mig_instances: tv.map(|t| t.mig_devices.clone()).unwrap_or_default(),
+                mig_instances: tv
+                    .iter()
+                    .flat_map(|t| &t.mig_devices)
+                    .map(Into::into)
+                    .collect(),
                 slice,
                 mps: mps_units,
             };

@@ -11,6 +11,7 @@ use crate::observe::{GpuInstance, GpuState, MpsSpec, SliceSpec};
 use crate::plan::desired::MigDevice;
 use crate::plan::TeamView;
 use crate::policy::{Limits, MpsSettings, TeamName};
+use crate::profiles::Placement;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -254,11 +255,48 @@ pub struct TeamStatus {
     /// Whole GPUs.
     pub gpus: Vec<GpuRef>,
     /// MIG devices, with UUIDs.
-    pub mig_instances: Vec<MigDevice>,
+    pub mig_instances: Vec<MigInstance>,
     /// MPS daemons.
     pub mps: Vec<MpsUnitStatus>,
     /// The team slice.
     pub slice: SliceStatus,
+}
+
+/// A MIG device a team has, in `Status`: the planner's [`MigDevice`] as the bus sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigInstance {
+    /// GPU index.
+    pub gpu_index: u32,
+    /// GI profile name.
+    pub gi_profile: String,
+    /// GI placement.
+    pub gi_placement: Placement,
+    /// CI profile name.
+    pub ci_profile: String,
+    /// CI placement inside the GI.
+    pub ci_placement: Placement,
+    /// `MIG-…` UUID, or a placeholder for an instance still to be created.
+    pub uuid: String,
+    /// Whether the instance exists already.
+    pub exists: bool,
+    /// Its capability minors, known once it exists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_minors: Vec<u32>,
+}
+
+impl From<&MigDevice> for MigInstance {
+    fn from(m: &MigDevice) -> Self {
+        MigInstance {
+            gpu_index: m.gpu_index,
+            gi_profile: m.gi_profile.clone(),
+            gi_placement: m.gi_placement,
+            ci_profile: m.ci_profile.clone(),
+            ci_placement: m.ci_placement,
+            uuid: m.uuid.clone(),
+            exists: m.exists,
+            cap_minors: m.cap_minors.clone(),
+        }
+    }
 }
 
 /// A whole GPU a team has.
@@ -453,7 +491,7 @@ pub mod v1 {
     pub const VERSION: u32 = 1;
 
     // `Status`.
-    pub use super::{GpuRef, GpuStatus, LastReconcile, MpsUnitStatus, SliceStatus};
+    pub use super::{GpuRef, GpuStatus, LastReconcile, MigInstance, MpsUnitStatus, SliceStatus};
     pub use super::{StatusReply, TeamStatus};
     // `Plan`, `Apply`, `Reload`.
     pub use super::{ReportReply, RunReport};
