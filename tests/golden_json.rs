@@ -3,7 +3,8 @@
 //! (`tests/golden-json/root`, a100-40gb*3: `train` a whole GPU, `infer` MPS on a whole GPU,
 //! `interns` two MIG devices) with fixed times, serialised as gpuctld does and printed through
 //! the CLI's own rendering; root's view and a non-member's redacted one where the call redacts.
-//! The local commands (`plan`, `validate`, `doctor` is in tests/doctor.rs) run the binary.
+//! `env --format json` renders the `Env` reply. The local commands (`plan`, `validate`) run the
+//! binary; `doctor --json`'s golden is checked in tests/doctor.rs, against its fake host.
 //! A changed document is a changed bus interface (`reply::v1`): `GPUCTL_UPDATE_GOLDEN=1`
 //! rewrites the files (tests/common/golden.rs), to be reviewed with `git diff`.
 
@@ -211,13 +212,7 @@ fn teams_json() {
     let leases = leases(&view);
     let info = |name: &str, via: Via| {
         let t = &policy.teams[name];
-        let tv = &view.teams[name];
-        let env: BTreeMap<String, String> = tv
-            .env
-            .lines()
-            .filter_map(|l| l.split_once('='))
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect();
+        let env = team_env(&view, name);
         TeamInfo {
             devices: env.get("CUDA_VISIBLE_DEVICES").cloned(),
             env: Some(env),
@@ -243,6 +238,30 @@ fn teams_json() {
     let alice = vec![info("infer", Via::User("alice".into()))];
     let text = serde_json::to_string(&alice).unwrap();
     check("teams-alice.json", &render_json(text));
+}
+
+/// A team's environment as gpuctld serves it (`Env`, and in `Teams`): its env file's lines.
+fn team_env(view: &HostView, team: &str) -> BTreeMap<String, String> {
+    view.teams[team]
+        .env
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// `env --format json` of the MPS team and of the MIG team.
+#[test]
+fn env_json() {
+    let (_, _, view) = converged();
+    for team in ["infer", "interns"] {
+        let text = gpuctl::cli::env::render(
+            &team.parse().unwrap(),
+            &team_env(&view, team),
+            gpuctl::cli::env::Format::Json,
+        );
+        check(&format!("env-{team}.json"), &text);
+    }
 }
 
 fn process(pid: u32, user: &str, uid: u32, command: &str, cgroup_unit: &str) -> ProcessUsage {
