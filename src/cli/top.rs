@@ -155,6 +155,12 @@ pub fn render(u: &Usage) -> String {
     o
 }
 
+/// `--json`: the `Usage` document as read (and filtered by `--team`), fields in their declared
+/// order.
+pub fn render_json(u: &Usage) -> String {
+    serde_json::to_string_pretty(u).unwrap_or_default()
+}
+
 fn fetch(team: Option<&str>) -> Result<Usage, Failure> {
     let text = with_agent("Usage", async |p| p.usage().await)?;
     parse(&text, team)
@@ -178,7 +184,7 @@ pub fn run(args: &TopArgs) -> i32 {
     if !live {
         return match fetch(args.team.as_deref()) {
             Ok(u) if args.json => {
-                println!("{}", serde_json::to_string_pretty(&u).unwrap_or_default());
+                println!("{}", render_json(&u));
                 super::exit::OK
             }
             Ok(u) => {
