@@ -69,15 +69,20 @@ pub fn cdi_flags(team: &TeamName) -> String {
     )
 }
 
-/// Render `team`'s `env` in `format`.
-pub fn render(team: &TeamName, env: &BTreeMap<String, String>, format: Format) -> String {
+/// Render `team`'s share in `format`: its `env`, and for Docker and compose the device nodes of
+/// the unit it lives in (`allow`, [`share_of`]) and the compose `service` (default: the team).
+pub fn render(
+    team: &TeamName,
+    env: &BTreeMap<String, String>,
+    allow: &BTreeSet<String>,
+    format: Format,
+    service: Option<&str>,
+) -> String {
     match format {
         Format::Cdi => cdi_flags(team),
-        // `run` renders these with the device nodes ([`share_of`]); from the env alone they
-        // name no device.
-        Format::Docker | Format::Compose => {
-            let edits = container_edits(&BTreeSet::new(), env);
-            render_container(team, &edits, format, None)
+        Format::Docker => crate::docker::run_flags(team, &container_edits(allow, env)),
+        Format::Compose => {
+            crate::docker::compose(team, service.unwrap_or(team), &container_edits(allow, env))
         }
         Format::Json => serde_json::to_string_pretty(env).unwrap_or_default() + "\n",
         Format::Shell => env
@@ -137,21 +142,13 @@ fn container_edits(allow: &BTreeSet<String>, env: &BTreeMap<String, String>) -> 
     ContainerEdits::new(&nodes, &text, &instances)
 }
 
-fn render_container(
-    team: &TeamName,
-    edits: &ContainerEdits,
-    format: Format,
-    service: Option<&str>,
-) -> String {
-    match format {
-        Format::Compose => crate::docker::compose(team, service.unwrap_or(team), edits),
-        _ => crate::docker::run_flags(team, edits),
-    }
-}
+/// A share's environment and the `DeviceAllow=` entries of the unit it lives in.
+type Share = (BTreeMap<String, String>, BTreeSet<String>);
 
-/// gpuctld's `Env` (the membership check and the team's environment), then the device filter
-/// of the unit the share lives in: the team slice, or the placed job's scope.
-fn share_of(team: &TeamName) -> Result<ContainerEdits, Failure> {
+/// gpuctld's `Env` (the membership check and the team's environment), then the `DeviceAllow=`
+/// of the unit the share lives in: the team slice, or inside a placed job its scope (with the
+/// job's environment).
+fn share_of(team: &TeamName) -> Result<Share, Failure> {
     let root = Root::new("/");
     let cgroup = crate::join::cgroup::read_proc_cgroup(&root, std::process::id());
     let placed = placed_job(team, std::env::vars(), cgroup.as_deref());
@@ -165,7 +162,7 @@ fn share_of(team: &TeamName) -> Result<ContainerEdits, Failure> {
             // A scope without its own fence is an unplaced join: the team's share.
             if let Some(f) = sd.unit_fence(&scope).await.map_err(failed)? {
                 if f.policy == "closed" {
-                    return Ok(container_edits(&f.allow, &job_env));
+                    return Ok((job_env, f.allow));
                 }
             }
         }
@@ -176,7 +173,7 @@ fn share_of(team: &TeamName) -> Result<ContainerEdits, Failure> {
             .map_err(failed)?
             .map(|f| f.allow)
             .unwrap_or_default();
-        Ok(container_edits(&allow, &env))
+        Ok((env, allow))
     })
 }
 
@@ -199,17 +196,19 @@ pub fn run(args: &EnvArgs) -> i32 {
         _ => {}
     }
     let got = checked_team(&args.team).and_then(|team| {
-        if container {
-            let edits = share_of(&team)?;
-            return Ok(render_container(
-                &team,
-                &edits,
-                args.format,
-                args.service.as_deref(),
-            ));
-        }
-        let env = with_agent("Env", async |p| p.env(&team).await)?;
-        Ok(render(&team, &env.into_iter().collect(), args.format))
+        let (env, allow) = if container {
+            share_of(&team)?
+        } else {
+            let env = with_agent("Env", async |p| p.env(&team).await)?;
+            (env.into_iter().collect(), BTreeSet::new())
+        };
+        Ok(render(
+            &team,
+            &env,
+            &allow,
+            args.format,
+            args.service.as_deref(),
+        ))
     });
     match got {
         Ok(text) => {
@@ -237,7 +236,13 @@ mod tests {
 
     #[test]
     fn shell_format_survives_eval() {
-        let text = render(&"infer".parse().unwrap(), &env(), Format::Shell);
+        let text = render(
+            &"infer".parse().unwrap(),
+            &env(),
+            &BTreeSet::new(),
+            Format::Shell,
+            None,
+        );
         assert!(text.contains("export CUDA_VISIBLE_DEVICES='GPU-1,GPU-2'\n"));
         let out = std::process::Command::new("sh")
             .arg("-c")
@@ -250,18 +255,36 @@ mod tests {
     #[test]
     fn cdi_format_is_one_line_of_flags_naming_the_team_device_and_slice() {
         assert_eq!(
-            render(&"infer".parse().unwrap(), &env(), Format::Cdi),
+            render(
+                &"infer".parse().unwrap(),
+                &env(),
+                &BTreeSet::new(),
+                Format::Cdi,
+                None
+            ),
             "--device gpuctl.io/team=infer --cgroup-parent=gpu-infer.slice\n"
         );
     }
 
     #[test]
     fn systemd_format_quotes_only_when_needed_and_json_round_trips() {
-        let text = render(&"infer".parse().unwrap(), &env(), Format::Systemd);
+        let text = render(
+            &"infer".parse().unwrap(),
+            &env(),
+            &BTreeSet::new(),
+            Format::Systemd,
+            None,
+        );
         assert!(text.contains("CUDA_VISIBLE_DEVICES=GPU-1,GPU-2\n"));
         assert!(text.contains("X=\"it's $HOME\"\n"));
-        let back: BTreeMap<String, String> =
-            serde_json::from_str(&render(&"infer".parse().unwrap(), &env(), Format::Json)).unwrap();
+        let back: BTreeMap<String, String> = serde_json::from_str(&render(
+            &"infer".parse().unwrap(),
+            &env(),
+            &BTreeSet::new(),
+            Format::Json,
+            None,
+        ))
+        .unwrap();
         assert_eq!(back, env());
     }
 
@@ -323,6 +346,28 @@ mod tests {
                 "GPUCTL_MPS_INSTANCES=b-mig0-1-0,b-mig0-1-1",
                 "GPUCTL_TEAM=b"
             ]
+        );
+    }
+
+    #[test]
+    fn docker_and_compose_render_the_units_nodes_and_the_env() {
+        let allow: BTreeSet<String> = ["/dev/nvidia0", "/dev/nvidiactl"].map(String::from).into();
+        let t = "infer".parse().unwrap();
+        let flags = render(&t, &env(), &allow, Format::Docker, None);
+        assert!(flags.starts_with("--cgroup-parent=gpu-infer.slice --device=/dev/nvidia0 "));
+        assert!(
+            flags.contains(" -e CUDA_VISIBLE_DEVICES=GPU-1,GPU-2 "),
+            "{flags}"
+        );
+        let y = render(&t, &env(), &allow, Format::Compose, None);
+        assert!(
+            y.contains("\n  infer:\n"),
+            "the service defaults to the team: {y}"
+        );
+        let y = render(&t, &env(), &allow, Format::Compose, Some("api"));
+        assert!(
+            y.contains("\n  api:\n    cgroup_parent: \"gpu-infer.slice\"\n"),
+            "{y}"
         );
     }
 }
