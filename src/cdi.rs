@@ -102,6 +102,41 @@ fn min_version(uses_mount_type: bool) -> &'static str {
     }
 }
 
+/// What a container of the team gets, whatever the engine: the device nodes, the environment
+/// (`KEY=value`) and the host directories bind-mounted at the same path. The CDI spec is this
+/// as JSON ([`spec`]); engines without CDI get it as flags or a compose fragment
+/// ([`crate::docker`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ContainerEdits {
+    /// Device node paths, sorted.
+    pub nodes: Vec<String>,
+    /// `KEY=value` lines.
+    pub env: Vec<String>,
+    /// Host directories mounted at the same path inside (MPS pipe directories).
+    pub mounts: Vec<String>,
+}
+
+impl ContainerEdits {
+    /// `device_nodes` is the team's `DeviceAllow=` list (or a placed job's), `env` an env file
+    /// (comment and blank lines are left out), `mps_instances` the names of the MPS daemons
+    /// whose pipe directories are mounted.
+    pub fn new(device_nodes: &BTreeSet<String>, env: &str, mps_instances: &[&str]) -> Self {
+        ContainerEdits {
+            nodes: device_nodes.iter().cloned().collect(),
+            env: env
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#') && l.contains('='))
+                .map(str::to_string)
+                .collect(),
+            mounts: mps_instances
+                .iter()
+                .map(|i| crate::paths::mps_pipe_dir(i))
+                .collect(),
+        }
+    }
+}
+
 /// The team's CDI spec, as JSON with a final newline.
 ///
 /// `device_nodes` is the team's `DeviceAllow=` list, `env` its env file (comment lines are left
@@ -112,21 +147,19 @@ pub fn spec(
     env: &str,
     mps_instances: &[&str],
 ) -> String {
-    let env: Vec<&str> = env
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty() && !l.starts_with('#') && l.contains('='))
-        .collect();
-    let mounts: Vec<Mount> = mps_instances
+    spec_of(team, &ContainerEdits::new(device_nodes, env, mps_instances))
+}
+
+/// [`spec`] of edits already gathered.
+pub fn spec_of(team: &str, edits: &ContainerEdits) -> String {
+    let mounts: Vec<Mount> = edits
+        .mounts
         .iter()
-        .map(|i| {
-            let dir = crate::paths::mps_pipe_dir(i);
-            Mount {
-                host_path: dir.clone(),
-                container_path: dir,
-                options: vec!["bind", "nosuid", "nodev", "noexec"],
-                kind: "bind",
-            }
+        .map(|dir| Mount {
+            host_path: dir.clone(),
+            container_path: dir.clone(),
+            options: vec!["bind", "nosuid", "nodev", "noexec"],
+            kind: "bind",
         })
         .collect();
     let spec = Spec {
@@ -135,11 +168,8 @@ pub fn spec(
         devices: vec![Device {
             name: team,
             container_edits: Edits {
-                env,
-                device_nodes: device_nodes
-                    .iter()
-                    .map(|p| DeviceNode { path: p })
-                    .collect(),
+                env: edits.env.iter().map(String::as_str).collect(),
+                device_nodes: edits.nodes.iter().map(|p| DeviceNode { path: p }).collect(),
                 mounts,
             },
         }],
