@@ -258,7 +258,9 @@ fn env_json() {
         let text = gpuctl::cli::env::render(
             &team.parse().unwrap(),
             &team_env(&view, team),
+            &Default::default(),
             gpuctl::cli::env::Format::Json,
+            None,
         );
         check(&format!("env-{team}.json"), &text);
     }
