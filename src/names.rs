@@ -206,9 +206,45 @@ pub fn container_of_cgroup(path: &str) -> Option<String> {
     })
 }
 
+/// The unit a process runs in, as its own systemd sees it: the innermost service or scope of the
+/// path (`…/train.service/payload` → `train.service`), nested managers included.
+pub fn innermost_unit(path: &str) -> Option<&str> {
+    path.rsplit('/')
+        .find(|c| c.ends_with(".service") || c.ends_with(".scope"))
+}
+
+/// The Slurm job a path belongs to: slurmstepd puts job steps under
+/// `…/slurmstepd.scope/job_<id>/step_<s>/…` (cgroup/v2 plugin), or `<node>_slurmstepd.scope`
+/// as Slurm 22.05 names it (so that several slurmd of one host keep apart).
+pub fn slurm_job_of_cgroup(path: &str) -> Option<u64> {
+    let mut parts = path.split('/');
+    parts.find(|p| *p == "slurmstepd.scope" || p.ends_with("_slurmstepd.scope"))?;
+    parts.next()?.strip_prefix("job_")?.parse().ok()
+}
+
 #[cfg(test)]
 mod cgroup_tests {
     use super::*;
+
+    #[test]
+    fn the_innermost_unit_and_the_slurm_job_of_a_path() {
+        let u = innermost_unit;
+        assert_eq!(
+            u("/gpu.slice/gpu-prod.slice/train.service/payload"),
+            Some("train.service")
+        );
+        assert_eq!(
+            u("/gpu.slice/gpu-infer.slice/ctr.scope/system.slice/x.service"),
+            Some("x.service"),
+            "a nested manager's own unit"
+        );
+        assert_eq!(u("/gpu.slice/gpu-infer.slice"), None);
+        let j = slurm_job_of_cgroup;
+        assert_eq!(j("/system.slice/slurmstepd.scope/job_42/step_0"), Some(42));
+        assert_eq!(j("/system.slice/node1_slurmstepd.scope/job_5"), Some(5));
+        assert_eq!(j("/system.slice/notslurmstepd.scope/job_5"), None);
+        assert_eq!(j("/gpu.slice/gpu-infer.slice/job_3"), None);
+    }
 
     #[test]
     fn one_reading_of_a_cgroup_path() {

@@ -5,16 +5,13 @@ use crate::observe::{HostInfo, Major};
 use crate::paths::Root;
 
 /// The cgroup v2 path and unit of a PID, from `/proc/<pid>/cgroup` under `root`, read by the one
-/// parser of that file ([`crate::join::cgroup::parse_proc_cgroup`]). The unit is the innermost
-/// path component that names a service or scope (`…/train.service/payload` → `train.service`).
+/// parser of that file ([`crate::join::cgroup::parse_proc_cgroup`]), and its unit
+/// ([`crate::names::innermost_unit`]).
 pub fn pid_cgroup(root: &Root, pid: u32) -> (Option<String>, Option<String>) {
     let Some(cg) = crate::join::cgroup::read_proc_cgroup(root, pid) else {
         return (None, None);
     };
-    let unit = cg
-        .rsplit('/')
-        .find(|c| c.ends_with(".service") || c.ends_with(".scope"))
-        .map(str::to_string);
+    let unit = crate::names::innermost_unit(&cg).map(str::to_string);
     (Some(cg), unit)
 }
 

@@ -311,14 +311,10 @@ pub fn parse_node(line: &str) -> Option<SlurmNode> {
     })
 }
 
-/// The Slurm job a cgroup v2 path belongs to: slurmstepd puts job steps under
-/// `…/slurmstepd.scope/job_<id>/step_<s>/…` (cgroup/v2 plugin), or `<node>_slurmstepd.scope`
-/// as Slurm 22.05 names it (so that several slurmd of one host keep apart). `None` for any
-/// other path.
+/// The Slurm job a cgroup v2 path belongs to ([`crate::names::slurm_job_of_cgroup`]); `None`
+/// for any other path.
 pub fn job_of_cgroup(cgroup: &str) -> Option<u64> {
-    let mut parts = cgroup.split('/');
-    parts.find(|p| *p == "slurmstepd.scope" || p.ends_with("_slurmstepd.scope"))?;
-    parts.next()?.strip_prefix("job_")?.parse().ok()
+    crate::names::slurm_job_of_cgroup(cgroup)
 }
 
 #[cfg(test)]
