@@ -602,7 +602,10 @@ fn an_idle_slurm_job_on_a_teams_device_is_reported_and_never_stopped() {
         [("research".to_string(), rule(IdleAction::Stop))].into();
     let s = from_usage(&u, &rules);
     let h = s.holders.iter().find(|h| h.device == "MIG-gpm").unwrap();
-    assert_eq!((h.team.as_str(), h.unit.as_str()), ("research", "slurm job 42"));
+    assert_eq!(
+        (h.team.as_str(), h.unit.as_str()),
+        ("research", "slurm job 42")
+    );
     // Idle for the window: told it is idle, never stopped by gpuctl.
     let mut t = tracker("research", rule(IdleAction::Stop));
     let ev = run(&mut t, 0, 30, |_| vec![idle("slurm job 42")]);

@@ -193,8 +193,9 @@ fn whole_gpus_with_mps_get_the_daemon_and_a_memory_cap_within_its_limit() {
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .into();
-    let env = placed_env(&team_env, &p, opts.gpu_memory);
+    let env = placed_env("train", &team_env, &p, opts.gpu_memory);
     assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-2");
+    assert_eq!(env["GPUCTL_CDI_DEVICE"], "gpuctl.io/team=train.GPU-2");
     assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-2");
     assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2048M");
     assert_eq!(
