@@ -115,38 +115,52 @@ fn min_version(uses_mount_type: bool) -> &'static str {
     }
 }
 
-/// What a container that asks for one device entry gets.
+/// What a container of the team gets, whatever the engine: the device nodes, the environment
+/// (`KEY=value`) and the host directories bind-mounted at the same path. The CDI spec is this
+/// as JSON ([`spec`]), once for the whole share and once per device; engines without CDI get
+/// it as flags or a compose fragment ([`crate::docker`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Entry {
-    /// Device nodes: the slice's `DeviceAllow=` list for the whole share.
-    pub nodes: BTreeSet<String>,
-    /// Env file content (comment lines are left out).
-    pub env: String,
-    /// MPS daemons whose pipe directories are mounted.
-    pub mps_instances: Vec<String>,
+pub struct ContainerEdits {
+    /// Device node paths, sorted.
+    pub nodes: Vec<String>,
+    /// `KEY=value` lines.
+    pub env: Vec<String>,
+    /// Host directories mounted at the same path inside (MPS pipe directories).
+    pub mounts: Vec<String>,
 }
 
-impl Entry {
-    fn edits(&self) -> Edits<'_> {
-        Edits {
-            env: self
-                .env
+impl ContainerEdits {
+    /// `device_nodes` is the team's `DeviceAllow=` list (or a placed job's), `env` an env file
+    /// (comment and blank lines are left out), `mps_instances` the names of the MPS daemons
+    /// whose pipe directories are mounted.
+    pub fn new(device_nodes: &BTreeSet<String>, env: &str, mps_instances: &[&str]) -> Self {
+        ContainerEdits {
+            nodes: device_nodes.iter().cloned().collect(),
+            env: env
                 .lines()
                 .map(str::trim)
                 .filter(|l| !l.is_empty() && !l.starts_with('#') && l.contains('='))
+                .map(str::to_string)
                 .collect(),
+            mounts: mps_instances
+                .iter()
+                .map(|i| crate::paths::mps_pipe_dir(i))
+                .collect(),
+        }
+    }
+
+    fn cdi(&self) -> Edits<'_> {
+        Edits {
+            env: self.env.iter().map(String::as_str).collect(),
             device_nodes: self.nodes.iter().map(|p| DeviceNode { path: p }).collect(),
             mounts: self
-                .mps_instances
+                .mounts
                 .iter()
-                .map(|i| {
-                    let dir = crate::paths::mps_pipe_dir(i);
-                    Mount {
-                        host_path: dir.clone(),
-                        container_path: dir,
-                        options: vec!["bind", "nosuid", "nodev", "noexec"],
-                        kind: "bind",
-                    }
+                .map(|dir| Mount {
+                    host_path: dir.clone(),
+                    container_path: dir.clone(),
+                    options: vec!["bind", "nosuid", "nodev", "noexec"],
+                    kind: "bind",
                 })
                 .collect(),
         }
@@ -154,15 +168,15 @@ impl Entry {
 }
 
 /// The team's CDI spec, as JSON with a final newline: `share` as the device named after the
-/// team, then each `(UUID, entry)` of `devices` as `<team>.<UUID>`.
-pub fn spec(team: &str, share: &Entry, devices: &[(String, Entry)]) -> String {
+/// team, then each `(UUID, edits)` of `devices` as `<team>.<UUID>` ([`device_of`]).
+pub fn spec(team: &str, share: &ContainerEdits, devices: &[(String, ContainerEdits)]) -> String {
     let mut out = vec![Device {
         name: team.to_string(),
-        container_edits: share.edits(),
+        container_edits: share.cdi(),
     }];
     out.extend(devices.iter().map(|(uuid, e)| Device {
         name: device_of(team, uuid),
-        container_edits: e.edits(),
+        container_edits: e.cdi(),
     }));
     let mounts = out.iter().any(|d| !d.container_edits.mounts.is_empty());
     let spec = Spec {
@@ -174,17 +188,20 @@ pub fn spec(team: &str, share: &Entry, devices: &[(String, Entry)]) -> String {
     serde_json::to_string_pretty(&spec).unwrap_or_default() + "\n"
 }
 
+/// The spec of the whole share alone (no per-device entries): what `gpuctl env` renders for
+/// engines without CDI is this entry.
+pub fn spec_of(team: &str, edits: &ContainerEdits) -> String {
+    spec(team, edits, &[])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
     fn version_is_the_lowest_with_the_fields_used() {
-        let e = |mps: &[&str]| Entry {
-            nodes: ["/dev/nvidia0".to_string()].into(),
-            env: "X=1\n".into(),
-            mps_instances: mps.iter().map(|s| s.to_string()).collect(),
-        };
+        let nodes: BTreeSet<String> = ["/dev/nvidia0".to_string()].into();
+        let e = |mps: &[&str]| ContainerEdits::new(&nodes, "X=1\n", mps);
         let v =
             |s: &str| serde_json::from_str::<serde_json::Value>(s).unwrap()["cdiVersion"].clone();
         assert_eq!(v(&spec("a", &e(&[]), &[])), "0.3.0");

@@ -10,7 +10,8 @@
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
 //!   bus interface;
-//! - [`cdi`]: the per-team CDI spec for container engines (`gpuctl.io/team=<team>`);
+//! - [`cdi`]: the per-team CDI spec for container engines (`gpuctl.io/team=<team>`); [`docker`]:
+//!   the same share as `docker run` flags and a compose fragment, for Docker without CDI;
 //! - [`join`]: who may step into which team share (`gpuctl shell/run/env`), checked by gpuctld;
 //! - [`doctor`]: read-only host readiness checks and driver recordings (`gpuctl doctor`);
 //! - [`usage`]: who uses which GPU (NVML + `/proc`), served by gpuctld's `Usage` call;
@@ -23,6 +24,7 @@ pub mod cdi;
 pub mod cli;
 pub mod daemon;
 pub mod dbus_api;
+pub mod docker;
 pub mod doctor;
 pub mod exporter;
 pub mod files;

@@ -185,6 +185,27 @@ pub fn cgroup_place(path: &str) -> Option<CgroupPlace<'_>> {
     Some(CgroupPlace { team, unit })
 }
 
+/// The container a cgroup path runs in, as `<engine> <short id>` (`docker 0123456789ab`): the
+/// innermost `docker-<id>.scope` (Docker's systemd cgroup driver, under `--cgroup-parent` a
+/// team slice), `docker/<id>` (its cgroupfs driver) or `libpod-<id>.scope` (podman). `None` for
+/// a path in no container. The short id is what `docker ps` shows.
+pub fn container_of_cgroup(path: &str) -> Option<String> {
+    let parts: Vec<&str> = path.split('/').filter(|c| !c.is_empty()).collect();
+    let long_id = |id: &str| id.len() >= 12 && id.chars().all(|c| c.is_ascii_hexdigit());
+    parts.iter().enumerate().rev().find_map(|(i, c)| {
+        let (engine, id) = if let Some(id) = c.strip_prefix("docker-") {
+            ("docker", id.strip_suffix(".scope")?)
+        } else if let Some(id) = c.strip_prefix("libpod-") {
+            ("podman", id.strip_suffix(".scope")?)
+        } else if i > 0 && parts[i - 1] == "docker" {
+            ("docker", *c)
+        } else {
+            return None;
+        };
+        long_id(id).then(|| format!("{engine} {}", &id[..12]))
+    })
+}
+
 #[cfg(test)]
 mod cgroup_tests {
     use super::*;
@@ -227,5 +248,42 @@ mod cgroup_tests {
             p("/gpu.slice/gpu-gone.slice/old.service"),
             Some(("gone", Some("old.service")))
         );
+    }
+
+    #[test]
+    fn the_container_a_cgroup_runs_in() {
+        let id = "4f1c2a9b8e7d6c5b4a3928170615f4e3d2c1b0a99887766554433221100ffee";
+        let c = |s: &str| container_of_cgroup(s);
+        // Docker with the systemd driver under a team slice: the team's, and named.
+        let in_team = format!("/gpu.slice/gpu-infer.slice/docker-{id}.scope");
+        assert_eq!(c(&in_team).as_deref(), Some("docker 4f1c2a9b8e7d"));
+        assert_eq!(
+            cgroup_place(&in_team).map(|p| (p.team, p.unit)),
+            Some(("infer", Some(&*format!("docker-{id}.scope"))))
+        );
+        // Outside any team slice (a stray), with either driver, and podman's.
+        assert_eq!(
+            c(&format!("/system.slice/docker-{id}.scope")).as_deref(),
+            Some("docker 4f1c2a9b8e7d")
+        );
+        assert_eq!(
+            c(&format!("/docker/{id}")).as_deref(),
+            Some("docker 4f1c2a9b8e7d")
+        );
+        assert_eq!(
+            c(&format!("/machine.slice/libpod-{id}.scope/container")).as_deref(),
+            Some("podman 4f1c2a9b8e7d")
+        );
+        // Not containers: Docker's own daemon, a unit named docker-something, short or odd ids.
+        for no in [
+            "/system.slice/docker.service",
+            "/system.slice/docker-cleanup.service",
+            "/system.slice/docker-abc.scope",
+            "/docker",
+            "/user.slice/user-1000.slice/session-3.scope",
+            "/gpu.slice/gpu-infer.slice/gpuctl-run-infer-42.scope",
+        ] {
+            assert_eq!(c(no), None, "{no}");
+        }
     }
 }

@@ -1,7 +1,9 @@
 //! Per-team CDI specs (`gpuctl.io/team=<team>`) on simulated hosts: golden content for whole
 //! GPUs, MIG devices, MPS shares and a device-less team; validation against the CDI JSON schema
 //! (tests/cdi-schema, copied from the CDI repository); the spec follows MIG layout and policy
-//! changes through the planner, and planning after an apply stays empty.
+//! changes through the planner, and planning after an apply stays empty. The same share as
+//! `docker run` flags and a compose fragment (`gpuctl env --format docker|compose`), golden
+//! too, for whole GPUs, MIG devices and MPS shares.
 //!
 //! `GPUCTL_UPDATE_GOLDEN=1 cargo test --test cdi_spec` rewrites tests/golden-cdi/.
 
@@ -48,6 +50,50 @@ fn golden(case: &str, team: &str, got: &str) {
         .join(case)
         .join(format!("{team}.json"));
     golden::check(&path, got);
+}
+
+/// The team's share gathered as `gpuctl env --format docker|compose` does (the slice's
+/// `DeviceAllow=`, the env, the MPS pipe directories); it must be the spec's, and its Docker and
+/// compose renderings are golden.
+fn docker_golden(h: &SimHost, case: &str, team: &str) {
+    let mut instances: Vec<&str> = h
+        .state
+        .mps
+        .iter()
+        .filter(|(_, s)| s.team == team)
+        .map(|(i, _)| i.as_str())
+        .collect();
+    instances.sort();
+    let edits = gpuctl::cdi::ContainerEdits::new(
+        &h.state.slices[team].device_allow,
+        &h.state.env_files[team],
+        &instances,
+    );
+    let share: Value = serde_json::from_str(&gpuctl::cdi::spec_of(team, &edits)).unwrap();
+    assert_eq!(
+        share["devices"][0],
+        spec_json(h, team)["devices"][0],
+        "{case}/{team}: the Docker share is the CDI spec's share entry"
+    );
+    let dir = golden::repo_path("tests/golden-cdi").join(case);
+    golden::check(
+        &dir.join(format!("{team}.docker")),
+        &gpuctl::docker::run_flags(team, &edits),
+    );
+    let compose = gpuctl::docker::compose(team, team, &edits);
+    golden::check(&dir.join(format!("{team}.compose.yml")), &compose);
+    let v: Value = serde_norway::from_str(&compose).unwrap();
+    let svc = &v["services"][team];
+    assert_eq!(svc["cgroup_parent"], format!("gpu-{team}.slice"));
+    assert_eq!(
+        svc["devices"].as_array().map_or(0, Vec::len),
+        edits.nodes.len(),
+        "{case}/{team}"
+    );
+    assert_eq!(
+        svc["volumes"].as_array().map_or(0, Vec::len),
+        instances.len()
+    );
 }
 
 fn spec_json(h: &SimHost, team: &str) -> Value {
@@ -208,6 +254,7 @@ fn golden_specs_and_schema() {
             assert_schema_valid(&v, &format!("{case}/{team}"), text);
             assert_consistent(&h, team);
             golden(case, team, text);
+            docker_golden(&h, case, team);
         }
         // The device-less team: an entry that grants nothing.
         let idle = edits(&h, "idle");

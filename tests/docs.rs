@@ -176,6 +176,8 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--env-file",
             "--cgroup-manager",
             "--cgroups",
+            "--mount",
+            "--privileged",
         ],
     ),
     (

@@ -160,6 +160,9 @@ fn checks(json_text: &str) -> Vec<(String, String, String)> {
 fn fake_host_is_all_ok() {
     let h = Host::new(&fake_state());
     let (code, out, err) = h.doctor(&["--json"]);
+    // The document as `doctor --json` prints it (tests/golden_json.rs has the others).
+    let shown = out.replace(&h.root().display().to_string(), "<root>");
+    golden::check(&golden::repo_path("tests/golden-json/doctor.json"), &shown);
     let c = checks(&out);
     let not_ok: Vec<_> = c.iter().filter(|c| c.1 != "OK").collect();
     assert!(not_ok.is_empty(), "{not_ok:#?}\n{err}");

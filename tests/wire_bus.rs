@@ -9,7 +9,7 @@
 #[path = "common/dbus.rs"]
 mod dbus;
 
-use dbus::{serve, start_bus};
+use dbus::{serve, serve_as, start_bus};
 use gpuctl::dbus_api::wire::{self, Call, WireError};
 use std::process::Command;
 
@@ -140,5 +140,46 @@ fn gpuctl_run_through_an_address_without_a_socket_path_goes_through_zbus() {
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).trim(),
         "gpuctl-run-infer-1.scope"
+    );
+}
+
+/// A gpuctld of a later interface version: its `Status` document is one this gpuctl cannot read.
+struct Newer;
+
+#[zbus::interface(name = "org.gpuctl.Agent1")]
+impl Newer {
+    async fn status(&self) -> String {
+        r#"{"status": {"text": "converged"}}"#.into()
+    }
+
+    #[zbus(property(emits_changed_signal = "const"))]
+    async fn interface_version(&self) -> u32 {
+        gpuctl::dbus_api::reply::v1::VERSION + 1
+    }
+}
+
+#[test]
+fn a_gpuctld_of_another_interface_version_is_named_not_misread() {
+    let Some(bus) = start_bus() else { return };
+    serve_as(&bus.socket, Newer);
+    let o = Command::new(env!("CARGO_BIN_EXE_gpuctl"))
+        .args(["status", "--json"])
+        .env(
+            "DBUS_SYSTEM_BUS_ADDRESS",
+            format!("unix:path={}", bus.socket.display()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{o:?}");
+    assert!(o.stdout.is_empty(), "nothing printed: {o:?}");
+    let v = gpuctl::dbus_api::reply::v1::VERSION;
+    assert_eq!(
+        String::from_utf8_lossy(&o.stderr).trim(),
+        format!(
+            "gpuctl: Status: gpuctld speaks version {} of its bus interface and this gpuctl \
+             version {v}: gpuctld is newer than this gpuctl (use the gpuctl installed with it, \
+             or upgrade this one)",
+            v + 1
+        )
     );
 }

@@ -98,6 +98,11 @@ pub fn render(r: &IdleReply, all: bool) -> String {
     o
 }
 
+/// `--json`: the `Idle` document as read, fields in their declared order.
+pub fn render_json(r: &IdleReply) -> String {
+    serde_json::to_string_pretty(r).unwrap_or_default()
+}
+
 /// gpuctld's `Idle` reply.
 pub fn fetch() -> Result<IdleReply, Failure> {
     with_agent("Idle", async |p| p.idle().await).and_then(|t| parse_reply("Idle", &t))
@@ -110,7 +115,7 @@ pub fn run(args: &IdleArgs) -> i32 {
         Err(f) => return f.report(),
     };
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&r).unwrap_or_default());
+        println!("{}", render_json(&r));
     } else {
         print!("{}", render(&r, args.all));
     }

@@ -81,7 +81,8 @@ pub enum Command {
     Shell(shell::ShellArgs),
     /// Run one command in a team's share; its exit status is passed through.
     Run(run::RunArgs),
-    /// Print a team's environment (shell, systemd EnvironmentFile, JSON) or its container flags (cdi).
+    /// Print a team's environment (shell, systemd EnvironmentFile, JSON) or its container share
+    /// (cdi flags; docker flags or a compose service for Docker without CDI).
     Env(env::EnvArgs),
     /// List the teams you may join and what each gives.
     Teams(teams::TeamsArgs),

@@ -205,7 +205,8 @@ fn wire_failure(e: wire::WireError) -> Failure {
     }
 }
 
-/// Run `f` with a proxy of gpuctld on the system bus, on a private single-thread runtime.
+/// Run `f` with a proxy of gpuctld on the system bus, on a private single-thread runtime, once
+/// gpuctld has not said it speaks another interface version than this gpuctl.
 pub fn with_agent<T>(
     what: &str,
     f: impl AsyncFnOnce(&Agent1Proxy<'static>) -> zbus::Result<T>,
@@ -216,11 +217,46 @@ pub fn with_agent<T>(
         .map_err(|e| Failure::new(exit::UNREADABLE, format!("tokio runtime: {e}")))?;
     rt.block_on(async {
         let conn = zbus::Connection::system().await.map_err(no_bus)?;
-        let proxy = Agent1Proxy::new(&conn)
+        // Uncached: one `Get` for the version, not a `GetAll` and a signal subscription.
+        let proxy = Agent1Proxy::builder(&conn)
+            .cache_properties(zbus::proxy::CacheProperties::No)
+            .build()
             .await
             .map_err(|e| bus_failure(e, what))?;
+        // A daemon that cannot say (one from before the property: version 1, or gone: the call
+        // itself reports that) is called as it is.
+        if let Some(m) = proxy
+            .interface_version()
+            .await
+            .ok()
+            .and_then(interface_mismatch)
+        {
+            return Err(Failure::new(exit::UNREADABLE, format!("{what}: {m}")));
+        }
         f(&proxy).await.map_err(|e| bus_failure(e, what))
     })
+}
+
+/// Why this gpuctl cannot read a gpuctld that speaks interface version `theirs`
+/// ([`crate::dbus_api::reply::v1`]): a package upgraded without a restart of gpuctld, or a
+/// gpuctl from another build.
+pub fn interface_mismatch(theirs: u32) -> Option<String> {
+    let ours = crate::dbus_api::reply::v1::VERSION;
+    let (who, fix) = match theirs.cmp(&ours) {
+        std::cmp::Ordering::Equal => return None,
+        std::cmp::Ordering::Less => (
+            "older",
+            "restart it to run the installed version: systemctl restart gpuctld",
+        ),
+        std::cmp::Ordering::Greater => (
+            "newer",
+            "use the gpuctl installed with it, or upgrade this one",
+        ),
+    };
+    Some(format!(
+        "gpuctld speaks version {theirs} of its bus interface and this gpuctl version {ours}: \
+         gpuctld is {who} than this gpuctl ({fix})"
+    ))
 }
 
 /// gpuctld's JSON reply to a call, as sent and parsed; `Err` is the exit code, the failure
@@ -246,8 +282,13 @@ pub fn parse_reply<T: serde::de::DeserializeOwned>(what: &str, text: &str) -> Re
 
 /// Print a reply's document as the daemon sent it (keys sorted, as they always were).
 pub fn print_json(text: String) {
+    println!("{}", render_json(text));
+}
+
+/// What [`print_json`] prints, without the final newline.
+pub fn render_json(text: String) -> String {
     let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-    println!("{}", serde_json::to_string_pretty(&v).unwrap_or(text));
+    serde_json::to_string_pretty(&v).unwrap_or(text)
 }
 
 /// Ask gpuctld to place this process in `team`'s slice; returns the environment to set (the
@@ -344,4 +385,27 @@ pub fn run(args: &ShellArgs) -> i32 {
 /// Re-export for `gpuctl teams` and `status`: the team-name check as a [`Failure`].
 pub fn checked_team(team: &str) -> Result<TeamName, Failure> {
     join::check_team_name(team).map_err(Failure::from)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dbus_api::reply::v1::VERSION;
+
+    #[test]
+    fn another_interface_version_is_named_with_who_is_behind_and_what_to_do() {
+        assert_eq!(interface_mismatch(VERSION), None);
+        let newer = interface_mismatch(VERSION + 1).unwrap();
+        assert!(
+            newer.contains(&format!("version {} of its bus interface", VERSION + 1)),
+            "{newer}"
+        );
+        assert!(
+            newer.contains("gpuctld is newer than this gpuctl"),
+            "{newer}"
+        );
+        let older = interface_mismatch(VERSION - 1).unwrap();
+        assert!(older.contains("gpuctld is older"), "{older}");
+        assert!(older.contains("systemctl restart gpuctld"), "{older}");
+    }
 }

@@ -13,7 +13,8 @@ use std::time::Duration;
 #[command(
     after_long_help = "Per GPU and MIG device: owning team(s), memory used/total, \
 utilisation (whole GPUs) or GPM activity (MIG devices on Hopper+), power and temperature, then \
-each process with pid, user, team, unit and GPU memory (of teams you are not a member of: \
+each process with pid, user, team, unit (a Slurm job, or a container as `docker <short id>`) \
+and GPU memory (of teams you are not a member of: \
 their count and memory only, `(hidden)`, unless you are root or in the policy's \
 `[host] admin-group`). `!` marks a stray: a process on a team's \
 device outside that team's slice. `[idle]`, `[warned]`, `[stopping]`, `[activity unknown]`: \
@@ -69,6 +70,7 @@ fn proc_lines(o: &mut String, procs: &[ProcessUsage]) {
             p.slurm_job
                 .map(|j| format!("slurm job {j}"))
                 .as_deref()
+                .or(p.container.as_deref())
                 .or(p.unit.as_deref())
                 .unwrap_or("-"),
             bytes(p.used_memory),
@@ -175,6 +177,12 @@ pub fn render(u: &Usage) -> String {
     o
 }
 
+/// `--json`: the `Usage` document as read (and filtered by `--team`), fields in their declared
+/// order.
+pub fn render_json(u: &Usage) -> String {
+    serde_json::to_string_pretty(u).unwrap_or_default()
+}
+
 fn fetch(team: Option<&str>) -> Result<Usage, Failure> {
     let text = with_agent("Usage", async |p| p.usage().await)?;
     parse(&text, team)
@@ -198,7 +206,7 @@ pub fn run(args: &TopArgs) -> i32 {
     if !live {
         return match fetch(args.team.as_deref()) {
             Ok(u) if args.json => {
-                println!("{}", serde_json::to_string_pretty(&u).unwrap_or_default());
+                println!("{}", render_json(&u));
                 super::exit::OK
             }
             Ok(u) => {
@@ -347,6 +355,48 @@ mod tests {
         assert!(s.contains("activity n/a"), "never a made-up 0: {s}");
         let stray = s.lines().find(|l| l.contains("cron.service")).unwrap();
         assert!(stray.trim_start().starts_with('!'), "{stray}");
+    }
+
+    #[test]
+    fn docker_containers_are_named_in_their_team_or_as_strays() {
+        let id = "4f1c2a9b8e7d6c5b4a3928170615f4e3d2c1b0a99887766554433221100ffee";
+        let mut u = sample();
+        let in_infer = format!("/gpu.slice/gpu-infer.slice/docker-{id}.scope");
+        let outside = format!("/system.slice/docker-{id}.scope");
+        let ctr = |pid, cg: &str| ProcessUsage {
+            pid,
+            kind: "compute".into(),
+            team: crate::usage::procfs::team_of_cgroup(cg),
+            unit: Some(format!("docker-{id}.scope")),
+            container: crate::names::container_of_cgroup(cg),
+            ..Default::default()
+        };
+        u.gpus[0].processes = vec![ctr(5, &in_infer), ctr(6, &outside)];
+        crate::usage::attribute(
+            &mut u,
+            &crate::usage::Owners {
+                gpus: [(0, vec!["infer".to_string()])].into(),
+                ..Default::default()
+            },
+        );
+        let s = render(&u);
+        let line = |pid: &str| {
+            s.lines()
+                .find(|l| l.trim_start_matches([' ', '!']).starts_with(pid))
+                .unwrap()
+                .to_string()
+        };
+        let (a, b) = (line("5 "), line("6 "));
+        assert!(
+            a.contains("infer") && a.contains("docker 4f1c2a9b8e7d"),
+            "{a}"
+        );
+        assert!(!a.trim_start().starts_with('!'), "in infer's slice: {a}");
+        assert!(
+            b.trim_start().starts_with('!') && b.contains("docker 4f1c2a9b8e7d"),
+            "{b}"
+        );
+        assert!(!s.contains(".scope"), "the short id, not the scope: {s}");
     }
 
     #[test]

@@ -42,4 +42,7 @@ pub trait Agent1 {
     /// One-line status.
     #[zbus(property)]
     fn status_text(&self) -> zbus::Result<String>;
+    /// The version of the JSON documents ([`crate::dbus_api::reply::v1::VERSION`]).
+    #[zbus(property)]
+    fn interface_version(&self) -> zbus::Result<u32>;
 }

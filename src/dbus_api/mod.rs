@@ -16,6 +16,7 @@
 //! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone (same) |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
+//! | `InterfaceVersion` | property `u`, constant: the version of the JSON documents ([`reply::v1`]) | anyone |
 //!
 //! `Usage`, `Idle` and `Metrics` show a process's or idle holder's user, pid, command and unit
 //! only to root, the policy's `[host] admin-group` and the members of its team
@@ -459,6 +460,12 @@ impl Agent {
     async fn status_text(&self) -> String {
         self.backend.state().status_text
     }
+
+    /// The version of the documents the methods return; `gpuctl` checks it before a call.
+    #[zbus(property(emits_changed_signal = "const"))]
+    async fn interface_version(&self) -> u32 {
+        reply::v1::VERSION
+    }
 }
 
 /// Export the object and take the bus name.
@@ -581,7 +588,11 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
             };
             let team = TeamStatus {
                 gpus,
-                mig_instances: tv.map(|t| t.mig_devices.clone()).unwrap_or_default(),
+                mig_instances: tv
+                    .iter()
+                    .flat_map(|t| &t.mig_devices)
+                    .map(Into::into)
+                    .collect(),
                 slice,
                 mps: mps_units,
             };

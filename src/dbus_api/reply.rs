@@ -11,12 +11,15 @@ use crate::observe::{GpuInstance, GpuState, MpsSpec, SliceSpec};
 use crate::plan::desired::MigDevice;
 use crate::plan::TeamView;
 use crate::policy::{Limits, MpsSettings, TeamName};
+use crate::profiles::Placement;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-/// The outcome of one reconcile (or of a dry run, for `Plan`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// The outcome of one reconcile (or of a dry run, for `Plan`): the daemon's own record, which
+/// its retry and `Status` read. Never serialised: the bus carries [`RunReport`], converted from
+/// it.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ReconcileReport {
     /// Unix time (seconds) of the end of the run.
     pub at: u64,
@@ -34,18 +37,14 @@ pub struct ReconcileReport {
     /// Where the host still differs from the policy although nothing failed: blocked changes
     /// (with their holders), slices kept because jobs still run in them, pending modes. While
     /// this is not empty the host is not "converged" (issue 17).
-    #[serde(default)]
     pub differs: Vec<String>,
     /// Units the policy wants to exist (team slices, MPS daemons): systemd removing one of
     /// these triggers a reconcile; removals of any other unit are noise.
-    #[serde(default)]
     pub units: Vec<String>,
     /// What the host looked like at the end of the run, for `Status` (not part of the JSON
     /// report).
-    #[serde(skip)]
     pub view: Option<HostView>,
     /// How the run's failures may heal, for gpuctld's retry (not part of the JSON).
-    #[serde(skip)]
     pub heal: Heal,
 }
 
@@ -134,14 +133,52 @@ pub struct ReportReply {
     /// No errors and nothing waiting.
     pub converged: bool,
     /// The report.
-    pub report: ReconcileReport,
+    pub report: RunReport,
 }
 
 impl From<ReconcileReport> for ReportReply {
     fn from(report: ReconcileReport) -> Self {
         ReportReply {
             converged: report.converged(),
-            report,
+            report: RunReport::from(&report),
+        }
+    }
+}
+
+/// One reconcile (or dry run) as `Plan`, `Apply` and `Reload` send it: the lines of a
+/// [`ReconcileReport`], in the order its JSON always had (scripts' `jq` queries read it).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RunReport {
+    /// Unix time (seconds) of the end of the run.
+    pub at: u64,
+    /// Teams in the policy.
+    pub teams: usize,
+    /// GPUs the policy assigns.
+    pub gpus: usize,
+    /// What was changed (or, in a dry run, would be), one line each.
+    pub changes: Vec<String>,
+    /// What failed, one line each, naming the unit or path.
+    pub errors: Vec<String>,
+    /// What was left alone and why.
+    pub warnings: Vec<String>,
+    /// Where the host still differs from the policy although nothing failed.
+    pub differs: Vec<String>,
+    /// Units the policy wants to exist (team slices, MPS daemons).
+    pub units: Vec<String>,
+}
+
+impl From<&ReconcileReport> for RunReport {
+    fn from(r: &ReconcileReport) -> Self {
+        RunReport {
+            at: r.at,
+            teams: r.teams,
+            gpus: r.gpus,
+            changes: r.changes.clone(),
+            errors: r.errors.clone(),
+            warnings: r.warnings.clone(),
+            differs: r.differs.clone(),
+            units: r.units.clone(),
         }
     }
 }
@@ -218,11 +255,48 @@ pub struct TeamStatus {
     /// Whole GPUs.
     pub gpus: Vec<GpuRef>,
     /// MIG devices, with UUIDs.
-    pub mig_instances: Vec<MigDevice>,
+    pub mig_instances: Vec<MigInstance>,
     /// MPS daemons.
     pub mps: Vec<MpsUnitStatus>,
     /// The team slice.
     pub slice: SliceStatus,
+}
+
+/// A MIG device a team has, in `Status`: the planner's [`MigDevice`] as the bus sends it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigInstance {
+    /// GPU index.
+    pub gpu_index: u32,
+    /// GI profile name.
+    pub gi_profile: String,
+    /// GI placement.
+    pub gi_placement: Placement,
+    /// CI profile name.
+    pub ci_profile: String,
+    /// CI placement inside the GI.
+    pub ci_placement: Placement,
+    /// `MIG-…` UUID, or a placeholder for an instance still to be created.
+    pub uuid: String,
+    /// Whether the instance exists already.
+    pub exists: bool,
+    /// Its capability minors, known once it exists.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cap_minors: Vec<u32>,
+}
+
+impl From<&MigDevice> for MigInstance {
+    fn from(m: &MigDevice) -> Self {
+        MigInstance {
+            gpu_index: m.gpu_index,
+            gi_profile: m.gi_profile.clone(),
+            gi_placement: m.gi_placement,
+            ci_profile: m.ci_profile.clone(),
+            ci_placement: m.ci_placement,
+            uuid: m.uuid.clone(),
+            exists: m.exists,
+            cap_minors: m.cap_minors.clone(),
+        }
+    }
 }
 
 /// A whole GPU a team has.
@@ -405,4 +479,28 @@ pub struct LedgerRow {
     pub user: Option<String>,
     /// active / (held − unknown), 0–1; `None` when no held time has known activity.
     pub utilisation: Option<f64>,
+}
+
+/// Version 1 of the documents `org.gpuctl.Agent1` returns, the one this build speaks: gpuctld
+/// says which it speaks in the `InterfaceVersion` property and `gpuctl` refuses another
+/// ([`crate::cli::shell::interface_mismatch`]) instead of misreading it. A field added with a
+/// default keeps the version (both sides read what the other sends); a field removed, renamed or
+/// changed in meaning makes a `v2`. The JSON of each is fixed by `tests/golden_json.rs`.
+pub mod v1 {
+    /// The interface version of this build.
+    pub const VERSION: u32 = 1;
+
+    // `Status`.
+    pub use super::{GpuRef, GpuStatus, LastReconcile, MigInstance, MpsUnitStatus, SliceStatus};
+    pub use super::{StatusReply, TeamStatus};
+    // `Plan`, `Apply`, `Reload`.
+    pub use super::{ReportReply, RunReport};
+    // `Teams` (an array of them).
+    pub use super::{DeviceHold, TeamInfo};
+    // `Idle`.
+    pub use super::IdleReply;
+    // `Report`.
+    pub use super::{LedgerReply, LedgerRow};
+    // `Usage`.
+    pub use crate::usage::Usage;
 }

@@ -367,11 +367,8 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         }
     }
     let env = env_content(name, &visible, &mps);
-    let share = crate::cdi::Entry {
-        nodes: slice.device_allow.clone(),
-        env: env.clone(),
-        mps_instances: mps.keys().cloned().collect(),
-    };
+    let instances: Vec<&str> = mps.keys().map(String::as_str).collect();
+    let share = crate::cdi::ContainerEdits::new(&slice.device_allow, &env, &instances);
     let cdi = crate::cdi::spec(
         name,
         &share,
@@ -402,7 +399,7 @@ fn device_entries(
     migs: &[MigDevice],
     mps: &BTreeMap<String, MpsSpec>,
     observed: &Observed,
-) -> Vec<(String, crate::cdi::Entry)> {
+) -> Vec<(String, crate::cdi::ContainerEdits)> {
     let entry = |uuid: &str, mut nodes: BTreeSet<String>, instance: String| {
         nodes.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
         let mine: BTreeMap<String, MpsSpec> = mps
@@ -410,11 +407,12 @@ fn device_entries(
             .map(|m| (instance.clone(), m.clone()))
             .into_iter()
             .collect();
-        crate::cdi::Entry {
-            nodes,
-            env: env_content(name, &[uuid.to_string()], &mine),
-            mps_instances: mine.into_keys().collect(),
-        }
+        let instances: Vec<&str> = mine.keys().map(String::as_str).collect();
+        crate::cdi::ContainerEdits::new(
+            &nodes,
+            &env_content(name, &[uuid.to_string()], &mine),
+            &instances,
+        )
     };
     let mut out = Vec::new();
     for g in whole.iter().filter_map(|i| observed.gpu(*i)) {

@@ -263,9 +263,8 @@ impl fmt::Display for Member {
 /// [`crate::placement`]).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacementSettings {
-    /// Jobs per device: `None` places only jobs that ask (`--gpus`, `--device`,
-    /// `--gpu-memory`; then 1 per MIG device or whole GPU without MPS, no cap on MPS devices),
-    /// `Some(0)` turns placement off (every job gets the whole share).
+    /// Jobs per device: `None` is 1 per MIG device or whole GPU without MPS and no cap on MPS
+    /// devices; `Some(0)` turns placement off (every job gets the whole share).
     pub jobs_per_device: Option<u32>,
     /// Devices a job gets unless it asks (`None`: 1).
     pub gpus: Option<crate::placement::Gpus>,
@@ -274,10 +273,11 @@ pub struct PlacementSettings {
 }
 
 impl PlacementSettings {
-    /// Whether jobs are placed without asking: only where the team sets `jobs-per-device`
-    /// (opt-in until the VM scenario 66 has passed on the real systemd path).
+    /// Whether every job is placed, asked or not: unless the team turns placement off
+    /// (`jobs-per-device = 0`). A CUDA process uses one MIG device, and frameworks take the
+    /// first GPU they see: a job handed the whole share piles onto its first device.
     pub fn enabled(&self) -> bool {
-        matches!(self.jobs_per_device, Some(n) if n > 0)
+        self.jobs_per_device != Some(0)
     }
 }
 
@@ -398,5 +398,16 @@ mod tests {
     fn percent_resolves() {
         assert_eq!(Size::PercentOfRam(25.0).resolve(1 << 40), 1 << 38);
         assert_eq!(Size::Bytes(5).resolve(1 << 40), 5);
+    }
+
+    #[test]
+    fn every_job_is_placed_unless_the_team_turns_placement_off() {
+        let with = |jobs_per_device| PlacementSettings {
+            jobs_per_device,
+            ..Default::default()
+        };
+        assert!(with(None).enabled(), "the default places");
+        assert!(with(Some(2)).enabled());
+        assert!(!with(Some(0)).enabled());
     }
 }

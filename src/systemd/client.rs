@@ -206,6 +206,30 @@ impl Systemd {
         get.await.map(Some).map_err(bus(name, "Get(Slice)"))
     }
 
+    /// The device filter of a loaded slice or scope (a team slice, or a placed job's scope,
+    /// whose `DeviceAllow=` is its devices); `None` when the unit is not in memory.
+    pub async fn unit_fence(
+        &self,
+        name: &str,
+    ) -> Result<Option<crate::observe::Fence>, SystemdError> {
+        let iface = match name.rsplit_once('.') {
+            Some((_, "slice")) => "org.freedesktop.systemd1.Slice",
+            Some((_, "scope")) => "org.freedesktop.systemd1.Scope",
+            _ => return Ok(None),
+        };
+        let Some(path) = self.unit_path(name).await? else {
+            return Ok(None);
+        };
+        let get = async {
+            let iface = zbus::names::InterfaceName::from_static_str(iface)?;
+            let all = self.properties(path).await?.get_all(iface).await?;
+            Ok::<_, zbus::Error>(props::fence_from_raw(&all.into_iter().collect()))
+        };
+        get.await
+            .map(Some)
+            .map_err(bus(name, "GetAll(DeviceAllow)"))
+    }
+
     /// Queue a job with `issue` and wait for its `JobRemoved`; `Ok` only for result `done`.
     ///
     /// The signal stream is opened *before* the job is queued: a short job can finish before

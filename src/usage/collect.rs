@@ -126,6 +126,7 @@ fn attributed(
                     team: info.team,
                     team_unit: info.team_unit,
                     slurm_job: info.slurm_job,
+                    container: info.container,
                     ..Default::default()
                 },
             ))

@@ -169,6 +169,9 @@ pub struct ProcessUsage {
     /// the device, so it is not a stray.
     #[serde(default)]
     pub slurm_job: Option<u64>,
+    /// The container it runs in, `docker <short id>` ([`crate::names::container_of_cgroup`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
     /// On a team's device but outside every owning team's slice (and no Slurm job).
     #[serde(default)]
     pub stray: bool,

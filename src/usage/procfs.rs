@@ -28,6 +28,8 @@ pub struct ProcInfo {
     pub team_unit: Option<String>,
     /// The Slurm job whose step cgroup it runs in ([`crate::slurm::job_of_cgroup`]).
     pub slurm_job: Option<u64>,
+    /// The container it runs in ([`crate::names::container_of_cgroup`]).
+    pub container: Option<String>,
 }
 
 /// The team whose slice a cgroup path runs in ([`crate::names::cgroup_place`]).
@@ -69,6 +71,7 @@ pub fn read(root: &Root, pid: u32) -> Option<ProcInfo> {
         team: team_of_cgroup(&cgroup),
         team_unit: team_unit_of_cgroup(&cgroup),
         slurm_job: crate::slurm::job_of_cgroup(&cgroup),
+        container: crate::names::container_of_cgroup(&cgroup),
     })
 }
 

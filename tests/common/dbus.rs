@@ -140,6 +140,11 @@ impl Fake {
 /// Serve `Fake` as org.gpuctl.Agent1 on the bus from a thread of its own; returns once the name
 /// is owned.
 pub fn serve(socket: &Path) {
+    serve_as(socket, Fake)
+}
+
+/// Serve `iface` as org.gpuctl.Agent1, as [`serve`] does `Fake`.
+pub fn serve_as(socket: &Path, iface: impl zbus::object_server::Interface) {
     let addr = format!("unix:path={}", socket.display());
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
@@ -150,7 +155,7 @@ pub fn serve(socket: &Path) {
         rt.block_on(async move {
             let conn = zbus::connection::Builder::address(addr.as_str())
                 .unwrap()
-                .serve_at("/org/gpuctl/Agent1", Fake)
+                .serve_at("/org/gpuctl/Agent1", iface)
                 .unwrap()
                 .name("org.gpuctl.Agent1")
                 .unwrap()

@@ -28,6 +28,10 @@ jobs-per-device = 1
 members = ["alice", "carol"]
 [teams.train.mps]
 pinned-memory-limit = "8G"
+# Plain jobs see the whole share (the unplaced path of the CDI check and the benchmark); jobs
+# that ask (--gpus, --gpu-memory) are still placed, without a cap.
+[teams.train.placement]
+jobs-per-device = 0
 [[gpu]]
 index = [0]
 mig = [{ profile = "1g.10gb", owner = "interns", count = 4 }]
@@ -191,8 +195,8 @@ systemctl stop svc-interns.service
 wait_for 20 sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
 check "stopping the service ends the lease" sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
 
-# Benchmark (no timed assertion): `gpuctl run` with placement (interns), without (train has no
-# placement section) and `systemd-run --scope`, interleaved, medians of 5, as root.
+# Benchmark (no timed assertion): `gpuctl run` with placement (interns), without (train:
+# jobs-per-device = 0) and `systemd-run --scope`, interleaved, medians of 5, as root.
 ms() { local t; t=$(date +%s%N); "$@" >/dev/null 2>&1 || echo "FAIL $*" >>"$d/bench.fail"; echo $((($(date +%s%N) - t) / 1000)); }
 median() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 gpuctl run --team interns -- true; gpuctl run --team train -- true; systemd-run -q --scope true

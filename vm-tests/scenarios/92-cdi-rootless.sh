@@ -49,6 +49,10 @@ export NODES="/dev/nvidia0 /dev/nvidiactl /dev/nvidia1"
 run_as_alice() {
     as_alice_np "cd ~ && NODES='$NODES' gpuctl run --team infer -- podman run --rm --network=none --cgroups=disabled $* --cgroupns=host -e NODES --rootfs $rootfs sh -c '$PROBE'"
 }
+# Rootless podman keeps one pause process per user in the cgroup where it first runs: started
+# inside a job's scope it would keep the scope, and so the job's device lease, alive after the
+# job (docs/containers.md). Started here, in the session, as a user's first podman would be.
+as_alice_np "cd ~ && podman unshare true"
 out=$(run_as_alice --device gpuctl.io/team=infer 2>&1)
 echo "$out" | sed 's/^/    rootless| /'
 check "rootless: the container started with infer's CDI device" grep -q '^node /dev/nvidia0 ' <<<"$out"
@@ -60,7 +64,7 @@ check "rootless: the container stays under gpu-infer.slice ($cg)" grep -q '^/gpu
 check "rootless: memory.max of gpu-infer.slice seen inside is 256M" \
     test "$(field "$out" memmax | awk '$1 == "/gpu.slice/gpu-infer.slice" {print $2}')" = 268435456
 out=$(run_as_alice --device gpuctl.io/team=infer --device /dev/nvidia1 2>&1)
-echo "$out" | grep -E '^(node|Error|cgroup)|level=error' | sed 's/^/    forced| /'
+echo "$out" | grep -E '^(node|Error|cgroup)|level=error|gpuctl:' | sed 's/^/    forced| /'
 check "rootless: another team's node forced in is denied (EPERM)" test "$(field "$out" "node /dev/nvidia1")" = EPERM
 
 # Outside gpuctl run, rootless podman's container is in alice's own cgroup, not the team's.
