@@ -69,10 +69,11 @@ fn docker_golden(h: &SimHost, case: &str, team: &str) {
         &h.state.env_files[team],
         &instances,
     );
+    let share: Value = serde_json::from_str(&gpuctl::cdi::spec_of(team, &edits)).unwrap();
     assert_eq!(
-        gpuctl::cdi::spec_of(team, &edits),
-        h.state.cdi_specs[team],
-        "{case}/{team}: the Docker share is the CDI spec's"
+        share["devices"][0],
+        spec_json(h, team)["devices"][0],
+        "{case}/{team}: the Docker share is the CDI spec's share entry"
     );
     let dir = golden::repo_path("tests/golden-cdi").join(case);
     golden::check(
@@ -99,12 +100,34 @@ fn spec_json(h: &SimHost, team: &str) -> Value {
     serde_json::from_str(&h.state.cdi_specs[team]).unwrap()
 }
 
+/// The whole share's entry (named after the team, first).
 fn edits(h: &SimHost, team: &str) -> Value {
     let s = spec_json(h, team);
     assert_eq!(s["kind"], "gpuctl.io/team");
-    assert_eq!(s["devices"].as_array().unwrap().len(), 1);
     assert_eq!(s["devices"][0]["name"], team);
     s["devices"][0]["containerEdits"].clone()
+}
+
+/// The per-device entries: `<team>.<UUID>` → its edits.
+fn device_edits(h: &SimHost, team: &str) -> Vec<(String, Value)> {
+    let s = spec_json(h, team);
+    s["devices"].as_array().unwrap()[1..]
+        .iter()
+        .map(|d| {
+            let name = d["name"].as_str().unwrap();
+            let uuid = name
+                .strip_prefix(&format!("{team}."))
+                .unwrap_or_else(|| panic!("{team}: device {name} is not <team>.<UUID>"));
+            (uuid.to_string(), d["containerEdits"].clone())
+        })
+        .collect()
+}
+
+fn env_value(e: &Value, key: &str) -> String {
+    strs(e, "env", None)
+        .into_iter()
+        .find_map(|l| l.strip_prefix(&format!("{key}=")).map(str::to_string))
+        .unwrap_or_else(|| panic!("no {key} in {e}"))
 }
 
 fn strs(v: &Value, key: &str, field: Option<&str>) -> Vec<String> {
@@ -157,6 +180,34 @@ fn assert_consistent(h: &SimHost, team: &str) {
     assert_eq!(strs(&e, "mounts", Some("containerPath")), pipes);
     let want_version = if pipes.is_empty() { "0.3.0" } else { "0.4.0" };
     assert_eq!(spec_json(h, team)["cdiVersion"], want_version);
+    // One entry per device of the share, in CUDA_VISIBLE_DEVICES order, each a fence within the
+    // slice's: its UUID alone, nodes the slice allows (and the control nodes), at most its own
+    // MPS daemon's pipe.
+    let per = device_edits(h, team);
+    let cvd = env_value(&e, "CUDA_VISIBLE_DEVICES");
+    let uuids: Vec<&str> = cvd.split(',').filter(|d| !d.is_empty()).collect();
+    assert_eq!(
+        per.iter().map(|(u, _)| u.as_str()).collect::<Vec<_>>(),
+        uuids,
+        "{team}: a CDI device per device of the share"
+    );
+    for (uuid, d) in &per {
+        assert_eq!(env_value(d, "CUDA_VISIBLE_DEVICES"), *uuid);
+        assert_eq!(env_value(d, "NVIDIA_VISIBLE_DEVICES"), *uuid);
+        assert_eq!(env_value(d, "GPUCTL_TEAM"), team);
+        let n = strs(d, "deviceNodes", Some("path"));
+        for p in &n {
+            assert!(allow.contains(p), "{team}.{uuid}: {p} is not the slice's");
+        }
+        for c in ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"] {
+            assert!(n.contains(&c.to_string()), "{team}.{uuid}: {c}");
+        }
+        let m = strs(d, "mounts", Some("hostPath"));
+        assert!(m.len() <= 1 && m.iter().all(|p| pipes.contains(p)), "{m:?}");
+        if let Some(p) = m.first() {
+            assert_eq!(env_value(d, "CUDA_MPS_PIPE_DIRECTORY"), *p);
+        }
+    }
 }
 
 fn whole_policy() -> Policy {
@@ -240,6 +291,42 @@ fn mig_spec_has_parent_caps_and_one_mount_per_mps_device() {
     for p in a.iter().filter(|p| p.contains("nvidia-caps/")) {
         assert!(!bn.contains(p), "{p} in both");
     }
+}
+
+#[test]
+fn a_device_entry_opens_only_its_own_mig_device() {
+    let mut h = SimHost::from_spec("h100-80gb*3").unwrap();
+    apply(&mig_policy(), &mut h);
+    let caps = |e: &Value| -> Vec<String> {
+        strs(e, "deviceNodes", Some("path"))
+            .into_iter()
+            .filter(|p| p.contains("nvidia-caps/"))
+            .collect()
+    };
+    // b: one GI with two CIs: each device gets the GI's cap and its own CI's, and its own
+    // daemon's pipe, so a container on one cannot open the other.
+    let b = device_edits(&h, "b");
+    assert_eq!(b.len(), 2);
+    let (c0, c1) = (caps(&b[0].1), caps(&b[1].1));
+    assert_eq!((c0.len(), c1.len()), (2, 2), "{c0:?} {c1:?}");
+    assert_eq!(
+        c0.iter().filter(|c| c1.contains(c)).count(),
+        1,
+        "only the GI cap is shared"
+    );
+    let m0 = strs(&b[0].1, "mounts", Some("hostPath"));
+    let m1 = strs(&b[1].1, "mounts", Some("hostPath"));
+    assert_eq!(m0.len(), 1);
+    assert_ne!(m0, m1);
+    let a = device_edits(&h, "a");
+    assert_eq!(a.len(), 1);
+    assert_eq!(caps(&a[0].1), caps(&edits(&h, "a")));
+    // A device-less team has no device entries.
+    assert!(device_edits(&h, "idle").is_empty());
+    assert_eq!(
+        gpuctl::cdi::device_name(&gpuctl::cdi::device_of("b", &b[0].0)),
+        format!("gpuctl.io/team=b.{}", b[0].0)
+    );
 }
 
 #[test]

@@ -179,6 +179,7 @@ fn full_snapshot() -> Snapshot {
                     activity: Some(12.5),
                     processes: vec![p(3, Some("train"), false)],
                     hidden: vec![],
+                    leases: vec![],
                 }],
                 ..Default::default()
             },

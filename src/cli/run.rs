@@ -24,7 +24,8 @@ pub struct RunArgs {
 
 const RUN_HELP: &str = concat!(
     "Runs CMD inside a new scope in gpu-<TEAM>.slice with the team's environment from gpuctld \
-(CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, MPS directories, GPUCTL_TEAM; inherited CUDA_*, \
+(CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, MPS directories, GPUCTL_TEAM, GPUCTL_CDI_DEVICE: \
+the CDI name of the placed device for `podman run --device`; inherited CUDA_*, \
 NVIDIA_* and GPUCTL_* are dropped). gpuctl replaces itself with CMD, so CMD keeps the terminal, \
 stdin and signals, and its exit status is gpuctl's.\n\n",
     exit_table!("CMD")

@@ -3,8 +3,8 @@
 //! for scripts, `--json` for the typed document, `--team T` to filter.
 
 use super::shell::{parse_reply, with_agent, Failure};
-use crate::settings::value::compact_bytes;
-use crate::usage::{GpuUsage, HiddenProcesses, MigUsage, ProcessUsage, Usage};
+use crate::settings::value::{compact_bytes, human_bytes};
+use crate::usage::{DeviceLease, GpuUsage, HiddenProcesses, MigUsage, ProcessUsage, Usage};
 use clap::Args;
 use std::time::Duration;
 
@@ -18,7 +18,8 @@ and GPU memory (of teams you are not a member of: \
 their count and memory only, `(hidden)`, unless you are root or in the policy's \
 `[host] admin-group`). `!` marks a stray: a process on a team's \
 device outside that team's slice. `[idle]`, `[warned]`, `[stopping]`, `[activity unknown]`: \
-flagged by its team's idle rule (`gpuctl idle`). `n/a`: the driver does not offer the value (e.g. utilisation \
+flagged by its team's idle rule (`gpuctl idle`). `lease`: a placed `gpuctl run`/`shell` \
+job holds the device (holder, team, scope, since; of other teams `(hidden)`). `n/a`: the driver does not offer the value (e.g. utilisation \
 of a MIG device); never shown as 0.
 
 Exit status: 0; 6 gpuctld not running; 2 other failure."
@@ -97,6 +98,23 @@ fn hidden_lines(o: &mut String, hidden: &[HiddenProcesses]) {
     }
 }
 
+/// The placement leases on a device, one line each in the process columns: holder, team,
+/// scope and since; `(hidden)` where the caller may not read the team's detail.
+fn lease_lines(o: &mut String, leases: &[DeviceLease]) {
+    for l in leases {
+        o.push_str(&format!(
+            "     {:<12} {:<10} {:<12} {:<36} since {}{}\n",
+            "lease",
+            l.user.as_deref().unwrap_or("(hidden)"),
+            l.team,
+            l.unit.as_deref().unwrap_or("-"),
+            crate::placement::utc(l.since),
+            l.gpu_memory
+                .map_or(String::new(), |b| format!(" gpu-memory {}", human_bytes(b))),
+        ));
+    }
+}
+
 fn gpu_line(g: &GpuUsage) -> String {
     let util = match (g.mig, g.utilization_gpu, g.activity) {
         (true, _, _) => "n/a (MIG)".to_string(),
@@ -146,10 +164,12 @@ pub fn render(u: &Usage) -> String {
     ));
     for g in &u.gpus {
         o.push_str(&gpu_line(g));
+        lease_lines(&mut o, &g.leases);
         proc_lines(&mut o, &g.processes);
         hidden_lines(&mut o, &g.hidden);
         for m in &g.mig_devices {
             o.push_str(&mig_line(m));
+            lease_lines(&mut o, &m.leases);
             proc_lines(&mut o, &m.processes);
             hidden_lines(&mut o, &m.hidden);
         }
@@ -310,6 +330,7 @@ mod tests {
                             ..Default::default()
                         }],
                         hidden: vec![],
+                        leases: vec![],
                     }],
                     ..Default::default()
                 },
@@ -407,6 +428,93 @@ mod tests {
         u.filter_team("infer");
         assert_eq!(u.gpus.len(), 1);
         assert_eq!(u.gpus[0].hidden.len(), 1);
+    }
+
+    fn leased() -> Usage {
+        let mut u = sample();
+        let lease = |team: &str, user: &str, unit: &str| DeviceLease {
+            team: team.into(),
+            user: Some(user.into()),
+            uid: Some(1000),
+            unit: Some(unit.into()),
+            since: 1_764_783_110,
+            gpu_memory: None,
+        };
+        u.gpus[0].leases.push(DeviceLease {
+            gpu_memory: Some(2 << 30),
+            ..lease("infer", "alice", "gpuctl-run-infer-812.scope")
+        });
+        u.add_lease("MIG-x", lease("train", "bob", "gpuctl-run-train-9.scope"));
+        u
+    }
+
+    #[test]
+    fn each_device_shows_who_holds_its_lease() {
+        let s = render(&leased());
+        let lines: Vec<&str> = s.lines().collect();
+        let gpu0 = lines.iter().position(|l| l.starts_with("GPU 0")).unwrap();
+        assert_eq!(
+            lines[gpu0 + 1],
+            "     lease        alice      infer        gpuctl-run-infer-812.scope           \
+             since 2025-12-03T17:31:50Z gpu-memory 2 GiB",
+            "{s}"
+        );
+        let mig = lines
+            .iter()
+            .position(|l| l.contains("MIG gi2 ci0"))
+            .unwrap();
+        assert!(
+            lines[mig + 1].trim_start().starts_with("lease        bob"),
+            "{s}"
+        );
+        assert!(
+            lines[mig + 1].contains("train") && lines[mig + 1].contains("gpuctl-run-train-9.scope")
+        );
+        // Leases are not processes: the header counts stay those of the processes.
+        assert!(
+            s.starts_with("2 GPU(s), 2 process(es), 1 stray(s)\n"),
+            "{s}"
+        );
+        // --json carries them.
+        let text = serde_json::to_string(&leased()).unwrap();
+        let back = parse(&text, None).unwrap();
+        assert_eq!(back.gpus[0].leases[0].user.as_deref(), Some("alice"));
+        assert_eq!(
+            back.gpus[1].mig_devices[0].leases[0].unit.as_deref(),
+            Some("gpuctl-run-train-9.scope")
+        );
+    }
+
+    #[test]
+    fn other_teams_leases_show_held_without_naming_the_holder() {
+        let mut u = leased();
+        u.redact(|t| t == Some("train"));
+        let s = render(&u);
+        for name in ["alice", "gpuctl-run-infer-812.scope", "1000"] {
+            assert!(!s.contains(name), "{name}: {s}");
+        }
+        let hidden = s
+            .lines()
+            .find(|l| l.contains("(hidden)") && l.contains("lease"))
+            .unwrap();
+        assert!(
+            hidden.contains("infer") && hidden.contains("since 2025-12-03T17:31:50Z"),
+            "{hidden}"
+        );
+        assert!(
+            s.contains("bob") && s.contains("gpuctl-run-train-9.scope"),
+            "own team's lease stays: {s}"
+        );
+        let json: serde_json::Value = serde_json::to_value(&u).unwrap();
+        assert_eq!(
+            json["gpus"][0]["leases"][0]["user"],
+            serde_json::Value::Null
+        );
+        assert_eq!(
+            json["gpus"][0]["leases"][0]["unit"],
+            serde_json::Value::Null
+        );
+        assert_eq!(json["gpus"][0]["leases"][0]["team"], "infer");
     }
 
     #[test]

@@ -451,10 +451,14 @@ pub async fn join(
                 .map_or(0, |d| d.as_secs()),
             gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
         };
-        let env = place::placed_env(&env, &p, lease.gpu_memory);
+        let env = place::placed_env(team, &env, &p, lease.gpu_memory);
         (env, lease.description(), Some(p.allow), Some(lease))
     } else {
         let d = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
+        let mut env = env;
+        if join::has_devices(&env) {
+            env.insert(place::CDI_DEVICE.into(), crate::cdi::device_name(team));
+        }
         (env, d, None, None)
     };
     if let Err(e) = sd

@@ -358,7 +358,7 @@ impl Agent {
     ) -> fdo::Result<String> {
         self.admit(conn, &hdr, &self.reads, "Usage").await?;
         let v = usage::viewer(&*self.backend, conn, &hdr).await?;
-        let u = usage::usage_for(&*self.backend, &self.root, &v).await?;
+        let u = usage::usage_for(&*self.backend, &self.sd, &self.root, &v).await?;
         serde_json::to_string(&u).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 

@@ -88,6 +88,10 @@ impl JoinOptions {
     }
 }
 
+/// The variable naming the job's CDI device(s): the placed devices' or, for a job that is not
+/// placed, the whole share's (`gpuctl.io/team=<team>`).
+pub const CDI_DEVICE: &str = "GPUCTL_CDI_DEVICE";
+
 /// One device of the share with what a job on it needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ShareDevice {
@@ -328,8 +332,12 @@ fn check_gpu_memory(team: &Team, devices: &[ShareDevice], cap: Option<u64>) -> R
 }
 
 /// The placed job's environment: the team's, with only the placed devices, the placed
-/// device's MPS directories and the memory cap.
+/// device's MPS directories, the memory cap, and `GPUCTL_CDI_DEVICE`: the placed devices'
+/// CDI names (`gpuctl.io/team=<team>.<UUID>`, [`crate::cdi::device_of`]), space-separated when
+/// there are several, so `podman run --device "$GPUCTL_CDI_DEVICE"` gives a container the
+/// job's own device.
 pub fn placed_env(
+    team: &str,
     team_env: &BTreeMap<String, String>,
     placed: &Placed,
     gpu_memory: Option<u64>,
@@ -339,6 +347,11 @@ pub fn placed_env(
     let list = ids.join(",");
     env.insert("CUDA_VISIBLE_DEVICES".into(), list.clone());
     env.insert("NVIDIA_VISIBLE_DEVICES".into(), list);
+    let cdi: Vec<String> = ids
+        .iter()
+        .map(|id| crate::cdi::device_name(&crate::cdi::device_of(team, id)))
+        .collect();
+    env.insert(CDI_DEVICE.into(), cdi.join(" "));
     env.remove("GPUCTL_DEVICES");
     for k in [
         "CUDA_MPS_PIPE_DIRECTORY",

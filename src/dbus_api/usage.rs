@@ -103,11 +103,37 @@ pub async fn viewer(
     Ok(v)
 }
 
-/// [`usage_marked`] as `viewer` may read it ([`Usage::redact`]).
-pub async fn usage_for(backend: &dyn Backend, root: &Root, viewer: &Viewer) -> fdo::Result<Usage> {
+/// [`usage_marked`] with the live placement leases on their devices, as `viewer` may read it
+/// ([`Usage::redact`]). Leases systemd cannot list now are left out (the devices show none).
+pub async fn usage_for(
+    backend: &dyn Backend,
+    sd: &Systemd,
+    root: &Root,
+    viewer: &Viewer,
+) -> fdo::Result<Usage> {
     let mut u = usage_marked(backend, root).await?;
+    for l in super::place::leases(sd, root).await.unwrap_or_default() {
+        add_lease(&mut u, l);
+    }
     u.redact(|t| viewer.sees(t));
     Ok(u)
+}
+
+/// Put a lease on each of its devices in `u`.
+pub fn add_lease(u: &mut Usage, l: crate::placement::Lease) {
+    for d in &l.devices {
+        u.add_lease(
+            d,
+            crate::usage::DeviceLease {
+                team: l.team.clone(),
+                user: Some(l.user.clone()),
+                uid: Some(l.uid),
+                unit: Some(l.unit.clone()),
+                since: l.since,
+                gpu_memory: l.gpu_memory,
+            },
+        );
+    }
 }
 
 /// Hide the unit, user and pids of every holder `viewer` may not read.

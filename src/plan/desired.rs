@@ -368,7 +368,12 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
     }
     let env = env_content(name, &visible, &mps);
     let instances: Vec<&str> = mps.keys().map(String::as_str).collect();
-    let cdi = crate::cdi::spec(name, &slice.device_allow, &env, &instances);
+    let share = crate::cdi::ContainerEdits::new(&slice.device_allow, &env, &instances);
+    let cdi = crate::cdi::spec(
+        name,
+        &share,
+        &device_entries(name, &whole, &migs, &mps, observed),
+    );
     TeamView {
         name: name.clone(),
         whole_gpus: whole,
@@ -382,6 +387,58 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
         mps,
         provisional,
     }
+}
+
+/// A CDI entry per device of the share (`<team>.<UUID>`, [`crate::cdi`]): the device's own
+/// nodes and the common ones, its UUID and its MPS daemon, as a placed job on it gets them.
+/// A MIG device still to be created, or whose capability nodes are not known, gets none: a
+/// container could not be fenced to it.
+fn device_entries(
+    name: &str,
+    whole: &[u32],
+    migs: &[MigDevice],
+    mps: &BTreeMap<String, MpsSpec>,
+    observed: &Observed,
+) -> Vec<(String, crate::cdi::ContainerEdits)> {
+    let entry = |uuid: &str, mut nodes: BTreeSet<String>, instance: String| {
+        nodes.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
+        let mine: BTreeMap<String, MpsSpec> = mps
+            .get(&instance)
+            .map(|m| (instance.clone(), m.clone()))
+            .into_iter()
+            .collect();
+        let instances: Vec<&str> = mine.keys().map(String::as_str).collect();
+        crate::cdi::ContainerEdits::new(
+            &nodes,
+            &env_content(name, &[uuid.to_string()], &mine),
+            &instances,
+        )
+    };
+    let mut out = Vec::new();
+    for g in whole.iter().filter_map(|i| observed.gpu(*i)) {
+        let nodes = [format!("/dev/nvidia{}", g.minor)].into();
+        out.push((
+            g.uuid.clone(),
+            entry(&g.uuid, nodes, format!("{name}-gpus")),
+        ));
+    }
+    for m in migs.iter().filter(|m| m.exists && m.cap_minors.len() >= 2) {
+        let Some(g) = observed.gpu(m.gpu_index) else {
+            continue;
+        };
+        let mut nodes: BTreeSet<String> = [format!("/dev/nvidia{}", g.minor)].into();
+        nodes.extend(
+            m.cap_minors
+                .iter()
+                .map(|c| format!("/dev/nvidia-caps/nvidia-cap{c}")),
+        );
+        let instance = format!(
+            "{name}-mig{}-{}-{}",
+            m.gpu_index, m.gi_placement.start, m.ci_placement.start
+        );
+        out.push((m.uuid.clone(), entry(&m.uuid, nodes, instance)));
+    }
+    out
 }
 
 /// The team env file. With several MPS daemons the first (whole GPUs sort before MIG devices by

@@ -69,6 +69,9 @@ pub struct GpuUsage {
     /// Processes the caller may not see one by one, per team ([`Usage::redact`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<HiddenProcesses>,
+    /// Placement leases on it (`gpuctl run`/`shell`), filled by gpuctld's `Usage` call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<DeviceLease>,
 }
 
 /// One MIG device.
@@ -98,6 +101,9 @@ pub struct MigUsage {
     /// Processes the caller may not see one by one, per team ([`Usage::redact`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden: Vec<HiddenProcesses>,
+    /// Placement leases on it (`gpuctl run`/`shell`), filled by gpuctld's `Usage` call.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub leases: Vec<DeviceLease>,
 }
 
 /// Processes of a team whose per-process detail (user, pid, command, unit) the caller may not
@@ -112,6 +118,26 @@ pub struct HiddenProcesses {
     pub processes: u32,
     /// Their GPU memory together; `None` when the driver did not say for one of them.
     pub used_memory: Option<u64>,
+}
+
+/// A placement lease on a device (docs/shell.md, "Placement"): which job holds it. Who holds
+/// it (user, uid, unit) only for callers who may read the team's per-process detail
+/// ([`Usage::redact`]); team and since always, as the device is seen as held either way.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceLease {
+    /// The team whose share the device is.
+    pub team: String,
+    /// The holder's name; `None` once redacted.
+    pub user: Option<String>,
+    /// The holder's uid; `None` once redacted.
+    pub uid: Option<u32>,
+    /// The job's scope; `None` once redacted.
+    pub unit: Option<String>,
+    /// When it was placed, seconds since the epoch.
+    pub since: u64,
+    /// The job's MPS pinned device memory limit in bytes, where one was set.
+    #[serde(default)]
+    pub gpu_memory: Option<u64>,
 }
 
 /// One process on a GPU or MIG device.
@@ -221,10 +247,32 @@ impl Usage {
     /// [`crate::join::Viewer`]); every other process becomes a count with its memory in its
     /// device's `hidden`, so device and team totals stay whole.
     pub fn redact(&mut self, sees: impl Fn(Option<&str>) -> bool) {
+        let unname = |leases: &mut Vec<DeviceLease>| {
+            for l in leases.iter_mut().filter(|l| !sees(Some(&l.team))) {
+                (l.user, l.uid, l.unit) = (None, None, None);
+            }
+        };
         for g in &mut self.gpus {
             hide(&mut g.processes, &mut g.hidden, &sees);
+            unname(&mut g.leases);
             for m in &mut g.mig_devices {
                 hide(&mut m.processes, &mut m.hidden, &sees);
+                unname(&mut m.leases);
+            }
+        }
+    }
+
+    /// Put `lease` on the device whose (GPU or MIG) UUID is `device`; a device not in this
+    /// collection (gone since) is skipped.
+    pub fn add_lease(&mut self, device: &str, lease: DeviceLease) {
+        for g in &mut self.gpus {
+            if g.uuid == device {
+                g.leases.push(lease);
+                return;
+            }
+            if let Some(m) = g.mig_devices.iter_mut().find(|m| m.uuid == device) {
+                m.leases.push(lease);
+                return;
             }
         }
     }
@@ -341,6 +389,48 @@ mod tests {
         }
     }
 
+    #[test]
+    fn leases_go_on_their_devices_and_lose_their_holder_when_redacted() {
+        let mut u = Usage {
+            gpus: vec![
+                GpuUsage {
+                    uuid: "GPU-0".into(),
+                    ..Default::default()
+                },
+                GpuUsage {
+                    uuid: "GPU-1".into(),
+                    mig_devices: vec![MigUsage {
+                        uuid: "MIG-a".into(),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let l = |team: &str| DeviceLease {
+            team: team.into(),
+            user: Some("alice".into()),
+            uid: Some(1000),
+            unit: Some("gpuctl-run-x-1.scope".into()),
+            since: 5,
+            gpu_memory: None,
+        };
+        u.add_lease("MIG-a", l("interns"));
+        u.add_lease("GPU-0", l("train"));
+        u.add_lease("GPU-gone", l("train"));
+        assert_eq!(u.gpus[1].mig_devices[0].leases, vec![l("interns")]);
+        assert_eq!(u.gpus[0].leases, vec![l("train")]);
+        assert!(u.gpus[1].leases.is_empty());
+        u.redact(|t| t == Some("interns"));
+        assert_eq!(u.gpus[1].mig_devices[0].leases, vec![l("interns")]);
+        let hidden = &u.gpus[0].leases[0];
+        assert_eq!(
+            (&hidden.user, hidden.uid, &hidden.unit),
+            (&None, None, &None)
+        );
+        assert_eq!((hidden.team.as_str(), hidden.since), ("train", 5));
+    }
     #[test]
     fn strays_are_processes_outside_the_owning_teams_slices() {
         let mut u = sample();

@@ -6,7 +6,10 @@
 # leases survive a gpuctld restart and end with `kill -9`; a `--wait` job starts within 1 s of a
 # device freeing; alice's ten queued requests do not hold back bob's one; `--gpus 2` is refused on the MIG share
 # and gives two whole GPUs on train; `--gpu-memory 2G` on train's MPS devices puts the client
-# limit in the job's environment and 20G (above the daemon's 8G) is refused.
+# limit in the job's environment and 20G (above the daemon's 8G) is refused; a placed job's
+# GPUCTL_CDI_DEVICE names its device in the team's CDI spec; a `Slice=gpu-interns.slice` service
+# whose ExecStart is `gpuctl run` gets one MIG device and a lease; a benchmark (BENCH line) of
+# `gpuctl run` with and without placement against `systemd-run --scope`.
 # vmtest: timeout=420
 # vmtest: group=daemon
 . lib/common.sh
@@ -25,6 +28,10 @@ jobs-per-device = 1
 members = ["alice", "carol"]
 [teams.train.mps]
 pinned-memory-limit = "8G"
+# Plain jobs see the whole share (the unplaced path of the CDI check and the benchmark); jobs
+# that ask (--gpus, --gpu-memory) are still placed, without a cap.
+[teams.train.placement]
+jobs-per-device = 0
 [[gpu]]
 index = [0]
 mig = [{ profile = "1g.10gb", owner = "interns", count = 4 }]
@@ -150,6 +157,57 @@ rc=0
 out=$(su -s /bin/sh carol -c "gpuctl run --team interns --gpu-memory 2G -- true" 2>&1) || rc=$?
 check "--gpu-memory without MPS exits 7" test "$rc" = 7
 check "saying nothing can enforce it there" grep -q 'nothing can enforce' <<<"$out"
+
+no_interns_scopes() { test -z "$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope')"; }
+systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
+wait_for 30 no_interns_scopes
+
+# CDI per device: a placed job's GPUCTL_CDI_DEVICE names its device, and the team's spec has
+# that device with its UUID alone; a job that is not placed names the whole share.
+out=$(su -s /bin/sh alice -c "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES \$GPUCTL_CDI_DEVICE'" 2>&1)
+echo "    placed run: $out"
+dev=${out%% *} cdi=${out#* }
+check "a placed run's GPUCTL_CDI_DEVICE names its device" test "$cdi" = "gpuctl.io/team=interns.$dev"
+spec=/var/run/cdi/gpuctl.io-team-interns.json
+check "the team's CDI spec has that device with its UUID alone" \
+    test "$(jq -r --arg n "interns.$dev" '.devices[] | select(.name == $n) | .containerEdits.env[]' $spec | grep '^CUDA_VISIBLE_DEVICES=')" = "CUDA_VISIBLE_DEVICES=$dev"
+check "the spec has a device per MIG instance, two cap nodes each" \
+    test "$(jq -r '[.devices[] | select(.name | startswith("interns.MIG-")) | [.containerEdits.deviceNodes[].path | select(contains("nvidia-caps/"))] | length] | map(tostring) | join(" ")' $spec)" = "2 2 2 2"
+out=$(su -s /bin/sh carol -c "gpuctl run --team train -- sh -c 'echo \$GPUCTL_CDI_DEVICE'" 2>&1)
+check "an unplaced run's GPUCTL_CDI_DEVICE is the whole share" test "$out" = "gpuctl.io/team=train"
+
+# A service in the team's slice gets a placement through `gpuctl run` in ExecStart (no tty, a
+# system service's context): one MIG UUID, a lease in alice's name, the job's scope in the team
+# slice; stopping the service ends the lease.
+systemd-run -q --unit=svc-interns -p Slice=gpu-interns.slice -p User=alice \
+    /usr/bin/gpuctl run --team interns -- sleep 60
+svc_pid() { systemctl show -P MainPID svc-interns.service; }
+wait_for 30 sh -c "test \"\$(cat /proc/\$(systemctl show -P MainPID svc-interns.service)/comm 2>/dev/null)\" = sleep"
+pid=$(svc_pid)
+svc_dev=$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p')
+echo "    svc-interns: pid $pid, CUDA_VISIBLE_DEVICES=$svc_dev, cgroup $(cat /proc/$pid/cgroup)"
+systemctl status --no-pager svc-interns.service 2>&1 | head -5 | sed 's/^/    | /'
+check "the service's job got one MIG UUID" grep -Eqx 'MIG-[^,]+' <<<"$svc_dev"
+check "its job scope sits in the team slice" grep -q "/gpu-interns.slice/gpuctl-run-interns-$pid.scope\$" "/proc/$pid/cgroup"
+check "it holds a lease in alice's name" sh -c "gpuctl status | grep -q '^  interns $svc_dev: alice (uid [0-9]*) gpuctl-run-interns-$pid.scope since'"
+check "the service stays active with its job in the scope" systemctl is-active --quiet svc-interns.service
+systemctl stop svc-interns.service
+wait_for 20 sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
+check "stopping the service ends the lease" sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
+
+# Benchmark (no timed assertion): `gpuctl run` with placement (interns), without (train:
+# jobs-per-device = 0) and `systemd-run --scope`, interleaved, medians of 5, as root.
+ms() { local t; t=$(date +%s%N); "$@" >/dev/null 2>&1 || echo "FAIL $*" >>"$d/bench.fail"; echo $((($(date +%s%N) - t) / 1000)); }
+median() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+gpuctl run --team interns -- true; gpuctl run --team train -- true; systemd-run -q --scope true
+for i in 1 2 3 4 5; do
+    ms gpuctl run --team interns -- true >>"$d/placed"
+    ms gpuctl run --team train -- true >>"$d/unplaced"
+    ms systemd-run -q --scope true >>"$d/scope"
+done
+p=$(median "$d/placed") u=$(median "$d/unplaced") sc=$(median "$d/scope")
+echo "BENCH placement start (medians of 5, us): placed ${p}, unplaced ${u}, systemd-run --scope ${sc}; placed/unplaced $(awk -v a="$p" -v b="$u" 'BEGIN {printf "%.2f", a / b}')x, placed/systemd-run $(awk -v a="$p" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x, unplaced/systemd-run $(awk -v a="$u" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x"
+check "every benchmark run succeeded" test ! -e "$d/bench.fail"
 
 systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
 check "gpuctld still active" systemctl is-active --quiet gpuctld.service

@@ -45,8 +45,10 @@ echo "engines: $(podman --version), $(crun --version | head -n1), conmon $(conmo
 
 ls -l /var/run/cdi/ | sed 's/^/    cdi| /'
 for t in infer train idle; do
-    check "spec for $t: kind gpuctl.io/team, one device named $t" \
-        test "$(jq -r '[.kind, (.devices | length), .devices[0].name] | map(tostring) | join(" ")' "$(cdi_spec $t)")" = "gpuctl.io/team 1 $t"
+    n=1
+    [ "$t" = idle ] && n=0
+    check "spec for $t: kind gpuctl.io/team, the share named $t, then $n device(s) named $t.<UUID>" \
+        test "$(jq -r '[.kind, .devices[0].name, ([.devices[1:][].name | split(".")[0]] | unique | join(",")), (.devices | length - 1)] | map(tostring) | join(" ")' "$(cdi_spec $t)")" = "gpuctl.io/team $t ${t/idle/} $n"
 done
 check "infer's spec nodes are exactly gpu-infer.slice's DeviceAllow" test \
     "$(jq -r '.devices[0].containerEdits.deviceNodes[].path' "$(cdi_spec infer)" | sort | xargs)" = \
@@ -129,6 +131,14 @@ check "idle team: container starts, no GPU node inside" \
     test "$(field "$out" "node /dev/nvidia0") $(field "$out" "node /dev/nvidiactl")" = "ABSENT ABSENT"
 check "idle team: CUDA_VISIBLE_DEVICES empty, NVIDIA_VISIBLE_DEVICES=void" \
     test "$(field "$out" env | grep -E '^(CUDA|NVIDIA)_VISIBLE' | xargs)" = "CUDA_VISIBLE_DEVICES= NVIDIA_VISIBLE_DEVICES=void"
+
+# One device by its own CDI name (`<team>.<UUID>`, what a placed `gpuctl run` exports as
+# GPUCTL_CDI_DEVICE): podman accepts the name and the container gets that device.
+one="gpuctl.io/team=infer.$(gpu_uuid 0)"
+out=$(in_ctr --device "$one" --cgroup-parent=gpu-infer.slice -e NODES -- "$PROBE" 2>&1)
+echo "$out" | grep -E '^(node|env|Error)' | sed 's/^/    one-device| /'
+check "podman takes a per-device name ($one): its node opens, its UUID alone in the env" \
+    test "$(field "$out" "node /dev/nvidia0") $(field "$out" env | grep '^CUDA_VISIBLE_DEVICES=')" = "ENXIO CUDA_VISIBLE_DEVICES=$(gpu_uuid 0)"
 
 # Unknown team: a clear engine error, not a silent GPU-less start.
 check_not "an unknown team's device is refused by podman" in_ctr --device gpuctl.io/team=nosuch -- true

@@ -193,8 +193,9 @@ fn whole_gpus_with_mps_get_the_daemon_and_a_memory_cap_within_its_limit() {
     ]
     .map(|(k, v)| (k.to_string(), v.to_string()))
     .into();
-    let env = placed_env(&team_env, &p, opts.gpu_memory);
+    let env = placed_env("train", &team_env, &p, opts.gpu_memory);
     assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-2");
+    assert_eq!(env["GPUCTL_CDI_DEVICE"], "gpuctl.io/team=train.GPU-2");
     assert_eq!(env["NVIDIA_VISIBLE_DEVICES"], "GPU-2");
     assert_eq!(env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"], "0=2048M");
     assert_eq!(
@@ -217,6 +218,17 @@ fn whole_gpus_with_mps_get_the_daemon_and_a_memory_cap_within_its_limit() {
     let interns = share(&v, "interns");
     let e = place(&team("interns"), &interns, &[], &load, &opts).unwrap_err();
     assert!(e.message.contains("nothing can enforce"), "{}", e.message);
+    // Two devices: both CDI names, space-separated, in the order the job sees them.
+    let two = JoinOptions {
+        gpus: Some(Gpus::Count(2)),
+        ..Default::default()
+    };
+    let p = place(&t, &s, &[], &load, &two).unwrap();
+    let env = placed_env("train", &team_env, &p, None);
+    assert_eq!(
+        env["GPUCTL_CDI_DEVICE"],
+        "gpuctl.io/team=train.GPU-1 gpuctl.io/team=train.GPU-2"
+    );
 }
 
 #[test]
