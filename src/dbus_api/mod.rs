@@ -266,7 +266,9 @@ impl Agent {
         #[zbus(connection)] conn: &Connection,
     ) -> fdo::Result<String> {
         self.admit(conn, &hdr, &self.light, "Status").await?;
-        let reply = status(self.backend.state(), &self.sd, &self.root).await;
+        let viewer = usage::viewer(&*self.backend, conn, &hdr).await?;
+        let mut reply = status(self.backend.state(), &self.sd, &self.root).await;
+        usage::redact_leases(&mut reply.leases, &viewer);
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 

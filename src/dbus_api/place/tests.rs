@@ -257,3 +257,22 @@ fn an_emptied_scope_holds_nothing() {
     assert!(!populated("populated 0\nfrozen 0\n"));
     assert!(populated(""), "unreadable or odd: the listing decides");
 }
+
+#[test]
+fn a_non_member_status_keeps_only_the_leases_of_teams_it_may_join() {
+    use crate::join::Viewer;
+    let all = vec![
+        lease("interns", "alice", &["MIG-a"]),
+        lease("train", "carol", &["GPU-1"]),
+    ];
+    let mut bob = all.clone();
+    crate::dbus_api::usage::redact_leases(&mut bob, &Viewer::Teams(Default::default()));
+    assert!(bob.is_empty(), "bob is in no team: {bob:?}");
+    let mut alice = all.clone();
+    let interns = Viewer::Teams(["interns".to_string()].into());
+    crate::dbus_api::usage::redact_leases(&mut alice, &interns);
+    assert_eq!(alice, all[..1]);
+    let mut root = all.clone();
+    crate::dbus_api::usage::redact_leases(&mut root, &Viewer::All);
+    assert_eq!(root, all);
+}
