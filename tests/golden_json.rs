@@ -14,8 +14,8 @@ mod golden;
 
 use gpuctl::cli::shell::render_json;
 use gpuctl::dbus_api::reply::v1::{
-    GpuRef, GpuStatus, IdleReply, LastReconcile, LedgerReply, LedgerRow, MpsUnitStatus,
-    SliceStatus, StatusReply, TeamInfo, TeamStatus, Usage,
+    GpuRef, IdleReply, LastReconcile, LedgerReply, LedgerRow, MpsUnitStatus, SliceStatus,
+    StatusReply, TeamInfo, TeamStatus, Usage,
 };
 use gpuctl::dbus_api::reply::{HostView, ReconcileReport, ReportReply};
 use gpuctl::idle::{Activity, HolderSample, Sample, Tracker};
@@ -129,30 +129,7 @@ fn status_reply(view: &HostView) -> StatusReply {
         };
         teams.insert(name.to_string(), team);
     }
-    let gpus = view
-        .gpus
-        .iter()
-        .map(|g| GpuStatus {
-            index: g.index,
-            instances: g.mig.as_ref().map(|m| m.instances.clone()),
-            mig: g.mig.as_ref().map(|m| {
-                let mode = if m.current { "on" } else { "off" };
-                format!("{mode}, {} instance(s)", m.instances.len())
-            }),
-            name: g.name.clone(),
-            node: format!("/dev/nvidia{}", g.minor),
-            teams: view
-                .teams
-                .iter()
-                .filter(|(_, t)| {
-                    t.whole_gpus.contains(&g.index)
-                        || t.mig_devices.iter().any(|m| m.gpu_index == g.index)
-                })
-                .map(|(n, _)| n.to_string())
-                .collect(),
-            uuid: g.uuid.clone(),
-        })
-        .collect();
+    let gpus = gpuctl::dbus_api::gpu_statuses(view, None);
     StatusReply {
         gpus,
         last_reconcile: Some(LastReconcile::from(&report())),

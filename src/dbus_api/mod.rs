@@ -541,6 +541,30 @@ pub async fn status_text_changed(conn: &Connection) {
     }
 }
 
+/// The GPUs of `Status`: each with the teams it serves and its MIG state in words.
+pub fn gpu_statuses(view: &reply::HostView, policy: Option<&Policy>) -> Vec<GpuStatus> {
+    view.gpus
+        .iter()
+        .map(|g| GpuStatus {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            name: g.name.clone(),
+            node: format!("/dev/nvidia{}", g.minor),
+            teams: view
+                .teams
+                .iter()
+                .filter(|(_, t)| {
+                    t.whole_gpus.contains(&g.index)
+                        || t.mig_devices.iter().any(|m| m.gpu_index == g.index)
+                })
+                .map(|(n, _)| n.to_string())
+                .collect(),
+            mig: mig_words(g, policy),
+            instances: g.mig.as_ref().map(|m| m.instances.clone()),
+        })
+        .collect()
+}
+
 /// Build the `Status` reply: per team its GPUs and MIG devices (with UUIDs), live slice
 /// limits and usage, MPS units; per GPU its MIG mode and instances; the last reconcile and the
 /// last policy error. Devices come from the last reconcile's view of the host (NVML is not
@@ -602,26 +626,9 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
         }
     }
     let gpus = view
-        .iter()
-        .flat_map(|v| v.gpus.iter().map(move |g| (v, g)))
-        .map(|(v, g)| GpuStatus {
-            index: g.index,
-            uuid: g.uuid.clone(),
-            name: g.name.clone(),
-            node: format!("/dev/nvidia{}", g.minor),
-            teams: v
-                .teams
-                .iter()
-                .filter(|(_, t)| {
-                    t.whole_gpus.contains(&g.index)
-                        || t.mig_devices.iter().any(|m| m.gpu_index == g.index)
-                })
-                .map(|(n, _)| n.to_string())
-                .collect(),
-            mig: mig_words(g, sh.policy.as_ref()),
-            instances: g.mig.as_ref().map(|m| m.instances.clone()),
-        })
-        .collect();
+        .as_ref()
+        .map(|v| gpu_statuses(v, sh.policy.as_ref()))
+        .unwrap_or_default();
     StatusReply {
         leases: place::leases(sd, root).await.unwrap_or_default(),
         status: sh.status_text,
