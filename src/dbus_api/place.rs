@@ -126,23 +126,11 @@ pub fn share(view: &HostView, team: &str) -> Vec<ShareDevice> {
             nodes: vec![format!("/dev/nvidia{m}")],
         });
     }
-    for d in tv.mig_devices.iter().filter(|d| d.exists) {
-        let Some(m) = minor(d.gpu_index) else {
+    for d in &tv.mig_devices {
+        let Some(nodes) = minor(d.gpu_index).and_then(|m| d.fence_nodes(m)) else {
             continue;
         };
-        if d.cap_minors.len() < 2 {
-            continue;
-        }
-        let instance = format!(
-            "{team}-mig{}-{}-{}",
-            d.gpu_index, d.gi_placement.start, d.ci_placement.start
-        );
-        let mut nodes = vec![format!("/dev/nvidia{m}")];
-        nodes.extend(
-            d.cap_minors
-                .iter()
-                .map(|c| format!("/dev/nvidia-caps/nvidia-cap{c}")),
-        );
+        let instance = d.mps_instance(team);
         out.push(ShareDevice {
             id: d.uuid.clone(),
             mig: true,

@@ -70,6 +70,33 @@ pub struct MigDevice {
     pub cap_minors: Vec<u32>,
 }
 
+impl MigDevice {
+    /// The MPS daemon instance of this device in `team`'s share (one per MIG device: an MPS
+    /// server cannot span MIG devices).
+    pub fn mps_instance(&self, team: &str) -> String {
+        format!(
+            "{team}-mig{}-{}-{}",
+            self.gpu_index, self.gi_placement.start, self.ci_placement.start
+        )
+    }
+
+    /// The nodes a job fenced to this device opens besides [`COMMON_DEVICES`]: the parent GPU's
+    /// (minor `gpu_minor`) and its GI and CI capability nodes. `None` while it does not exist or
+    /// its capability minors are unknown: nothing could be fenced to it. The CDI entry of the
+    /// device and a placed job's `DeviceAllow=` both come from here.
+    pub fn fence_nodes(&self, gpu_minor: u32) -> Option<Vec<String>> {
+        (self.exists && self.cap_minors.len() >= 2).then(|| {
+            std::iter::once(format!("/dev/nvidia{gpu_minor}"))
+                .chain(
+                    self.cap_minors
+                        .iter()
+                        .map(|c| format!("/dev/nvidia-caps/nvidia-cap{c}")),
+                )
+                .collect()
+        })
+    }
+}
+
 /// Everything one team gets.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct TeamView {
@@ -356,14 +383,7 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
             mps.insert(format!("{name}-gpus"), spec(devs));
         }
         for m in &migs {
-            // One daemon per MIG device: an MPS server cannot span MIG devices.
-            mps.insert(
-                format!(
-                    "{name}-mig{}-{}-{}",
-                    m.gpu_index, m.gi_placement.start, m.ci_placement.start
-                ),
-                spec(vec![m.uuid.clone()]),
-            );
+            mps.insert(m.mps_instance(name), spec(vec![m.uuid.clone()]));
         }
     }
     let env = env_content(name, &visible, &mps);
@@ -422,21 +442,15 @@ fn device_entries(
             entry(&g.uuid, nodes, format!("{name}-gpus")),
         ));
     }
-    for m in migs.iter().filter(|m| m.exists && m.cap_minors.len() >= 2) {
-        let Some(g) = observed.gpu(m.gpu_index) else {
+    for m in migs {
+        let Some(nodes) = observed
+            .gpu(m.gpu_index)
+            .and_then(|g| m.fence_nodes(g.minor))
+        else {
             continue;
         };
-        let mut nodes: BTreeSet<String> = [format!("/dev/nvidia{}", g.minor)].into();
-        nodes.extend(
-            m.cap_minors
-                .iter()
-                .map(|c| format!("/dev/nvidia-caps/nvidia-cap{c}")),
-        );
-        let instance = format!(
-            "{name}-mig{}-{}-{}",
-            m.gpu_index, m.gi_placement.start, m.ci_placement.start
-        );
-        out.push((m.uuid.clone(), entry(&m.uuid, nodes, instance)));
+        let nodes = nodes.into_iter().collect();
+        out.push((m.uuid.clone(), entry(&m.uuid, nodes, m.mps_instance(name))));
     }
     out
 }
