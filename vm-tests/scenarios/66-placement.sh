@@ -158,6 +158,7 @@ out=$(su -s /bin/sh carol -c "gpuctl run --team interns --gpu-memory 2G -- true"
 check "--gpu-memory without MPS exits 7" test "$rc" = 7
 check "saying nothing can enforce it there" grep -q 'nothing can enforce' <<<"$out"
 
+# shellcheck disable=SC2317 # called through wait_for
 no_interns_scopes() { test -z "$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope')"; }
 systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
 wait_for 30 no_interns_scopes
@@ -185,7 +186,7 @@ svc_pid() { systemctl show -P MainPID svc-interns.service; }
 wait_for 30 sh -c "test \"\$(cat /proc/\$(systemctl show -P MainPID svc-interns.service)/comm 2>/dev/null)\" = sleep"
 pid=$(svc_pid)
 svc_dev=$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p')
-echo "    svc-interns: pid $pid, CUDA_VISIBLE_DEVICES=$svc_dev, cgroup $(cat /proc/$pid/cgroup)"
+echo "    svc-interns: pid $pid, CUDA_VISIBLE_DEVICES=$svc_dev, cgroup $(cat "/proc/$pid/cgroup")"
 systemctl status --no-pager svc-interns.service 2>&1 | head -5 | sed 's/^/    | /'
 check "the service's job got one MIG UUID" grep -Eqx 'MIG-[^,]+' <<<"$svc_dev"
 check "its job scope sits in the team slice" grep -q "/gpu-interns.slice/gpuctl-run-interns-$pid.scope\$" "/proc/$pid/cgroup"
