@@ -139,6 +139,12 @@ fn status_reply(view: &HostView) -> StatusReply {
         status: "3 teams, 3 GPUs converged".into(),
         teams,
         leases: leases(view),
+        queue: vec![gpuctl::dbus_api::reply::v1::QueuedRequest {
+            position: 1,
+            team: "interns".into(),
+            uid: 1002,
+            user: Some("carol".into()),
+        }],
     }
 }
 

@@ -298,11 +298,16 @@ pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, 
     let options = place.options();
     if place.wait.is_some() {
         eprintln!(
-            "gpuctl: placing in team {team}; if no device is free, waiting in gpuctld's queue"
+            "gpuctl: placing in team {team}; if no device is free, waiting in gpuctld's queue \
+             (`gpuctl status` lists it)"
         );
     }
+    let _watch = place
+        .wait
+        .is_some()
+        .then(|| watch_position(team.to_string()));
     // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
-    let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
+    let joined: (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
         Some(socket) => wire::join(&socket, team, &options).map_err(wire_failure)?,
         None => {
             let (env, scope) = with_agent("Join", async |p| {
@@ -315,8 +320,73 @@ pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, 
             (env.into_iter().collect(), scope)
         }
     };
+    let (mut env, scope) = joined;
     env.insert("GPUCTL_SCOPE".into(), scope);
     Ok(env)
+}
+
+/// How often a waiting client on a terminal asks for its place in the queue: every waiter
+/// spends the caller's `Status` budget (5/s, [`crate::ratelimit`]), so ten of one user's
+/// waiters stay well under it.
+const POSITION_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// While a `--wait` request waits, tell a person at a terminal its place in the team's queue
+/// (from `Status`), whenever it changes. Scripts (stderr not a terminal) read `gpuctl status`.
+fn watch_position(team: String) -> Watch {
+    use std::io::IsTerminal;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let done = std::sync::Arc::new(AtomicBool::new(false));
+    if !std::io::stderr().is_terminal() {
+        return Watch(done);
+    }
+    let seen = done.clone();
+    let uid = nix::unistd::getuid().as_raw();
+    std::thread::spawn(move || {
+        let mut last = None;
+        // Most requests are placed at once: the first look is after a second.
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        while !seen.load(Ordering::SeqCst) {
+            let status = with_agent("Status", async |p| p.status().await).ok();
+            let line = status
+                .and_then(|t| serde_json::from_str(&t).ok())
+                .and_then(|s| position_line(&s, &team, uid));
+            if line.is_some() && line != last && !seen.load(Ordering::SeqCst) {
+                eprintln!("gpuctl: {}", line.as_deref().unwrap_or_default());
+                last = line;
+            }
+            std::thread::sleep(POSITION_EVERY);
+        }
+    });
+    Watch(done)
+}
+
+/// Silences the position watcher when the wait ends, however it ends.
+struct Watch(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// `waiting for a device of team interns: position 2 of 5` for `uid`'s first request in
+/// `team`'s queue; `None` when it has none there.
+pub fn position_line(
+    s: &crate::dbus_api::reply::v1::StatusReply,
+    team: &str,
+    uid: u32,
+) -> Option<String> {
+    let queue: Vec<_> = s.queue.iter().filter(|q| q.team == team).collect();
+    let mine: Vec<_> = queue.iter().filter(|q| q.uid == uid).collect();
+    let first = mine.iter().map(|q| q.position).min()?;
+    let more = match mine.len() {
+        1 => String::new(),
+        n => format!(" ({n} of your requests wait)"),
+    };
+    Some(format!(
+        "waiting for a device of team {team}: position {first} of {}{more}",
+        queue.len()
+    ))
 }
 
 /// Replace this process with `program args` under the daemon's environment. Returns only on

@@ -87,6 +87,12 @@ pub fn render(s: &StatusReply) -> String {
     for l in &s.leases {
         o.push_str(&format!("  {}\n", lease_line(l)));
     }
+    if !s.queue.is_empty() {
+        o.push_str("waiting (gpuctl run --wait):\n");
+    }
+    for q in &s.queue {
+        o.push_str(&format!("  {}\n", queued_line(q)));
+    }
     o.push_str("gpus:\n");
     for g in &s.gpus {
         o.push_str(&format!(
@@ -142,6 +148,17 @@ pub fn lease_line(l: &crate::placement::Lease) -> String {
         l.uid,
         l.unit,
         crate::placement::utc(l.since)
+    )
+}
+
+/// One waiting request for humans: `interns #2: bob (uid 1001)`.
+pub fn queued_line(q: &crate::dbus_api::reply::v1::QueuedRequest) -> String {
+    format!(
+        "{} #{}: {} (uid {})",
+        q.team,
+        q.position,
+        q.user.as_deref().unwrap_or("?"),
+        q.uid
     )
 }
 
@@ -233,6 +250,45 @@ mod tests {
         );
         assert!(s.contains("  0 /dev/nvidia0: teams [infer], MIG not supported\n"));
         assert!(s.contains("leases:\n  none\n"), "{s}");
+        assert!(
+            !s.contains("waiting"),
+            "no queue section without a queue: {s}"
+        );
+    }
+
+    #[test]
+    fn the_queue_is_listed_in_order_and_a_waiter_finds_its_first_place() {
+        let s: StatusReply = serde_json::from_value(json!({
+            "status": "converged",
+            "teams": {},
+            "gpus": [],
+            "queue": [
+                {"team": "interns", "uid": 1000, "user": "alice", "position": 1},
+                {"team": "interns", "uid": 1001, "user": "bob", "position": 2},
+                {"team": "interns", "uid": 1000, "user": "alice", "position": 3},
+                {"team": "train", "uid": 1001, "user": null, "position": 1},
+            ],
+        }))
+        .unwrap();
+        let text = render(&s);
+        assert!(
+            text.contains(
+                "waiting (gpuctl run --wait):\n  interns #1: alice (uid 1000)\n  \
+                 interns #2: bob (uid 1001)\n  interns #3: alice (uid 1000)\n  \
+                 train #1: ? (uid 1001)\n"
+            ),
+            "{text}"
+        );
+        use crate::cli::shell::position_line;
+        assert_eq!(
+            position_line(&s, "interns", 1001).as_deref(),
+            Some("waiting for a device of team interns: position 2 of 3")
+        );
+        assert_eq!(
+            position_line(&s, "interns", 1000).as_deref(),
+            Some("waiting for a device of team interns: position 1 of 3 (2 of your requests wait)")
+        );
+        assert_eq!(position_line(&s, "train", 1000), None, "not queued there");
     }
 
     #[test]

@@ -220,6 +220,17 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// The waiting `--wait` requests of the teams `viewer` may read (a request names a uid).
+    fn queued(&self, viewer: &crate::join::Viewer) -> Vec<reply::v1::QueuedRequest> {
+        use crate::join::Directory;
+        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.seen_by(viewer, |uid| {
+            crate::join::nss::Nss.user_by_uid(uid).map(|a| a.name)
+        })
+    }
+}
+
 async fn caller_uid(conn: &Connection, hdr: &Header<'_>) -> fdo::Result<u32> {
     let sender = hdr
         .sender()
@@ -269,6 +280,7 @@ impl Agent {
         let viewer = usage::viewer(&*self.backend, conn, &hdr).await?;
         let mut reply = status(self.backend.state(), &self.sd, &self.root).await;
         usage::redact_leases(&mut reply.leases, &viewer);
+        reply.queue = self.queued(&viewer);
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
     }
 
@@ -631,6 +643,7 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
         .unwrap_or_default();
     StatusReply {
         leases: place::leases(sd, root).await.unwrap_or_default(),
+        queue: Vec::new(),
         status: sh.status_text,
         policy_error: sh.policy_error,
         policy_in_force: sh.policy_origin.map(str::to_string),

@@ -64,22 +64,63 @@ impl Queues {
         q.tickets.get(q.turn.front()?)?.front().copied()
     }
 
-    /// 1-based position of `ticket` in `team`'s round-robin order, `None` when not queued.
-    pub fn position(&self, team: &str, ticket: Ticket) -> Option<usize> {
-        let q = self.teams.get(team)?;
-        let mut pos = 0;
+    /// `team`'s tickets in the order they will be served (round-robin across users), with
+    /// their uids.
+    fn order(&self, team: &str) -> Vec<(Ticket, u32)> {
+        let Some(q) = self.teams.get(team) else {
+            return Vec::new();
+        };
         let depth = q.tickets.values().map(VecDeque::len).max().unwrap_or(0);
+        let mut out = Vec::new();
         for round in 0..depth {
             for u in &q.turn {
                 if let Some(t) = q.tickets.get(u).and_then(|v| v.get(round)) {
-                    pos += 1;
-                    if *t == ticket {
-                        return Some(pos);
-                    }
+                    out.push((*t, *u));
                 }
             }
         }
-        None
+        out
+    }
+
+    /// 1-based position of `ticket` in `team`'s round-robin order, `None` when not queued.
+    pub fn position(&self, team: &str, ticket: Ticket) -> Option<usize> {
+        self.order(team)
+            .iter()
+            .position(|(t, _)| *t == ticket)
+            .map(|i| i + 1)
+    }
+
+    /// Every waiting request as (team, uid, 1-based position), teams in name order.
+    pub fn waiting(&self) -> Vec<(String, u32, usize)> {
+        let mut teams: Vec<&String> = self.teams.keys().collect();
+        teams.sort();
+        teams
+            .into_iter()
+            .flat_map(|t| {
+                self.order(t)
+                    .into_iter()
+                    .enumerate()
+                    .map(move |(i, (_, uid))| (t.clone(), uid, i + 1))
+            })
+            .collect()
+    }
+
+    /// The requests of the teams `viewer` may read, for `Status`, each with its user's name.
+    pub fn seen_by(
+        &self,
+        viewer: &crate::join::Viewer,
+        name_of: impl Fn(u32) -> Option<String>,
+    ) -> Vec<super::reply::v1::QueuedRequest> {
+        self.waiting()
+            .into_iter()
+            .filter(|(team, _, _)| viewer.sees(Some(team)))
+            .map(|(team, uid, position)| super::reply::v1::QueuedRequest {
+                position,
+                team,
+                uid,
+                user: name_of(uid),
+            })
+            .collect()
     }
 
     /// Take `ticket` out (placed, timed out, or its process left). When it was its user's
@@ -135,6 +176,20 @@ mod tests {
         assert_eq!(q.head("t"), Some(alice[0]));
         assert_eq!(q.position("t", bob), Some(2), "second, not eleventh");
         assert_eq!(q.position("t", alice[1]), Some(3));
+        q.join("a", 7).unwrap();
+        let w = q.waiting();
+        assert_eq!(w[0], ("a".to_string(), 7, 1), "teams in name order");
+        assert_eq!(
+            w[1..4],
+            [
+                ("t".to_string(), 1000, 1),
+                ("t".to_string(), 1001, 2),
+                ("t".to_string(), 1000, 3)
+            ]
+        );
+        assert_eq!(w.len(), 12);
+        let a = q.head("a").unwrap();
+        q.leave("a", a);
         // Served in turns: alice, bob, then alice's others.
         let mut order = Vec::new();
         while let Some(h) = q.head("t") {
@@ -146,6 +201,31 @@ mod tests {
         assert_eq!(&order[2..], &alice[1..]);
         assert!(q.is_empty());
         assert!(q.teams.is_empty() && q.per_user.is_empty(), "nothing kept");
+    }
+
+    #[test]
+    fn a_viewer_reads_the_queues_of_its_own_teams_only() {
+        use crate::join::Viewer;
+        let mut q = Queues::default();
+        q.join("interns", 1000).unwrap();
+        q.join("train", 1001).unwrap();
+        let name = |uid: u32| (uid == 1000).then(|| "alice".to_string());
+        let member = Viewer::Teams(["interns".to_string()].into());
+        let seen = q.seen_by(&member, name);
+        assert_eq!(seen.len(), 1);
+        assert_eq!(
+            (
+                seen[0].team.as_str(),
+                seen[0].uid,
+                seen[0].user.as_deref(),
+                seen[0].position
+            ),
+            ("interns", 1000, Some("alice"), 1)
+        );
+        assert!(q
+            .seen_by(&Viewer::Teams(Default::default()), name)
+            .is_empty());
+        assert_eq!(q.seen_by(&Viewer::All, name).len(), 2);
     }
 
     #[test]

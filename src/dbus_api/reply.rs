@@ -197,6 +197,9 @@ pub struct StatusReply {
     pub policy_in_force: Option<String>,
     /// The files of the policy in force.
     pub policy_sources: Option<Vec<PathBuf>>,
+    /// `--wait` requests that found no free device, in the order they will be served.
+    #[serde(default)]
+    pub queue: Vec<QueuedRequest>,
     /// The one-line truth (`STATUS=`).
     pub status: String,
     /// Per team: devices, slice, MPS daemons.
@@ -204,6 +207,19 @@ pub struct StatusReply {
     /// Live leases: which job holds which devices (`gpuctl status`).
     #[serde(default)]
     pub leases: Vec<crate::placement::Lease>,
+}
+
+/// One waiting `gpuctl run --wait` request (`gpuctl status`; the waiting client prints its own).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueuedRequest {
+    /// 1-based, in the team's round-robin order across users.
+    pub position: usize,
+    /// The team whose device it waits for.
+    pub team: String,
+    /// The caller that waits.
+    pub uid: u32,
+    /// The uid's name, when NSS knows it.
+    pub user: Option<String>,
 }
 
 impl StatusReply {
@@ -492,7 +508,7 @@ pub mod v1 {
 
     // `Status`.
     pub use super::{GpuRef, GpuStatus, LastReconcile, MigInstance, MpsUnitStatus, SliceStatus};
-    pub use super::{StatusReply, TeamStatus};
+    pub use super::{QueuedRequest, StatusReply, TeamStatus};
     // `Plan`, `Apply`, `Reload`.
     pub use super::{ReportReply, RunReport};
     // `Teams` (an array of them).

@@ -1,11 +1,12 @@
 #!/bin/bash
 # 66: placement (docs/shell.md, "Placement"). Three fake H100s: GPU 0 cut into four 1g.10gb
-# instances for team interns, GPUs 1 and 2 whole for team train (MPS, daemon limit 8G).
-# Four concurrent `gpuctl run --team interns` get four distinct MIG UUIDs, each opens exactly its
-# own two cap nodes and gets EPERM on the neighbours'; a fifth exits 8 naming the holders; the
-# leases survive a gpuctld restart and end with `kill -9`; a `--wait` job starts within 1 s of a
-# device freeing; alice's ten queued requests do not hold back bob's one; `--gpus 2` is refused on the MIG share
-# and gives two whole GPUs on train; `--gpu-memory 2G` on train's MPS devices puts the client
+# instances for team interns, GPUs 1 and 2 whole for team train (MPS, daemon limit 8G). Four
+# concurrent `gpuctl run --team interns` get four distinct MIG UUIDs, each opens exactly its own two
+# cap nodes and gets EPERM on the neighbours'; a fifth exits 8 naming the holders; the leases
+# survive a gpuctld restart and end with `kill -9` and an OOM kill; a `--wait` job starts within 1 s
+# of a device freeing and says its place in the queue on a terminal; alice's ten queued requests do
+# not hold back bob's one (and `gpuctl status` lists them so); `--gpus 2` is refused on the MIG
+# share and gives two whole GPUs on train; `--gpu-memory 2G` on train's MPS devices puts the client
 # limit in the job's environment and 20G (above the daemon's 8G) is refused; a placed job's
 # GPUCTL_CDI_DEVICE names its device in the team's CDI spec; a `Slice=gpu-interns.slice` service
 # whose ExecStart is `gpuctl run` gets one MIG device and a lease; a benchmark (BENCH line) of
@@ -22,6 +23,7 @@ put_policy 66-placement.toml <<'P'
 version = 1
 [teams.interns]
 members = ["alice", "bob", "carol"]
+memory-max = "256M"
 [teams.interns.placement]
 jobs-per-device = 1
 [teams.train]
@@ -103,11 +105,16 @@ scope_on() { # the scope holding device $1
 }
 victim=$(grep -h '^DEV=' "$d/job2" | cut -d= -f2)
 scope_of_victim=$(scope_on "$victim")
-# --wait: carol's fifth queues, and starts when kill -9 ends a job.
-su -s /bin/sh carol -c "gpuctl run --team interns --wait=120s -- sh -c 'date +%s%N >$d/waited; echo \$CUDA_VISIBLE_DEVICES >$d/waited.dev'" \
-    >"$d/wait.out" 2>&1 &
-sleep 3
+# --wait: carol's fifth queues, and starts when kill -9 ends a job. It runs on a terminal
+# (script(1)), where a waiter prints its place in the queue.
+setpriv --reuid=carol --regid=carol --init-groups script -q -f -c \
+    "gpuctl run --team interns --wait=120s -- sh -c 'date +%s%N >$d/waited; echo \$CUDA_VISIBLE_DEVICES >$d/waited.dev'" \
+    "$d/wait.tty" </dev/null >/dev/null 2>&1 &
+wait_for 20 grep -q 'position' "$d/wait.tty"
+sed 's/^/    wait.tty| /' "$d/wait.tty"
 check "the waiting job has not started while every device is held" test ! -e "$d/waited"
+check "on its terminal the waiter says its place in the queue" \
+    grep -q 'gpuctl: waiting for a device of team interns: position 1 of 1' "$d/wait.tty"
 echo "    killing $scope_of_victim ($victim)"
 t_end=$(date +%s%N)
 systemctl kill -s KILL "$scope_of_victim"
@@ -133,6 +140,10 @@ sleep 4
 su -s /bin/sh bob -c "gpuctl run --team interns --wait=300s -- sh -c 'echo bob >>$d/order; sleep 1'" >/dev/null 2>&1 &
 sleep 2
 gpuctld_journal GPUCTL_ACTION=queued | tail -3 | sed 's/^/    /'
+st=$(gpuctl status)
+grep -A3 '^waiting' <<<"$st" | sed 's/^/    status| /'
+check "gpuctl status lists the eleven waiting requests" test "$(grep -Ec '^  interns #[0-9]+: (alice|bob) \(uid [0-9]+\)$' <<<"$st")" = 11
+check "bob's in second place" grep -Eq "^  interns #2: bob \(uid $(id -u bob)\)$" <<<"$st"
 systemctl kill -s KILL "$(scope_on "$(grep -h '^DEV=' "$d/job1" | cut -d= -f2)")"
 wait_for 60 sh -c "grep -q bob $d/order"
 echo "    start order: $(tr '\n' ' ' <"$d/order")"
@@ -162,6 +173,17 @@ check "saying nothing can enforce it there" grep -q 'nothing can enforce' <<<"$o
 no_interns_scopes() { test -z "$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope')"; }
 systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
 wait_for 30 no_interns_scopes
+
+# An OOM kill frees the lease as kill -9 does: the job's one process (`tail` of /dev/zero keeps a
+# newline-free line in memory) outgrows the team's 256M and the kernel kills it.
+oom_before=$(sed -n 's/^oom_kill //p' /sys/fs/cgroup/gpu.slice/gpu-interns.slice/memory.events)
+rc=0
+su -s /bin/sh alice -c "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/oom.dev; exec tail /dev/zero'" \
+    >/dev/null 2>&1 || rc=$?
+oom_after=$(sed -n 's/^oom_kill //p' /sys/fs/cgroup/gpu.slice/gpu-interns.slice/memory.events)
+echo "    OOM job: exit $rc on $(cat "$d/oom.dev"), oom_kill $oom_before -> $oom_after"
+check "the job was OOM-killed (exit 137, the slice's oom_kill counted it)" test "$rc:$((oom_after - oom_before))" = 137:1
+check "its lease ended with it" wait_for 20 sh -c "! gpuctl status | grep -q '^  interns $(cat "$d/oom.dev"):'"
 
 # CDI per device: a placed job's GPUCTL_CDI_DEVICE names its device, and the team's spec has
 # that device with its UUID alone; a job that is not placed names the whole share.

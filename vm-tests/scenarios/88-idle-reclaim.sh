@@ -5,7 +5,9 @@
 # (GPM activity 80%) and an excluded idle service on GPU 0 survive. infer (report only) has an
 # idle service on GPU 2: reported, untouched. The journal names user and unit. Who sees what:
 # carol (research) reads research's holders by name and infer's without; bob (no team) and the
-# exporter read no unit or user at all, root reads everything.
+# exporter read no unit or user at all, root reads everything. Placement and idle reclaim
+# agree: with both research devices leased a `--wait` job of carol's queues, and alice's idle
+# stop hands it her device.
 # vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
@@ -56,6 +58,14 @@ setpriv --reuid=alice --regid=alice --init-groups gpuctl run --team research -- 
 wait_for 30 pgrep -xf 'sleep 401' >/dev/null
 P_IDLE=$(pgrep -xf 'sleep 401')
 SCOPE=$(sed -nE 's#^0::.*/(gpuctl-run-[^/]+\.scope).*#\1#p' "/proc/$P_IDLE/cgroup")
+# carol's busy job: placed on the other device (alice's holds GPU 0, one job per whole GPU).
+setpriv --reuid=carol --regid=carol --init-groups gpuctl run --team research -- sleep 405 &
+wait_for 30 pgrep -xf 'sleep 405' >/dev/null
+P_CJOB=$(pgrep -xf 'sleep 405')
+CSCOPE=$(sed -nE 's#^0::.*/(gpuctl-run-[^/]+\.scope).*#\1#p' "/proc/$P_CJOB/cgroup")
+dev_of() { tr '\0' '\n' <"/proc/$1/environ" | sed -n 's/^CUDA_VISIBLE_DEVICES=//p'; }
+check "placement: alice's job on GPU 0, carol's on GPU 1" \
+    test "$(dev_of "$P_IDLE") $(dev_of "$P_CJOB")" = "$(gpu_uuid 0) $(gpu_uuid 1)"
 systemd-run -q --unit=triton-x --slice=gpu-research.slice -p User=carol sleep 402
 systemd-run -q --unit=train-busy --slice=gpu-research.slice -p User=carol sleep 403
 systemd-run -q --unit=infer-nb --slice=gpu-infer.slice -p User=alice sleep 404
@@ -69,8 +79,17 @@ flock "$S.lock" sh -c "jq '.processes += [
     {pid: $P_IDLE, gpu: 0, used_memory_mib: 2000},
     {pid: $P_TRITON, gpu: 0, used_memory_mib: 1000},
     {pid: $P_BUSY, gpu: 1, used_memory_mib: 3000},
+    {pid: $P_CJOB, gpu: 1, used_memory_mib: 1000},
     {pid: $P_INFER, gpu: 2, used_memory_mib: 500}]
   | .usage.gpus[\"1\"] = {utilization_gpu: 80, gpm_sm_activity: 80.0}' '$S' >'$S.new' && mv '$S.new' '$S'"
+
+# With both devices leased, carol's next job waits in the queue; the idle stop of alice's
+# scope ends its lease and the waiter gets GPU 0.
+rm -f /tmp/88-waited.dev
+setpriv --reuid=carol --regid=carol --init-groups gpuctl run --team research --wait=300s -- \
+    sh -c 'echo $CUDA_VISIBLE_DEVICES >/tmp/88-waited.dev; exec sleep 406' >/dev/null 2>&1 &
+check "carol's third job waits in research's queue" \
+    wait_for 20 sh -c "gpuctl status | grep -q '^  research #1: carol'"
 
 j() { gpuctld_journal "$@" -o json | jq -r '[.GPUCTL_ACTION, .GPUCTL_UNIT, .GPUCTL_USER, .GPUCTL_UID, .MESSAGE] | @tsv'; }
 # shellcheck disable=SC2317 # called through wait_for and check
@@ -85,6 +104,9 @@ check_output "the idle scope was warned, in the journal with alice's uid" \
 check_output "then stopped, the journal naming user, unit and idle time" \
     grep -P "^idle-stop\t$SCOPE\talice\t$uid\tstopping $SCOPE of user alice .* idle for " "$J"
 check "the idle scope is gone" stopped
+wait_for 10 test -s /tmp/88-waited.dev
+check "the waiter started once the idle stop ended alice's lease, on her device" \
+    test "$(cat /tmp/88-waited.dev 2>&1)" = "$(gpu_uuid 0)"
 check "the warning reached alice's terminal" grep -q "Message from gpuctld" /tmp/alice-tty.log
 check_output "the busy service survives" systemctl is-active train-busy.service
 check_output "the excluded idle service survives" systemctl is-active triton-x.service
@@ -113,7 +135,7 @@ ib=$("${bob[@]}" gpuctl idle --json)
 names "$ic" | sed 's/^/    carol idle| /'
 names "$ib" | sed 's/^/    bob idle| /'
 check_output "carol (research) reads research's holders by name" \
-    test "$(jq -r '[.holders[] | select(.team == "research") | .unit] | sort | join(",")' <<<"$ic")" = "train-busy.service,triton-x.service"
+    test "$(jq -r '[.holders[] | select(.team == "research") | .unit] | sort | join(",")' <<<"$ic")" = "$CSCOPE,train-busy.service,triton-x.service"
 check_output "but not infer's: no unit, user or pids" \
     test "$(jq -c '[.holders[] | select(.team == "infer") | [.unit, .user, .uid, (.pids | length)]] | unique' <<<"$ic")" = '[["",null,null,0]]'
 check_output "bob (no team) reads every holder, without unit, user or pids" \
@@ -136,4 +158,5 @@ check_output "the exporter's scrape: idle series, no unit or user label" \
 systemctl stop gpuctl-exporter.socket gpuctl-exporter.service 2>/dev/null || true
 systemctl stop triton-x.service train-busy.service infer-nb.service 2>/dev/null || true
 pkill -u alice -x script || true
+pkill -xf 'sleep 40[56]' || true
 finish

@@ -32,12 +32,17 @@ memory-max = "512M"
 active-thread-percentage = 50
 [teams.idle]
 members = ["alice"]
+[teams.pair]
+members = ["alice"]
 [[gpu]]
 index = [0]
 owner = "infer"
 [[gpu]]
 index = [1]
 owner = "train"
+[[gpu]]
+index = [2, 3]
+owner = "pair"
 P
 gpuctld_start
 check "gpuctld converged" wait_converged 30
@@ -139,6 +144,13 @@ out=$(in_ctr --device "$one" --cgroup-parent=gpu-infer.slice -e NODES -- "$PROBE
 echo "$out" | grep -E '^(node|env|Error)' | sed 's/^/    one-device| /'
 check "podman takes a per-device name ($one): its node opens, its UUID alone in the env" \
     test "$(field "$out" "node /dev/nvidia0") $(field "$out" env | grep '^CUDA_VISIBLE_DEVICES=')" = "ENXIO CUDA_VISIBLE_DEVICES=$(gpu_uuid 0)"
+
+# A share of two whole GPUs: each device entry carries its own node and UUID, not its sibling's.
+one="gpuctl.io/team=pair.$(gpu_uuid 3)"
+out=$(NODES="/dev/nvidia2 /dev/nvidia3" in_ctr --device "$one" --cgroup-parent=gpu-pair.slice -e NODES -- "$PROBE" 2>&1)
+echo "$out" | grep -E '^(node|env|Error)' | sed 's/^/    pair-one| /'
+check "two-GPU share, device $one: GPU 3 opens, GPU 2 absent, GPU 3's UUID alone in the env" \
+    test "$(field "$out" "node /dev/nvidia3") $(field "$out" "node /dev/nvidia2") $(field "$out" env | grep '^CUDA_VISIBLE_DEVICES=')" = "ENXIO ABSENT CUDA_VISIBLE_DEVICES=$(gpu_uuid 3)"
 
 # Unknown team: a clear engine error, not a silent GPU-less start.
 check_not "an unknown team's device is refused by podman" in_ctr --device gpuctl.io/team=nosuch -- true
