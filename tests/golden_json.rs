@@ -14,8 +14,8 @@ mod golden;
 
 use gpuctl::cli::shell::render_json;
 use gpuctl::dbus_api::reply::v1::{
-    GpuRef, IdleReply, LastReconcile, LedgerReply, LedgerRow, MpsUnitStatus, SliceStatus,
-    StatusReply, TeamInfo, TeamStatus, Usage,
+    GpuRef, IdleReply, LastReconcile, LeaseStatus, LedgerReply, LedgerRow, MpsUnitStatus,
+    SliceStatus, StatusReply, TeamInfo, TeamStatus, Usage,
 };
 use gpuctl::dbus_api::reply::{HostView, ReconcileReport, ReportReply};
 use gpuctl::idle::{Activity, HolderSample, Sample, Tracker};
@@ -138,7 +138,7 @@ fn status_reply(view: &HostView) -> StatusReply {
         policy_sources: Some(vec!["/etc/gpuctl/policy.toml".into()]),
         status: "3 teams, 3 GPUs converged".into(),
         teams,
-        leases: leases(view),
+        leases: leases(view).iter().map(LeaseStatus::from).collect(),
         queue: vec![gpuctl::dbus_api::reply::v1::QueuedRequest {
             position: 1,
             team: "interns".into(),

@@ -135,7 +135,7 @@ pub fn stray_lines(u: &crate::usage::Usage) -> Vec<String> {
 
 /// One lease for humans: `interns MIG-a: alice (uid 1000) gpuctl-run-interns-812.scope since
 /// 2026-12-03T17:50:02Z`, with its GPU memory cap when one was set.
-pub fn lease_line(l: &crate::placement::Lease) -> String {
+pub fn lease_line(l: &crate::dbus_api::reply::v1::LeaseStatus) -> String {
     let mem = l
         .gpu_memory
         .map(|b| format!(", gpu-memory {}", crate::settings::value::human_bytes(b)))
@@ -293,7 +293,7 @@ mod tests {
 
     #[test]
     fn leases_name_holder_unit_devices_and_since() {
-        let l = crate::placement::Lease {
+        let l = crate::dbus_api::reply::v1::LeaseStatus {
             unit: "gpuctl-run-interns-812.scope".into(),
             team: "interns".into(),
             user: "alice".into(),

@@ -642,7 +642,12 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
         .map(|v| gpu_statuses(v, sh.policy.as_ref()))
         .unwrap_or_default();
     StatusReply {
-        leases: place::leases(sd, root).await.unwrap_or_default(),
+        leases: place::leases(sd, root)
+            .await
+            .unwrap_or_default()
+            .iter()
+            .map(reply::v1::LeaseStatus::from)
+            .collect(),
         queue: Vec::new(),
         status: sh.status_text,
         policy_error: sh.policy_error,

@@ -194,7 +194,7 @@ pub fn holds(
             leases: leases
                 .iter()
                 .filter(|l| l.team == *team.name && l.devices.contains(&d.id))
-                .cloned()
+                .map(super::reply::LeaseStatus::from)
                 .collect(),
         })
         .collect()

@@ -206,7 +206,44 @@ pub struct StatusReply {
     pub teams: BTreeMap<String, TeamStatus>,
     /// Live leases: which job holds which devices (`gpuctl status`).
     #[serde(default)]
-    pub leases: Vec<crate::placement::Lease>,
+    pub leases: Vec<LeaseStatus>,
+}
+
+/// A placement lease: which job holds which devices of its team's share (`Status`, `Teams`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseStatus {
+    /// Device UUIDs.
+    pub devices: Vec<String>,
+    /// The job's MPS pinned device memory limit in bytes, where one was set.
+    #[serde(default)]
+    pub gpu_memory: Option<u64>,
+    /// The pid that was placed.
+    pub pid: u32,
+    /// When it was placed, seconds since the epoch.
+    pub since: u64,
+    /// The team.
+    pub team: String,
+    /// The holder's uid.
+    pub uid: u32,
+    /// The job's scope.
+    pub unit: String,
+    /// The holder's name (`uid N` when NSS does not know it).
+    pub user: String,
+}
+
+impl From<&crate::placement::Lease> for LeaseStatus {
+    fn from(l: &crate::placement::Lease) -> Self {
+        LeaseStatus {
+            devices: l.devices.clone(),
+            gpu_memory: l.gpu_memory,
+            pid: l.pid,
+            since: l.since,
+            team: l.team.clone(),
+            uid: l.uid,
+            unit: l.unit.clone(),
+            user: l.user.clone(),
+        }
+    }
 }
 
 /// One waiting `gpuctl run --wait` request (`gpuctl status`; the waiting client prints its own).
@@ -415,7 +452,7 @@ pub struct DeviceHold {
     /// Jobs it takes (`None`: no cap).
     pub capacity: Option<u32>,
     /// The leases on it.
-    pub leases: Vec<crate::placement::Lease>,
+    pub leases: Vec<LeaseStatus>,
 }
 
 /// `Idle`: the holders gpuctld's idle rules track (`gpuctl idle`).
@@ -508,7 +545,7 @@ pub mod v1 {
 
     // `Status`.
     pub use super::{GpuRef, GpuStatus, LastReconcile, MigInstance, MpsUnitStatus, SliceStatus};
-    pub use super::{QueuedRequest, StatusReply, TeamStatus};
+    pub use super::{LeaseStatus, QueuedRequest, StatusReply, TeamStatus};
     // `Plan`, `Apply`, `Reload`.
     pub use super::{ReportReply, RunReport};
     // `Teams` (an array of them).

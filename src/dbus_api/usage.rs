@@ -146,7 +146,7 @@ pub fn redact_idle(holders: &mut [crate::idle::IdleHolder], viewer: &Viewer) {
 /// Keep only the leases whose holder `viewer` may know: a lease names a user, uid and scope, so
 /// another team's are not for a non-member's `gpuctl status` (`gpuctl top` shows their devices
 /// as held, without the holder).
-pub fn redact_leases(leases: &mut Vec<crate::placement::Lease>, viewer: &Viewer) {
+pub fn redact_leases(leases: &mut Vec<super::reply::v1::LeaseStatus>, viewer: &Viewer) {
     leases.retain(|l| viewer.sees(Some(&l.team)));
 }
 

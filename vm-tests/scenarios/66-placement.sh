@@ -219,17 +219,17 @@ wait_for 20 sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
 check "stopping the service ends the lease" sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
 
 # Benchmark (no timed assertion): `gpuctl run` with placement (interns), without (train:
-# jobs-per-device = 0) and `systemd-run --scope`, interleaved, medians of 5, as root.
+# jobs-per-device = 0) and `systemd-run --scope`, interleaved, medians of 15, as root.
 ms() { local t; t=$(date +%s%N); "$@" >/dev/null 2>&1 || echo "FAIL $*" >>"$d/bench.fail"; echo $((($(date +%s%N) - t) / 1000)); }
 median() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 gpuctl run --team interns -- true; gpuctl run --team train -- true; systemd-run -q --scope true
-for i in 1 2 3 4 5; do
+for i in $(seq 15); do
     ms gpuctl run --team interns -- true >>"$d/placed"
     ms gpuctl run --team train -- true >>"$d/unplaced"
     ms systemd-run -q --scope true >>"$d/scope"
 done
 p=$(median "$d/placed") u=$(median "$d/unplaced") sc=$(median "$d/scope")
-echo "BENCH placement start (medians of 5, us): placed ${p}, unplaced ${u}, systemd-run --scope ${sc}; placed/unplaced $(awk -v a="$p" -v b="$u" 'BEGIN {printf "%.2f", a / b}')x, placed/systemd-run $(awk -v a="$p" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x, unplaced/systemd-run $(awk -v a="$u" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x"
+echo "BENCH placement start (medians of 15, us): placed ${p}, unplaced ${u}, systemd-run --scope ${sc}; placed/unplaced $(awk -v a="$p" -v b="$u" 'BEGIN {printf "%.2f", a / b}')x, placed/systemd-run $(awk -v a="$p" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x, unplaced/systemd-run $(awk -v a="$u" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x"
 check "every benchmark run succeeded" test ! -e "$d/bench.fail"
 
 systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true

@@ -261,10 +261,13 @@ fn an_emptied_scope_holds_nothing() {
 #[test]
 fn a_non_member_status_keeps_only_the_leases_of_teams_it_may_join() {
     use crate::join::Viewer;
-    let all = vec![
+    let all: Vec<crate::dbus_api::reply::v1::LeaseStatus> = [
         lease("interns", "alice", &["MIG-a"]),
         lease("train", "carol", &["GPU-1"]),
-    ];
+    ]
+    .iter()
+    .map(Into::into)
+    .collect();
     let mut bob = all.clone();
     crate::dbus_api::usage::redact_leases(&mut bob, &Viewer::Teams(Default::default()));
     assert!(bob.is_empty(), "bob is in no team: {bob:?}");
