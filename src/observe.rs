@@ -36,6 +36,10 @@ pub struct Observed {
     /// Team CDI specs (`/var/run/cdi/gpuctl.io-team-<team>.json`) by team.
     #[serde(default)]
     pub cdi_specs: BTreeMap<TeamName, String>,
+    /// Who each team spec's ACL lets read it, named as the policy names members (`alice`,
+    /// `@ml-infer`; `#1234` for an id without a name).
+    #[serde(default)]
+    pub cdi_readers: BTreeMap<TeamName, Vec<String>>,
     /// Minors `N` whose `/dev/nvidia-caps/nvidia-capN` node exists.
     #[serde(default)]
     pub cap_nodes: BTreeSet<u32>,

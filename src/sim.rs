@@ -599,13 +599,17 @@ impl FileEffector for SimHost {
         &mut self,
         team: &TeamName,
         content: &str,
-        _readers: &[String],
+        readers: &[String],
     ) -> Result<(), EffectError> {
         self.state.cdi_specs.insert(team.clone(), content.into());
+        self.state
+            .cdi_readers
+            .insert(team.clone(), readers.to_vec());
         Ok(())
     }
     fn remove_cdi(&mut self, team: &TeamName) -> Result<(), EffectError> {
         self.state.cdi_specs.remove(team);
+        self.state.cdi_readers.remove(team);
         Ok(())
     }
     fn create_cap_nodes(&mut self, minors: &[u32]) -> Result<(), EffectError> {

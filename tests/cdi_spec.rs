@@ -420,6 +420,35 @@ fn a_team_that_loses_its_gpus_keeps_an_entry_that_grants_nothing() {
 }
 
 #[test]
+fn a_spec_someone_outside_the_team_can_read_is_written_again() {
+    let mut h = SimHost::from_spec("h100-80gb*3").unwrap();
+    let p = whole_policy();
+    apply(&p, &mut h);
+    let a: gpuctl::policy::TeamName = "a".parse().unwrap();
+    let members = h.state.cdi_readers[&a].clone();
+    // A reader the policy no longer lists (a member removed, the content unchanged).
+    let mut stale = members.clone();
+    stale.push("mallory".into());
+    h.state.cdi_readers.insert(a.clone(), stale);
+    let again = plan(&p, &h.state);
+    assert_eq!(again.actions.len(), 1, "{again:#?}");
+    assert!(matches!(
+        &again.actions[0].kind,
+        ActionKind::WriteCdi { team, readers, .. } if team == "a" && *readers == members
+    ));
+    assert!(
+        again.actions[0].reason.contains("mallory"),
+        "{:?}",
+        again.actions[0]
+    );
+    apply(&p, &mut h);
+    assert!(plan(&p, &h.state).is_converged());
+    // Fewer readers than members (a name NSS did not know, a member added since): not drift.
+    h.state.cdi_readers.insert(a, Vec::new());
+    assert!(plan(&p, &h.state).is_converged());
+}
+
+#[test]
 fn a_hand_edited_spec_is_drift_the_plan_repairs() {
     let mut h = SimHost::from_spec("h100-80gb*3").unwrap();
     let p = whole_policy();

@@ -417,6 +417,41 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
         },
         |team| ActionKind::RemoveCdi { team },
     );
+    // A spec whose content is current but that someone outside the team can read (a member
+    // removed from the policy): written again, with the members' ACL. A member added later
+    // reads it after the next write (fail closed; a name NSS does not know never matches).
+    for t in d.teams.values() {
+        if observed.cdi_specs.get(&*t.name) != Some(&t.cdi) {
+            continue;
+        }
+        let outsiders: Vec<&String> = observed
+            .cdi_readers
+            .get(&*t.name)
+            .into_iter()
+            .flatten()
+            .filter(|r| !t.cdi_readers.contains(r))
+            .collect();
+        if !outsiders.is_empty() {
+            push(
+                &mut actions,
+                Phase::Devices,
+                ActionKind::WriteCdi {
+                    team: t.name.clone(),
+                    content: t.cdi.clone(),
+                    readers: t.cdi_readers.clone(),
+                },
+                format!(
+                    "team {}'s CDI spec is readable by {} outside the team",
+                    t.name,
+                    outsiders
+                        .iter()
+                        .map(|s| s.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            );
+        }
+    }
 
     // Slices.
     for t in d.teams.values() {

@@ -6,7 +6,8 @@
 //! POSIX ACL granting read to each member user and group (resolved through NSS when written), so
 //! a non-member's container engine, which lists the directory as that user, does not find the
 //! team's device. A spec others can read (written by a version before this rule) is observed as
-//! absent, so the next plan writes it again.
+//! absent, so the next plan writes it again; the ACL is read back ([`readers`]) so that the plan
+//! rewrites a spec a removed member can still read.
 
 use crate::cdi::{spec_path, CDI_DIR, FILE_PREFIX};
 use crate::files::{remove_if_exists, write_atomic, FileError};
@@ -122,6 +123,73 @@ fn restrict(path: &std::path::Path, users: &[u32], groups: &[u32]) -> Result<(),
     Ok(())
 }
 
+/// Who the ACL of `team`'s spec lets read it, as the policy names members: `alice` for a user
+/// entry, `@ml-infer` for a group entry (`#1234`, `@#1234` for an id NSS does not name). Empty
+/// without a spec or an ACL. The plan rewrites a spec that someone outside the team can read.
+pub fn readers(root: &Root, team: &str) -> Vec<String> {
+    let path = file(root, team);
+    let Ok(c_path) =
+        std::ffi::CString::new(std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()))
+    else {
+        return Vec::new();
+    };
+    let mut buf = [0u8; 4096];
+    // SAFETY: both strings are NUL-terminated and outlive the call; `buf` is a live buffer of
+    // the length passed.
+    let n = unsafe {
+        nix::libc::getxattr(
+            c_path.as_ptr(),
+            c"system.posix_acl_access".as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let Ok(n) = usize::try_from(n) else {
+        return Vec::new();
+    };
+    acl_names(
+        &buf[..n],
+        &|uid| {
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+        },
+        &|gid| {
+            nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid))
+                .ok()
+                .flatten()
+                .map(|g| g.name)
+        },
+    )
+}
+
+/// The user and group entries of an ACL in the kernel's xattr format, named as in the policy.
+fn acl_names(
+    x: &[u8],
+    user: &dyn Fn(u32) -> Option<String>,
+    group: &dyn Fn(u32) -> Option<String>,
+) -> Vec<String> {
+    if x.len() < 4 || x[..4] != 2u32.to_le_bytes() {
+        return Vec::new();
+    }
+    x[4..]
+        .chunks_exact(8)
+        .filter_map(|c| {
+            let tag = u16::from_le_bytes([c[0], c[1]]);
+            let id = u32::from_le_bytes([c[4], c[5], c[6], c[7]]);
+            match tag {
+                0x02 => Some(user(id).unwrap_or_else(|| format!("#{id}"))),
+                0x08 => Some(format!(
+                    "@{}",
+                    group(id).unwrap_or_else(|| format!("#{id}"))
+                )),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
 /// Remove a team's spec (team gone from the policy); a missing file is fine.
 pub fn remove(root: &Root, team: &str) -> Result<(), FileError> {
     remove_if_exists(&file(root, team)).map(|_| ())
@@ -164,6 +232,22 @@ mod tests {
         std::fs::set_permissions(file(&root, "infer"), std::fs::Permissions::from_mode(0o644))
             .unwrap();
         assert!(read_all(&root).unwrap().is_empty());
+    }
+
+    #[test]
+    fn acl_entries_read_back_as_the_policy_names_members() {
+        let x = acl_xattr(&[1000, 1001], &[2000]);
+        let user = |u: u32| (u == 1000).then(|| "alice".to_string());
+        let group = |g: u32| (g == 2000).then(|| "ml-infer".to_string());
+        assert_eq!(
+            acl_names(&x, &user, &group),
+            ["alice", "#1001", "@ml-infer"]
+        );
+        assert!(acl_names(&[], &user, &group).is_empty());
+        assert!(
+            acl_names(&[1, 0, 0, 0, 2, 0], &user, &group).is_empty(),
+            "not version 2"
+        );
     }
 
     #[test]

@@ -220,6 +220,11 @@ impl RealHost {
         }
         obs.env_files = envfiles::read_all(&self.root)?;
         obs.cdi_specs = cdifiles::read_all(&self.root)?;
+        obs.cdi_readers = obs
+            .cdi_specs
+            .keys()
+            .map(|t| (t.clone(), cdifiles::readers(&self.root, t)))
+            .collect();
         obs.slices.clear();
         obs.mps.clear();
         obs.fences.clear();

@@ -5,7 +5,8 @@
 # in the caller's cgroup, the `gpuctl run` scope under gpu-infer.slice, so the slice's device
 # filter and memory limit hold (docs/containers.md, "Rootless"). Outside gpuctl run, rootless
 # podman's container is not under the team slice. bob (no team) gets neither infer's CDI device
-# (the spec is for members) nor, forced in, its node (the outside fence of user.slice).
+# (the spec is for members) nor, forced in, its node (the outside fence of user.slice). A member
+# removed from the policy loses read access to the spec at the next reconcile.
 # vmtest: timeout=480
 # vmtest: group=usage
 # Probe output is indented with sed; the flags of `gpuctl env --format cdi` are meant to split.
@@ -95,4 +96,16 @@ out=$(as_np bob "cd ~ && podman run --rm --network=none --cgroups=disabled --dev
 echo "$out" | grep -E '^(0::|node|Error)' | sed 's/^/    bob-forced| /'
 check "bob: his rootless container runs in user.slice" grep -q '^0::/user.slice/' <<<"$out"
 check "bob: infer's node forced in is denied there (EPERM)" test "$(field "$out" "node /dev/nvidia0")" = EPERM
+
+# A member removed from the policy: train's devices and environment stay as they were, so only
+# the read-back ACL shows that alice can still read the spec; gpuctld writes it again without her.
+spec=$(cdi_spec train)
+check "alice (a member of train by name) reads train's spec" as alice "test -r $spec"
+sed -i 's/^members = \["@ml-train", "alice"\]$/members = ["@ml-train"]/' /etc/gpuctl/policy.d/60-shell.toml
+check "the policy no longer lists alice in train" sh -c '! grep -q "\"@ml-train\", \"alice\"" /etc/gpuctl/policy.d/60-shell.toml'
+reload_wait
+check "gpuctld converged after the change" wait_converged 30
+check_not "alice can no longer read train's spec" as alice "cat $spec"
+check "the journal says why it was written again" journal_has "train's CDI spec is readable by alice outside the team"
+check_output "carol (@ml-train) still reads it" as carol "test -r $spec"
 finish
