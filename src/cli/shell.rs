@@ -307,7 +307,7 @@ pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, 
         .is_some()
         .then(|| watch_position(team.to_string()));
     // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
-    let joined: (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
+    let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
         Some(socket) => wire::join(&socket, team, &options).map_err(wire_failure)?,
         None => {
             let (env, scope) = with_agent("Join", async |p| {
@@ -320,7 +320,6 @@ pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, 
             (env.into_iter().collect(), scope)
         }
     };
-    let (mut env, scope) = joined;
     env.insert("GPUCTL_SCOPE".into(), scope);
     Ok(env)
 }
