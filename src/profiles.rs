@@ -158,6 +158,10 @@ pub struct GpuModel {
     /// Compute-instance profiles keyed by GI profile name.
     #[serde(default)]
     pub ci_profiles_by_gi: BTreeMap<String, Vec<CiProfile>>,
+    /// Names earlier releases gave this model's profiles (mig-parted kept GB200's first
+    /// names), each to the profile of the same shape that the model has now.
+    #[serde(default)]
+    pub former_profile_names: BTreeMap<String, String>,
 }
 
 impl GpuModel {
@@ -226,6 +230,15 @@ impl GpuModel {
     /// The canonical `--simulate` name (`h100-80gb`).
     pub fn sim_name(&self) -> &str {
         self.sim_names.first().map_or("unknown", String::as_str)
+    }
+
+    /// The model whose profile was once called `former`, and that profile's name now.
+    pub fn renamed(former: &str) -> Option<(&'static GpuModel, &'static str)> {
+        Catalog::get().models().iter().find_map(|m| {
+            m.former_profile_names
+                .get(former)
+                .map(|now| (m, now.as_str()))
+        })
     }
 
     /// The models that offer a GI profile of this name, in catalog order.

@@ -158,7 +158,8 @@ fn unsupported_is_named_and_nothing_written_unless_skipped() {
 
 /// A file of the structure of mig-parted's default config (`tests/data/`, written for gpuctl):
 /// every config imports, or is refused naming the part and why; what imports validates, and
-/// `all-balanced` on A800, H800, H20 and B200 hosts plans mig-parted's layout for that model.
+/// `all-balanced` on A800, H800, H20, B200, GB200 and H800 NVL hosts plans mig-parted's layout
+/// for that model.
 #[test]
 fn a_default_config_shaped_file_imports_config_by_config() {
     use gpuctl::import::mig_parted::import;
@@ -170,12 +171,9 @@ fn a_default_config_shaped_file_imports_config_by_config() {
         .keys()
         .map(|k| k.as_str().unwrap().to_string())
         .collect();
-    assert_eq!(names.len(), 11);
+    assert_eq!(names.len(), 13);
     // The parts that cannot be imported, and the words that say why.
-    let refused = [
-        ("all-4g.96gb.gfx", "profile 4g.96gb+gfx is in no GPU model"),
-        ("all-2g.47gb", "profile 2g.47gb is in no GPU model"),
-    ];
+    let refused = [("all-1g.16gb", "profile 1g.16gb is in no GPU model")];
     let dir = tempfile::tempdir().unwrap();
     let teams = dir.path().join("10-teams.toml");
     std::fs::write(
@@ -215,11 +213,24 @@ fn a_default_config_shaped_file_imports_config_by_config() {
     // Filter IDs of models gpuctl has no entry for are notes, not refusals.
     let balanced = import(yaml, "all-balanced", Some("infer"), "fixture").unwrap();
     let noted: Vec<&str> = balanced.notes.iter().map(|n| n.why.as_str()).collect();
-    assert_eq!(noted.len(), 3, "{noted:?}");
-    for id in ["0x294110DE", "0x233A10DE", "0x233D10DE"] {
-        assert!(noted.iter().any(|n| n.contains(id)), "{id}: {noted:?}");
-        assert!(balanced.toml.contains(id));
-    }
+    assert_eq!(noted.len(), 1, "{noted:?}");
+    assert!(noted[0].contains("0x233D10DE"), "{noted:?}");
+    assert!(balanced.toml.contains("0x233D10DE"));
+    // A GB200 profile under its earlier name imports as today's, and says so.
+    let old = import(yaml, "all-3g.95gb", Some("infer"), "fixture").unwrap();
+    assert!(old.unsupported.is_empty(), "{:?}", old.unsupported);
+    assert_eq!(old.notes.len(), 1, "{:?}", old.notes);
+    assert!(
+        old.notes[0].why.contains("GB200's 3g.93gb") && old.notes[0].why.contains("imported as"),
+        "{:?}",
+        old.notes
+    );
+    assert!(
+        old.toml
+            .contains("profile = \"3g.93gb\"\nowner = \"infer\"\ncount = 2\n"),
+        "{}",
+        old.toml
+    );
     let f = dir.path().join("50-all-balanced.toml");
     let p = gpuctl::policy::load_files(&[teams.clone(), f])
         .policy
@@ -235,6 +246,8 @@ fn a_default_config_shaped_file_imports_config_by_config() {
         ("a800-40gb*2", ["1g.5gb", "1g.5gb", "2g.10gb", "3g.20gb"]),
         ("h20*8", ["1g.12gb", "1g.12gb", "2g.24gb", "3g.48gb"]),
         ("b200*8", ["1g.23gb", "1g.23gb", "2g.45gb", "3g.90gb"]),
+        ("gb200*4", ["1g.23gb", "1g.23gb", "2g.47gb", "3g.93gb"]),
+        ("h800-nvl*2", ["1g.12gb", "1g.12gb", "2g.24gb", "3g.47gb"]),
     ] {
         let obs = gpuctl::sim::build(host).unwrap();
         let d = gpuctl::plan::desired(&p, &obs);

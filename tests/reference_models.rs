@@ -70,8 +70,12 @@ fn every_model_adds_up_as_the_guide_says() {
     assert!(models.len() >= 20, "{} MIG models", models.len());
     for m in models {
         let k = &m.key;
+        // -lgipp's units: 8 on A100 to B300, 4 on A30, 12 on the RTX PRO 6000 (GB202).
         assert!(
-            matches!((m.memory_slices, m.compute_slices), (8, 7) | (4, 4)),
+            matches!(
+                (m.memory_slices, m.compute_slices),
+                (8, 7) | (4, 4) | (12, 4)
+            ),
             "{k}"
         );
         assert_eq!(m.max_mig_device_count, m.compute_slices, "{k}");
@@ -96,7 +100,7 @@ fn every_model_adds_up_as_the_guide_says() {
                     pl.start + pl.size <= m.memory_slices,
                     "{at}: {pl:?} outside"
                 );
-                assert_eq!(pl.start % size.min(4), 0, "{at}: {pl:?} unaligned");
+                assert_eq!(pl.start % size, 0, "{at}: {pl:?} unaligned");
             }
             assert!(p.instance_count as usize <= p.placements.len(), "{at}");
             assert!(p.instance_count * p.slice_count <= m.compute_slices, "{at}");
@@ -227,4 +231,38 @@ fn an_all_entry_with_profiles_only_some_models_have_is_warned_with_those_models(
     // A model entry says which GPUs it is for; index entries are matched on the host.
     assert!(load("model = \"A100*40GB\"", "3g.20gb").is_empty());
     assert!(load("index = [0]", "3g.20gb").is_empty());
+}
+
+/// The RTX PRO 6000 Blackwell counts placements in 12 units. Its public `-cgi
+/// 2g.48gb,1g.24gb,1g.24gb` output shows GI 1 at 0:6 and GIs 5 and 6 at 6:3 and 9:3; the planner
+/// and the fake reach that layout with those ids.
+#[test]
+fn rtx_pro_6000_balanced_layout_is_the_one_its_public_lgi_shows() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Catalog::get()
+        .by_key("RTX-PRO-6000-Blackwell-Server")
+        .unwrap();
+    assert_eq!(m.memory_slices, 12);
+    let p = policy(dir.path(), "p.toml", &toml_for(m, &balanced(m)));
+    let fake = FakeHost::new(m.sim_name());
+    let r = fake.apply(&p);
+    assert!(r.failed.is_empty(), "{:?}", r.failed);
+    let obs = fake.observe();
+    let mut got: Vec<(u32, String, u32, u32)> = obs.gpus[0]
+        .mig
+        .as_ref()
+        .unwrap()
+        .instances
+        .iter()
+        .map(|g| (g.id, g.profile.clone(), g.placement.start, g.placement.size))
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            (1, "2g.48gb".to_string(), 0, 6),
+            (5, "1g.24gb".to_string(), 6, 3),
+            (6, "1g.24gb".to_string(), 9, 3),
+        ]
+    );
 }

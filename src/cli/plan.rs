@@ -30,8 +30,8 @@ use std::path::PathBuf;
 pub struct HostArgs {
     /// Plan against a simulated host, e.g. `h100-80gb*8` or `a100-40gb*4,h200*2`. Models:
     /// every entry of data/gpu-profiles.json by its simulate name or alias (a100, a800, h100,
-    /// h800, h20, h200-nvl, gh200, b200, rtx-pro-6000, a30, …) and l40s (no MIG); an unknown
-    /// name is answered with the list.
+    /// h800, h20, h200-nvl, gh200, b200, gb200, b300, rtx-pro-6000, a30, …) and l40s (no MIG); an
+    /// unknown name is answered with the list.
     #[arg(long, value_name = "SPEC")]
     pub simulate: Option<String>,
     /// State file of the simulated host (JSON); created from SPEC when missing, updated by

@@ -60,8 +60,9 @@ pub struct Imported {
     pub toml: String,
     /// Fields left out, each named; empty when the import is complete.
     pub unsupported: Vec<Unsupported>,
-    /// What the drop-in leaves to the host without losing anything gpuctl could manage: device
-    /// filter IDs of models gpuctl does not know (header comments, never a refusal).
+    /// What the drop-in leaves to the host without losing anything gpuctl could manage (device
+    /// filter IDs of models gpuctl does not know) and profile names it translated (a model's
+    /// earlier names): header comments, never a refusal.
     pub notes: Vec<Unsupported>,
 }
 
@@ -315,7 +316,20 @@ pub fn import(
                 if count == 0 {
                     continue; // zero instances of a profile: nothing to create
                 }
-                let (profile, compute) = split_profile(name);
+                let (mut profile, compute) = split_profile(name);
+                if GpuModel::offering(&profile).is_empty() {
+                    if let Some((m, now)) = GpuModel::renamed(&profile) {
+                        notes.push(Unsupported {
+                            path: format!("{at}.mig-devices.\"{name}\""),
+                            why: format!(
+                                "{profile} is an earlier name of {}'s {now} (the same slices; \
+                                 drivers of its production boards report {now}); imported as {now}",
+                                m.key
+                            ),
+                        });
+                        profile = now.to_string();
+                    }
+                }
                 out.push(MigEntry {
                     profile,
                     owner: owner_name.clone(),
@@ -374,7 +388,7 @@ pub fn import(
         header.push_str(&format!("# NOT IMPORTED: {u}\n"));
     }
     for n in &notes {
-        header.push_str(&format!("# Left to the host: {}: {}\n", n.path, n.why));
+        header.push_str(&format!("# Note: {}: {}\n", n.path, n.why));
     }
     Ok(Imported {
         toml: format!("{header}\n{body}"),
@@ -652,17 +666,15 @@ mig-configs:
         );
         assert_valid(&i.toml);
         // An ID of a model gpuctl does not know is a note in the header, not a refusal.
-        let yaml = EXAMPLE.replace("\"0x20F610DE\"", "\"0x294110DE\"");
+        let yaml = EXAMPLE.replace("\"0x20F610DE\"", "\"0x233D10DE\"");
         let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();
         assert!(i.unsupported.is_empty(), "{:?}", i.unsupported);
         assert_eq!(i.notes.len(), 1);
         assert_eq!(i.notes[0].path, "mig-configs.all-balanced[0].device-filter");
         assert!(i.notes[0]
             .why
-            .starts_with("PCI device ID 0x294110DE is no GPU model"));
-        assert!(i
-            .toml
-            .contains("# Left to the host: mig-configs.all-balanced[0]"));
+            .starts_with("PCI device ID 0x233D10DE is no GPU model"));
+        assert!(i.toml.contains("# Note: mig-configs.all-balanced[0]"));
         // A filtered model that lacks a profile is named with the models that have it.
         let yaml = EXAMPLE.replace("\"3g.40gb\": 1", "\"3g.20gb\": 1");
         let i = import(&yaml, "all-balanced", Some("infer"), "config.yaml").unwrap();

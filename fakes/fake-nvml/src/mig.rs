@@ -6,6 +6,8 @@
 //! `[0,8)→0; [4,8)→1, [0,4)→2; 2-slice blocks at 4,6,0,2 → 3..6; single slices 4,5,6,7,0,1,2,3
 //! → 7..14`, which matches the reference observations (7×1g ids 9,7,8,11,12,13,14 at
 //! placements 6,4,5,0,1,2,3; 3g ids 1/2 at 4:4/0:4).
+//! The RTX PRO 6000 Blackwell reports 12 units (4 positions of 3) and numbers its tree in order
+//! (its public `-lgi`: GI 1 at 0:6, GI 5 at 6:3, GI 6 at 9:3).
 //!
 //! Automatic placement (create without placement) picks the free placement that removes the
 //! fewest still-creatable (profile, placement) options of the GPU, lowest start on ties —
@@ -17,18 +19,23 @@ use crate::state::{GpuInstance, State};
 
 /// GI id of a placement in the tree numbering; `None` for unaligned or non-power-of-two spans.
 pub fn gi_id_for(memory_slices: u32, p: Span) -> Option<u32> {
+    // Units of a non-power-of-two count (12 = 4 positions of 3) are grouped into positions.
+    let unit = memory_slices.checked_shr(memory_slices.trailing_zeros())?;
+    let in_order = unit > 1;
+    let (slices, start, size) = (memory_slices / unit, p.start / unit, p.size / unit);
     if p.size == 0
-        || !p.size.is_power_of_two()
-        || p.start % p.size != 0
-        || p.start + p.size > memory_slices
-        || !memory_slices.is_power_of_two()
+        || p.start % unit != 0
+        || p.size % unit != 0
+        || !size.is_power_of_two()
+        || start % size != 0
+        || start + size > slices
     {
         return None;
     }
-    let nodes = memory_slices / p.size;
-    let pos = p.start / p.size;
-    let ord = if nodes == 1 {
-        0
+    let nodes = slices / size;
+    let pos = start / size;
+    let ord = if nodes == 1 || in_order {
+        pos
     } else if pos >= nodes / 2 {
         pos - nodes / 2
     } else {
@@ -205,6 +212,12 @@ mod tests {
         assert_eq!(gi_id_for(4, s(0, 4)), Some(0));
         assert_eq!(gi_id_for(4, s(1, 1)), Some(6));
         assert_eq!(gi_id_for(8, s(1, 2)), None);
+        // GB202's 12 units, as its public -lgi numbers them.
+        assert_eq!(gi_id_for(12, s(0, 6)), Some(1));
+        assert_eq!(gi_id_for(12, s(6, 3)), Some(5));
+        assert_eq!(gi_id_for(12, s(9, 3)), Some(6));
+        assert_eq!(gi_id_for(12, s(0, 12)), Some(0));
+        assert_eq!(gi_id_for(12, s(1, 3)), None);
     }
 
     /// Every reference placement gets a tree id, so ids never collide between live GIs.

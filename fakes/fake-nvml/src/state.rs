@@ -499,7 +499,9 @@ mod tests {
         );
         assert_ne!(st.gpus[0].uuid, st.gpus[1].uuid);
         assert!(st.gpus[0].uuid.starts_with("GPU-"));
-        assert!(State::from_spec("gb300").unwrap_err().contains("gb300"));
+        assert!(State::from_spec("rtx-pro-5000")
+            .unwrap_err()
+            .contains("rtx-pro-5000"));
         assert!(State::from_spec("h100*x").is_err());
     }
 

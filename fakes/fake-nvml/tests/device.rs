@@ -89,7 +89,7 @@ fn missing_state_without_spec_is_driver_not_loaded_and_bad_model_is_unknown() {
     std::env::remove_var("FAKE_NVML_SPEC");
     let r = Nvml::builder().lib_path(lib_path().as_os_str()).init();
     assert!(matches!(r, Err(NvmlError::DriverNotLoaded)), "{r:?}");
-    std::fs::write(&fake.state, r#"{"gpus":[{"model":"GB300"}]}"#).unwrap();
+    std::fs::write(&fake.state, r#"{"gpus":[{"model":"RTX-PRO-5000"}]}"#).unwrap();
     let r = Nvml::builder().lib_path(lib_path().as_os_str()).init();
     assert!(matches!(r, Err(NvmlError::Unknown)), "{r:?}");
 }
