@@ -29,15 +29,18 @@ pub enum Gpus {
     All,
 }
 
+/// A `--gpus` value that is not a device count.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("'{0}' is not a device count (a whole number from 1, or \"all\")")]
+pub struct BadGpus(pub String);
+
 impl std::str::FromStr for Gpus {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BadGpus;
+    fn from_str(s: &str) -> Result<Self, BadGpus> {
         match s.trim() {
             "all" => Ok(Gpus::All),
             n => match n.parse::<u32>() {
-                Ok(0) | Err(_) => Err(format!(
-                    "'{n}' is not a device count (a whole number from 1, or \"all\")"
-                )),
+                Ok(0) | Err(_) => Err(BadGpus(n.to_string())),
                 Ok(n) => Ok(Gpus::Count(n)),
             },
         }
@@ -243,6 +246,94 @@ pub fn choose(
     Ok(ok)
 }
 
+/// How often a waiting request may be passed over by later ones before it reserves the free
+/// devices it would take ([`serve`]), so that a request for two whole GPUs is not starved by a
+/// stream of one-GPU jobs.
+pub const MAX_PASSES: u32 = 8;
+
+/// A request in a team's queue as [`serve`] sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Waiter {
+    /// What it asks for.
+    pub request: Request,
+    /// How many later requests were placed while it waited.
+    pub passed: u32,
+    /// Its client has not come back since a restart: served nothing, holds nobody back.
+    pub returning: bool,
+}
+
+/// Which of a queue's requests `share` serves now, walking them in serving order: each gets
+/// what [`choose`] gives it with the devices taken or kept by those ahead counted as held. A
+/// request that cannot be served now holds back nobody that a free device can serve, but keeps
+/// its place: a device it names is kept for it (it gets it first when it frees), and once
+/// passed over [`MAX_PASSES`] times it keeps the free devices it would take.
+pub fn serve(
+    share: &[Candidate],
+    waiting: &[Waiter],
+    default_gpus: Option<Gpus>,
+    jobs_per_device: Option<u32>,
+) -> Vec<Result<Vec<usize>, PlaceError>> {
+    let mut cands = share.to_vec();
+    let keep = |c: &mut Candidate| {
+        if let Some(cap) = capacity(jobs_per_device, c) {
+            c.held = c.held.max(cap);
+        }
+    };
+    let mut out = Vec::with_capacity(waiting.len());
+    for w in waiting {
+        if w.returning {
+            out.push(Err(PlaceError::Busy {
+                want: 0,
+                full: Vec::new(),
+            }));
+            continue;
+        }
+        let r = choose(&cands, &w.request, default_gpus, jobs_per_device);
+        match &r {
+            Ok(picked) => {
+                for &i in picked {
+                    cands[i].held += 1;
+                }
+            }
+            Err(PlaceError::Busy { want, .. }) => {
+                if let Some(i) = w
+                    .request
+                    .device
+                    .as_deref()
+                    .and_then(|d| find_device(&cands, d))
+                {
+                    keep(&mut cands[i]);
+                } else if w.passed >= MAX_PASSES {
+                    let pool = pool_of(&cands, w.request.gpus.or(default_gpus));
+                    let mut free: Vec<usize> = pool
+                        .into_iter()
+                        .filter(|i| {
+                            capacity(jobs_per_device, &cands[*i]).is_none_or(|c| cands[*i].held < c)
+                        })
+                        .collect();
+                    free.sort_by(|a, b| by_load(&cands, *a, *b));
+                    for i in free.into_iter().take(*want) {
+                        keep(&mut cands[i]);
+                    }
+                }
+            }
+            Err(_) => {}
+        }
+        out.push(r);
+    }
+    out
+}
+
+/// The devices a request without `--device` may be given: any one for a single device, whole
+/// GPUs for more.
+fn pool_of(share: &[Candidate], gpus: Option<Gpus>) -> Vec<usize> {
+    match gpus.unwrap_or(Gpus::Count(1)) {
+        Gpus::Count(1) => (0..share.len()).collect(),
+        Gpus::All if share.len() == 1 => vec![0],
+        _ => (0..share.len()).filter(|i| !share[*i].mig).collect(),
+    }
+}
+
 /// The share's device that `asked` names: its UUID, or its position in the share.
 pub fn find_device(share: &[Candidate], asked: &str) -> Option<usize> {
     share.iter().position(|c| c.id == asked).or_else(|| {
@@ -348,18 +439,18 @@ pub fn utc(secs: u64) -> String {
     )
 }
 
-/// The holders of `devices`, for a refusal: `MIG-a: alice (gpuctl-run-t-812.scope) since
-/// 2026-12-03T17:50:02Z`, one entry per lease.
-pub fn holders(leases: &[Lease], devices: &[&str]) -> String {
+/// The holders of `devices`, for a refusal to a member of `team`: `MIG-a: alice
+/// (gpuctl-run-t-812.scope) since 2026-12-03T17:50:02Z`, one entry per lease; another team's
+/// lease (a GPU the teams share) names the team alone, as `Status` would show it to the caller.
+pub fn holders(leases: &[Lease], devices: &[&str], team: &str) -> String {
     let mut out = Vec::new();
     for d in devices {
         for l in leases.iter().filter(|l| l.devices.iter().any(|x| x == d)) {
-            out.push(format!(
-                "{d}: {} ({}) since {}",
-                l.user,
-                l.unit,
-                utc(l.since)
-            ));
+            out.push(if l.team == team {
+                format!("{d}: {} ({}) since {}", l.user, l.unit, utc(l.since))
+            } else {
+                format!("{d}: a job of team {} since {}", l.team, utc(l.since))
+            });
         }
     }
     if out.is_empty() {
@@ -550,10 +641,15 @@ mod tests {
             gpu_memory: None,
         };
         assert_eq!(
-            holders(&[l], &["MIG-a", "MIG-b"]),
+            holders(&[l.clone()], &["MIG-a", "MIG-b"], "t"),
             "MIG-a: bob (gpuctl-run-t-9.scope) since 1970-01-01T00:00:00Z"
         );
-        assert_eq!(holders(&[], &["MIG-a"]), "none recorded");
+        assert_eq!(
+            holders(&[l], &["MIG-a"], "u"),
+            "MIG-a: a job of team t since 1970-01-01T00:00:00Z",
+            "no name or unit of another team's member"
+        );
+        assert_eq!(holders(&[], &["MIG-a"], "t"), "none recorded");
     }
 
     #[test]
@@ -677,5 +773,184 @@ mod tests {
                 Err(_) => {}
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod serve_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn dev(id: &str, mig: bool, held: u32) -> Candidate {
+        Candidate {
+            id: id.into(),
+            mig,
+            mps: false,
+            held,
+            memory_used: None,
+            activity: None,
+        }
+    }
+
+    fn w(gpus: Option<u32>, device: Option<&str>, passed: u32) -> Waiter {
+        Waiter {
+            request: Request {
+                gpus: gpus.map(Gpus::Count),
+                device: device.map(str::to_string),
+            },
+            passed,
+            returning: false,
+        }
+    }
+
+    #[test]
+    fn a_head_that_names_a_busy_device_holds_back_nobody_and_gets_it_when_it_frees() {
+        // alice names MIG-a, held by someone; carol asks for any device; MIG-b is free.
+        let mut share = vec![dev("MIG-a", true, 1), dev("MIG-b", true, 0)];
+        let q = [w(None, Some("MIG-a"), 0), w(None, None, 0)];
+        let r = serve(&share, &q, None, None);
+        assert!(matches!(r[0], Err(PlaceError::Busy { .. })));
+        assert_eq!(r[1], Ok(vec![1]), "carol is not held back");
+        // MIG-a frees while both wait: alice gets it, carol still gets MIG-b.
+        share[0].held = 0;
+        assert_eq!(
+            serve(&share, &q, None, None),
+            vec![Ok(vec![0]), Ok(vec![1])]
+        );
+        // Only MIG-a is free: it is kept for alice, not given to carol behind her.
+        share[1].held = 1;
+        let r = serve(&share, &q, None, None);
+        assert_eq!(r[0], Ok(vec![0]));
+        assert!(matches!(r[1], Err(PlaceError::Busy { .. })));
+        // Alice's device is busy again and carol's is free: carol does not wait on her.
+        share[0].held = 1;
+        share[1].held = 0;
+        assert_eq!(serve(&share, &q, None, None)[1], Ok(vec![1]));
+    }
+
+    #[test]
+    fn a_big_request_passed_over_too_often_keeps_what_frees() {
+        // Two whole GPUs, one busy; a two-GPU request ahead of a stream of one-GPU jobs.
+        let share = vec![dev("GPU-0", false, 0), dev("GPU-1", false, 1)];
+        let young = [w(Some(2), None, MAX_PASSES - 1), w(None, None, 0)];
+        assert_eq!(serve(&share, &young, None, None)[1], Ok(vec![0]));
+        let old = [w(Some(2), None, MAX_PASSES), w(None, None, 0)];
+        let r = serve(&share, &old, None, None);
+        assert!(matches!(r[0], Err(PlaceError::Busy { want: 2, .. })));
+        assert!(
+            matches!(r[1], Err(PlaceError::Busy { .. })),
+            "GPU-0 is kept for the request passed over {MAX_PASSES} times"
+        );
+    }
+
+    #[test]
+    fn returning_requests_are_served_nothing_and_keep_nothing() {
+        let share = vec![dev("MIG-a", true, 0)];
+        let mut back = w(None, Some("MIG-a"), MAX_PASSES);
+        back.returning = true;
+        let r = serve(&share, &[back, w(None, None, 0)], None, None);
+        assert!(r[0].is_err());
+        assert_eq!(r[1], Ok(vec![0]));
+    }
+
+    fn arb_share() -> impl Strategy<Value = Vec<Candidate>> {
+        prop::collection::vec((any::<bool>(), 0u32..3), 1..6).prop_map(|v| {
+            v.into_iter()
+                .enumerate()
+                .map(|(i, (mig, held))| dev(&format!("D-{i}"), mig, held))
+                .collect()
+        })
+    }
+
+    fn arb_queue() -> impl Strategy<Value = Vec<Waiter>> {
+        prop::collection::vec(
+            (
+                prop::option::of(1u32..3),
+                prop::option::of(0usize..6),
+                0u32..(MAX_PASSES + 2),
+            ),
+            0..8,
+        )
+        .prop_map(|v| {
+            v.into_iter()
+                .map(|(n, d, p)| {
+                    let d = d.map(|d| format!("D-{d}"));
+                    w(if d.is_some() { None } else { n }, d.as_deref(), p)
+                })
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn serving_properties(share in arb_share(), q in arb_queue(), jpd in prop::option::of(1u32..3)) {
+            let r = serve(&share, &q, None, jpd);
+            prop_assert_eq!(r.len(), q.len());
+            // No device is given past its capacity, counting what is already held.
+            let mut held: Vec<u32> = share.iter().map(|c| c.held).collect();
+            for picked in r.iter().flatten() {
+                for &i in picked {
+                    held[i] += 1;
+                }
+            }
+            for (i, c) in share.iter().enumerate() {
+                let cap = capacity(jpd, c).unwrap_or(u32::MAX);
+                let fresh = held[i] - c.held;
+                prop_assert!(fresh == 0 || held[i] <= cap, "device {} over capacity", i);
+            }
+            // A request that is not served, names no device and was not passed over too often
+            // holds back nobody: without it, the others get exactly the same.
+            for k in 0..q.len() {
+                if r[k].is_ok() || q[k].request.device.is_some() || q[k].passed >= MAX_PASSES {
+                    continue;
+                }
+                let mut without = q.clone();
+                without.remove(k);
+                let r2 = serve(&share, &without, None, jpd);
+                let mut expect = r.clone();
+                expect.remove(k);
+                prop_assert_eq!(r2, expect);
+            }
+            // The first request that a free device can serve is served: nobody ahead of the
+            // first servable one keeps what it needs unless it named it or waited too long.
+            if let Some(first) = q.iter().position(|x| choose(&share, &x.request, None, jpd).is_ok()) {
+                let ahead_keep = q[..first]
+                    .iter()
+                    .any(|x| x.request.device.is_some() || x.passed >= MAX_PASSES);
+                if !ahead_keep {
+                    prop_assert!(r[first].is_ok());
+                }
+            }
+        }
+    }
+
+    /// Jobs end and one-GPU requests keep coming: a two-GPU request at the head is served
+    /// within a bounded number of rounds.
+    #[test]
+    fn a_stream_of_small_jobs_does_not_starve_a_big_one() {
+        let mut share = vec![dev("GPU-0", false, 1), dev("GPU-1", false, 1)];
+        let mut big = w(Some(2), None, 0);
+        let mut running: Vec<(usize, u32)> = vec![(0, 1), (1, 2)]; // (device, ends at round)
+        for round in 0..100u32 {
+            running.retain(|(d, end)| {
+                if *end == round {
+                    share[*d].held -= 1;
+                }
+                *end != round
+            });
+            let small = w(None, None, 0);
+            let r = serve(&share, &[big.clone(), small], None, None);
+            if let Ok(p) = &r[0] {
+                assert_eq!(p.len(), 2);
+                assert!(round <= MAX_PASSES + 3, "served at round {round}");
+                return;
+            }
+            if let Ok(p) = &r[1] {
+                share[p[0]].held += 1;
+                running.push((p[0], round + 2));
+                big.passed += 1;
+            }
+        }
+        panic!("the two-GPU request starved");
     }
 }

@@ -308,7 +308,7 @@ pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, 
         .then(|| watch_position(team.to_string()));
     // The lean client where the bus address allows it (see `wire` for why); zbus otherwise.
     let (mut env, scope): (BTreeMap<String, String>, String) = match wire::system_bus_socket() {
-        Some(socket) => wire::join(&socket, team, &options).map_err(wire_failure)?,
+        Some(socket) => join_again_after_restart(&socket, team, options, place.wait)?,
         None => {
             let (env, scope) = with_agent("Join", async |p| {
                 if options.is_empty() {
@@ -322,6 +322,60 @@ pub fn join_team(team: &TeamName, place: &PlaceArgs) -> Result<BTreeMap<String, 
     };
     env.insert("GPUCTL_SCOPE".into(), scope);
     Ok(env)
+}
+
+/// `Join` through the lean client; a `--wait` request whose gpuctld goes away (a restart, a
+/// crash) asks again when it is back, for what is left of its wait: a gpuctld that restarts
+/// gives it back its place in the queue ([`crate::dbus_api::queue`]).
+fn join_again_after_restart(
+    socket: &std::path::Path,
+    team: &TeamName,
+    mut options: BTreeMap<String, String>,
+    wait: Option<std::time::Duration>,
+) -> Result<(BTreeMap<String, String>, String), Failure> {
+    let deadline = wait.map(|w| std::time::Instant::now() + w);
+    let mut said = false;
+    loop {
+        let r = wire::join(socket, team, &options);
+        let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
+        match (r, left) {
+            (Err(e), Some(left)) if daemon_went_away(&e) && !left.is_zero() => {
+                if !said {
+                    eprintln!(
+                        "gpuctl: gpuctld went away while this request waited ({e}); asking \
+                         again when it is back"
+                    );
+                    said = true;
+                }
+                std::thread::sleep(AGAIN_EVERY.min(left));
+                let left = deadline.map_or(left, |d| {
+                    d.saturating_duration_since(std::time::Instant::now())
+                });
+                options.insert("wait".into(), left.as_millis().to_string());
+            }
+            (r, _) => {
+                if said && r.is_ok() {
+                    eprintln!("gpuctl: placed after gpuctld came back");
+                }
+                return r.map_err(wire_failure);
+            }
+        }
+    }
+}
+
+/// How often a waiting client whose gpuctld went away asks again.
+const AGAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The bus's answers for a call whose recipient left without replying or is not there (yet).
+fn daemon_went_away(e: &wire::WireError) -> bool {
+    matches!(e, wire::WireError::Method { name, .. } if matches!(
+        name.as_str(),
+        "org.freedesktop.DBus.Error.NoReply"
+            | "org.freedesktop.DBus.Error.ServiceUnknown"
+            | "org.freedesktop.DBus.Error.NameHasNoOwner"
+            | "org.freedesktop.DBus.Error.Spawn.ChildExited"
+            | "org.freedesktop.DBus.Error.TimedOut"
+    ))
 }
 
 /// How often a waiting client on a terminal asks for its place in the queue: every waiter

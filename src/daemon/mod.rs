@@ -849,8 +849,14 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
                 let (_, t) = next.take().expect("only armed with a trigger");
                 Request::trigger(t, Observe::All)
             }
-            _ = term.recv() => break,
-            _ = int.recv() => break,
+            _ = term.recv() => {
+                crate::dbus_api::join::keep_queue();
+                break;
+            }
+            _ = int.recv() => {
+                crate::dbus_api::join::keep_queue();
+                break;
+            }
         };
         // Coalesce everything already queued into one run.
         let mut waiters = Vec::new();

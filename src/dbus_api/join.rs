@@ -31,10 +31,11 @@ use crate::join::{
 };
 use crate::paths::Root;
 use crate::placement::Lease;
+use crate::placement::Waiter;
 use crate::policy::TeamName;
 use crate::systemd::scope::{call_manager, string_property, JobWaiter};
 use crate::systemd::{props, Systemd, SystemdError};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use tracing::{info, warn};
 use zbus::message::Header;
@@ -349,8 +350,65 @@ pub struct JoinCtx<'a> {
     pub root: &'a Root,
     /// Requests waiting for a free device (`--wait`).
     pub queue: &'a std::sync::Mutex<super::queue::Queues>,
-    /// Signalled when a waiting request leaves the queue.
+    /// Signalled when a waiting request leaves the queue or another is found a device.
     pub queue_changed: &'a tokio::sync::Notify,
+}
+
+impl JoinCtx<'_> {
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, super::queue::Queues> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keep the queue where a restarted gpuctld finds it ([`super::queue`]); a failure costs
+    /// only the places after a restart, so it is logged, not returned.
+    fn save_queue(&self) {
+        let saved = self.lock_queue().saved();
+        if let Err(e) = save_queue(self.root, &saved) {
+            warn!("{e}");
+        }
+    }
+}
+
+/// Where the `--wait` queue is kept across a gpuctld restart: a directory only root reads,
+/// since the entries name users and teams.
+pub const QUEUE_FILE: &str = "/run/gpuctl/queue/waiting.json";
+
+/// Set once gpuctld is stopping: the waiters' calls are dropped with the runtime, and their
+/// leaving must not empty the file the next gpuctld restores them from.
+static KEEP_QUEUE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// gpuctld is stopping: keep the queue file as it is.
+pub fn keep_queue() {
+    KEEP_QUEUE.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// Write the queue's state file.
+pub fn save_queue(
+    root: &Root,
+    saved: &[super::queue::Saved],
+) -> Result<(), crate::files::FileError> {
+    use std::os::unix::fs::DirBuilderExt;
+    if KEEP_QUEUE.load(std::sync::atomic::Ordering::SeqCst) {
+        return Ok(());
+    }
+    let path = root.join(QUEUE_FILE);
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| crate::files::FileError::new(dir, e))?;
+    }
+    let text = serde_json::to_vec(saved).unwrap_or_default();
+    crate::files::write_atomic(&path, &text)
+}
+
+/// The queue a previous gpuctld left, if it left one that reads.
+pub fn load_queue(root: &Root) -> Vec<super::queue::Saved> {
+    std::fs::read(root.join(QUEUE_FILE))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default()
 }
 
 /// `Join(team)` / `JoinWith(team, options)`: authorize the caller, place the job on devices of
@@ -366,7 +424,7 @@ pub async fn join(
 ) -> Result<(HashMap<String, String>, String), JoinError> {
     let (backend, sd, jobs, root) = (cx.backend, cx.sd, cx.jobs, cx.root);
     let team = &check_team_name(team)?;
-    let opts = JoinOptions::parse(options).map_err(JoinError::PlacementRefused)?;
+    let opts = JoinOptions::parse(options).map_err(|e| JoinError::PlacementRefused(e.to_string()))?;
     let bc = bus_caller(conn, hdr).await?;
     let uid = bc.caller.uid;
     let grant = match authorize(backend, &bc.caller, team).await {
@@ -430,7 +488,7 @@ pub async fn join(
     // A device-less team is joinable as before: nothing to place on.
     let placing = !opts.is_empty() || (t.placement.enabled() && join::has_devices(&env));
     let (_placing, placed) = if placing {
-        let (guard, p) = place_or_wait(cx, t, &opts, uid, &pidfd).await?;
+        let (guard, p) = place_or_wait(cx, t, &opts, uid, pid, &pidfd).await?;
         (Some(guard), Some(p))
     } else {
         (None, None)
@@ -514,23 +572,125 @@ pub async fn join(
 }
 
 /// Place the job, or with `--wait` queue it (round-robin across users, [`super::queue`]) and
-/// try again whenever it is its turn: every [`WAIT_TICK`] and whenever another waiter leaves.
-/// Returns the placement lock still held, so the devices are taken before anyone else looks.
+/// look again whenever a device may have freed: every [`WAIT_TICK`] the first waiter of the team
+/// looks for everyone ([`place::serve_queue`]: a request that cannot be served holds back
+/// nobody a free device can serve) and the waiters it finds a device for look for themselves.
+/// A client that asks again after a gpuctld restart takes back its place. Returns the
+/// placement lock still held, so the devices are taken before anyone else looks.
 async fn place_or_wait<'a>(
     cx: &'a JoinCtx<'_>,
     team: &crate::policy::Team,
     opts: &JoinOptions,
     uid: u32,
+    pid: u32,
     pidfd: &OwnedFd,
 ) -> Result<(tokio::sync::MutexGuard<'a, ()>, place::Placed), JoinError> {
     let started = std::time::Instant::now();
-    let mut waiting: Option<Waiting<'_>> = None;
+    let limit = opts.wait.unwrap_or_default();
+    let mut waiting = opts
+        .wait
+        .and_then(|_| Waiting::attach(cx, &team.name, uid, pid));
+    if let Some(w) = &waiting {
+        info!(
+            gpuctl_team = %team.name,
+            gpuctl_action = "queue-returned",
+            uid,
+            "uid {uid}'s request is back in its place {} after a restart",
+            w.position()
+        );
+    }
+    let mut last = String::new();
     loop {
-        let turn = waiting.as_ref().is_none_or(|w| w.is_turn());
-        if turn {
+        if cx.lock_queue().expire(std::time::Instant::now()) {
+            cx.save_queue();
+        }
+        let look = waiting
+            .as_ref()
+            .is_none_or(|w| w.is_head() || w.is_granted());
+        if look {
             let guard = cx.placing.lock().await;
-            match place_job(cx.backend, cx.sd, cx.root, team, opts).await {
-                Ok(p) => {
+            let Some(snap) = snapshot(cx.backend, cx.sd, cx.root, team).await? else {
+                // A gpuctld that has just started (the waiters of the last one ask again at
+                // once) has no share yet: a request that may wait does.
+                const STARTING: &str = "gpuctld has not finished its first reconcile";
+                if opts.wait.is_none() {
+                    return Err(JoinError::PlacementFailed(STARTING.into()));
+                }
+                if waiting.is_none() {
+                    waiting = Some(
+                        Waiting::new(cx, &team.name, uid, pid, opts.request()).map_err(|e| {
+                            JoinError::NoFreeDevice(format!("{STARTING}; cannot wait: {e}"))
+                        })?,
+                    );
+                }
+                last = STARTING.into();
+                drop(guard);
+                tokio::time::sleep(WAIT_TICK).await;
+                continue;
+            };
+            let entries = cx.lock_queue().entries(&team.name);
+            let mut waiters: Vec<Waiter> = entries
+                .iter()
+                .map(|e| Waiter {
+                    request: e.request.clone(),
+                    passed: e.passed,
+                    returning: e.returning,
+                })
+                .collect();
+            let mut memory = vec![None; waiters.len()];
+            let mine = match &waiting {
+                Some(w) => entries
+                    .iter()
+                    .position(|e| e.ticket == w.ticket)
+                    .inspect(|i| {
+                        memory[*i] = opts.gpu_memory;
+                    }),
+                None => {
+                    waiters.push(Waiter {
+                        request: opts.request(),
+                        passed: 0,
+                        returning: false,
+                    });
+                    memory.push(opts.gpu_memory);
+                    Some(waiters.len() - 1)
+                }
+            };
+            let Some(mine) = mine else {
+                return Err(JoinError::PlacementFailed(
+                    "the request left the queue while it waited".into(),
+                ));
+            };
+            let results = place::serve_queue(
+                team,
+                &snap.share,
+                &snap.leases,
+                &snap.load,
+                &waiters,
+                &memory,
+            );
+            let served: BTreeSet<super::queue::Ticket> = entries
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| r.is_ok())
+                .map(|(e, _)| e.ticket)
+                .collect();
+            if let Some(w) = waiting.as_ref().filter(|w| w.is_head()) {
+                let others = served.iter().any(|t| *t != w.ticket);
+                cx.lock_queue().grant(&team.name, served.clone());
+                if others {
+                    cx.queue_changed.notify_waiters();
+                }
+            }
+            match results.into_iter().nth(mine) {
+                Some(Ok(p)) => {
+                    // Those ahead that this look did not serve were passed over once more.
+                    let ahead: BTreeSet<super::queue::Ticket> = entries
+                        .iter()
+                        .take(mine)
+                        .filter(|e| !served.contains(&e.ticket))
+                        .map(|e| e.ticket)
+                        .collect();
+                    cx.lock_queue().passed_over(&team.name, &ahead);
                     if waiting.is_some() {
                         info!(
                             gpuctl_team = %team.name,
@@ -542,11 +702,13 @@ async fn place_or_wait<'a>(
                     }
                     return Ok((guard, p));
                 }
-                Err(JoinError::NoFreeDevice(m)) if opts.wait.is_some() => {
-                    if waiting.is_none() {
-                        let w = Waiting::new(cx, &team.name, uid).map_err(|e| {
-                            JoinError::NoFreeDevice(format!("{m}; cannot wait: {e}"))
-                        })?;
+                Some(Err(r)) if r.busy && opts.wait.is_some() => {
+                    if let Some(w) = &waiting {
+                        cx.lock_queue().ungrant(&team.name, w.ticket);
+                    } else {
+                        let w = Waiting::new(cx, &team.name, uid, pid, opts.request()).map_err(
+                            |e| JoinError::NoFreeDevice(format!("{}; cannot wait: {e}", r.message)),
+                        )?;
                         info!(
                             gpuctl_team = %team.name,
                             gpuctl_action = "queued",
@@ -557,26 +719,25 @@ async fn place_or_wait<'a>(
                         );
                         waiting = Some(w);
                     }
-                    let limit = opts.wait.unwrap_or_default();
-                    if started.elapsed() >= limit {
-                        return Err(JoinError::NoFreeDevice(format!(
-                            "waited {} ms: {m}",
-                            started.elapsed().as_millis()
-                        )));
-                    }
+                    last = r.message;
                 }
-                Err(e) => return Err(e),
+                Some(Err(r)) if r.busy => return Err(JoinError::NoFreeDevice(r.message)),
+                Some(Err(r)) => return Err(JoinError::PlacementRefused(r.message)),
+                None => unreachable!("one answer per request"),
             }
+        }
+        if started.elapsed() >= limit {
+            return Err(JoinError::NoFreeDevice(format!(
+                "waited {} ms: {last}",
+                started.elapsed().as_millis()
+            )));
         }
         if !pidfd_alive(pidfd) {
             return Err(JoinError::NotYourProcess(
                 "the waiting process has exited".into(),
             ));
         }
-        let left = opts
-            .wait
-            .unwrap_or_default()
-            .saturating_sub(started.elapsed());
+        let left = limit.saturating_sub(started.elapsed());
         tokio::select! {
             _ = cx.queue_changed.notified() => {}
             _ = tokio::time::sleep(WAIT_TICK.min(left)) => {}
@@ -584,83 +745,104 @@ async fn place_or_wait<'a>(
     }
 }
 
-/// How often a waiting request whose turn it is looks for a free device: a scope ends without
-/// telling gpuctld, so "starts within a second of a device freeing" is a poll of the leases.
+/// How often the first waiter of a team looks for a free device: a scope ends without telling
+/// gpuctld, so "starts within a second of a device freeing" is a poll of the leases.
 pub const WAIT_TICK: std::time::Duration = std::time::Duration::from_millis(250);
 
+/// How long the requests restored after a restart keep their places for their clients.
+pub const RETURN_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// A queued request; leaves the queue however the wait ends (placed, timed out, the client
-/// gone, the call dropped) and wakes the others, whose turn it may now be.
+/// gone, the call dropped) and wakes the others, who may now be served.
 struct Waiting<'a> {
-    queue: &'a std::sync::Mutex<super::queue::Queues>,
-    changed: &'a tokio::sync::Notify,
+    cx: &'a JoinCtx<'a>,
     team: String,
     ticket: super::queue::Ticket,
 }
 
 impl<'a> Waiting<'a> {
-    fn new(cx: &'a JoinCtx<'_>, team: &str, uid: u32) -> Result<Self, String> {
-        let ticket = cx
-            .queue
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .join(team, uid)?;
+    fn new(
+        cx: &'a JoinCtx<'a>,
+        team: &str,
+        uid: u32,
+        pid: u32,
+        request: crate::placement::Request,
+    ) -> Result<Self, super::queue::QueueError> {
+        let ticket = cx.lock_queue().join(team, uid, pid, request)?;
+        cx.save_queue();
         Ok(Waiting {
-            queue: cx.queue,
-            changed: cx.queue_changed,
+            cx,
             team: team.to_string(),
             ticket,
         })
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, super::queue::Queues> {
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    /// The request this process had queued before gpuctld restarted, if it has one.
+    fn attach(cx: &'a JoinCtx<'a>, team: &str, uid: u32, pid: u32) -> Option<Self> {
+        let ticket = cx.lock_queue().attach(team, uid, pid)?;
+        Some(Waiting {
+            cx,
+            team: team.to_string(),
+            ticket,
+        })
     }
 
-    fn is_turn(&self) -> bool {
-        self.lock().head(&self.team) == Some(self.ticket)
+    fn is_head(&self) -> bool {
+        self.cx.lock_queue().head(&self.team) == Some(self.ticket)
+    }
+
+    fn is_granted(&self) -> bool {
+        self.cx.lock_queue().granted(&self.team, self.ticket)
     }
 
     fn position(&self) -> usize {
-        self.lock().position(&self.team, self.ticket).unwrap_or(0)
+        self.cx
+            .lock_queue()
+            .position(&self.team, self.ticket)
+            .unwrap_or(0)
     }
 }
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
-        self.lock().leave(&self.team, self.ticket);
-        self.changed.notify_waiters();
+        self.cx.lock_queue().leave(&self.team, self.ticket);
+        self.cx.save_queue();
+        self.cx.queue_changed.notify_waiters();
     }
 }
 
-/// Choose the job's devices: the share from the last reconcile, the live leases from systemd,
-/// the load from the usage collector's last figures (none yet: placed by leases alone).
-async fn place_job(
+/// What a placement looks at: the share from the last reconcile, the live leases of every
+/// team (a GPU the teams share is capped across them), the load from the usage collector.
+struct Snapshot {
+    share: Vec<place::ShareDevice>,
+    leases: Vec<Lease>,
+    load: HashMap<String, (Option<u64>, Option<f64>)>,
+}
+
+/// Gather the [`Snapshot`] for `team` (no usage collection yet: placed by leases alone);
+/// `None` before the first reconcile has made the share.
+async fn snapshot(
     backend: &dyn Backend,
     sd: &Systemd,
     root: &Root,
     team: &crate::policy::Team,
-    opts: &JoinOptions,
-) -> Result<place::Placed, JoinError> {
-    let state = backend.state();
-    let view = state
-        .last_report
-        .as_ref()
-        .and_then(|r| r.view.as_ref())
-        .ok_or_else(|| {
-            JoinError::PlacementFailed("gpuctld has not finished its first reconcile".into())
-        })?;
-    let share = place::share(view, &team.name);
+) -> Result<Option<Snapshot>, JoinError> {
+    let share = {
+        let state = backend.state();
+        let Some(view) = state.last_report.as_ref().and_then(|r| r.view.as_ref()) else {
+            return Ok(None);
+        };
+        place::share(view, &team.name)
+    };
     let leases = place::leases(sd, root)
         .await
         .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
     let load = super::usage::last_collection()
         .map(|u| place::load_of(&u))
         .unwrap_or_default();
-    place::place(team, &share, &leases, &load, opts).map_err(|r| {
-        if r.busy {
-            JoinError::NoFreeDevice(r.message)
-        } else {
-            JoinError::PlacementRefused(r.message)
-        }
-    })
+    Ok(Some(Snapshot {
+        share,
+        leases,
+        load,
+    }))
 }

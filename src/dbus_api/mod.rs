@@ -224,7 +224,8 @@ impl Agent {
     /// The waiting `--wait` requests of the teams `viewer` may read (a request names a uid).
     fn queued(&self, viewer: &crate::join::Viewer) -> Vec<reply::v1::QueuedRequest> {
         use crate::join::Directory;
-        let q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.expire(std::time::Instant::now());
         q.seen_by(viewer, |uid| {
             crate::join::nss::Nss.user_by_uid(uid).map(|a| a.name)
         })
@@ -491,6 +492,7 @@ pub async fn serve(
 ) -> zbus::Result<()> {
     // Subscribed before the name is taken, so no placement can miss its job's signal.
     let jobs = JobWaiter::spawn(&sd).await?;
+    let saved = join::load_queue(&root);
     conn.object_server()
         .at(
             OBJECT_PATH,
@@ -500,7 +502,14 @@ pub async fn serve(
                 root,
                 jobs,
                 placing: tokio::sync::Mutex::new(()),
-                queue: Mutex::new(queue::Queues::default()),
+                queue: Mutex::new({
+                    // The requests a previous gpuctld left waiting keep their places while
+                    // their clients ask again.
+                    let mut q = queue::Queues::default();
+                    let until = std::time::Instant::now() + join::RETURN_GRACE;
+                    q.restore(saved, until);
+                    q
+                }),
                 queue_changed: tokio::sync::Notify::new(),
                 light: Mutex::new(RateLimiter::new(Limits::light())),
                 heavy: Mutex::new(RateLimiter::new(Limits::heavy())),

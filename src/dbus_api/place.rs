@@ -6,7 +6,7 @@
 //! without a bus.
 
 use super::reply::HostView;
-use crate::placement::{self, Candidate, Gpus, Lease, PlaceError, Request};
+use crate::placement::{self, Candidate, Gpus, Lease, PlaceError, Request, Waiter};
 use crate::plan::desired::COMMON_DEVICES;
 use crate::policy::Team;
 use crate::systemd::Systemd;
@@ -28,9 +28,26 @@ pub struct JoinOptions {
 /// The longest `--wait`: a week (`forever` is this too), so a deadline never overflows.
 pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
 
+/// A `JoinWith` option that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum OptionError {
+    /// Not one of the options, or a device name out of bounds.
+    #[error("unknown or bad option {} (options: gpus, device, gpu-memory, wait)", crate::settings::value::quote(.0))]
+    Unknown(String),
+    /// `gpus` is not a count.
+    #[error(transparent)]
+    Gpus(#[from] placement::BadGpus),
+    /// `wait` is not milliseconds.
+    #[error("wait {0:?}: not milliseconds")]
+    Wait(String),
+    /// `gpu-memory` is not a byte count.
+    #[error("gpu-memory {0:?}: not a byte count")]
+    GpuMemory(String),
+}
+
 impl JoinOptions {
     /// Read the options map; an unknown key or a bad value is refused in words.
-    pub fn parse(map: &HashMap<String, String>) -> Result<Self, String> {
+    pub fn parse(map: &HashMap<String, String>) -> Result<Self, OptionError> {
         let mut o = JoinOptions::default();
         for (k, v) in map {
             match k.as_str() {
@@ -39,9 +56,7 @@ impl JoinOptions {
                 "wait" => {
                     let ms: u64 = match v.as_str() {
                         "forever" => MAX_WAIT.as_millis() as u64,
-                        v => v
-                            .parse()
-                            .map_err(|_| format!("wait {v:?}: not milliseconds"))?,
+                        v => v.parse().map_err(|_| OptionError::Wait(v.to_string()))?,
                     };
                     o.wait = Some(std::time::Duration::from_millis(ms).min(MAX_WAIT));
                 }
@@ -50,15 +65,10 @@ impl JoinOptions {
                         v.parse()
                             .ok()
                             .filter(|b| *b > 0)
-                            .ok_or_else(|| format!("gpu-memory {v:?}: not a byte count"))?,
+                            .ok_or_else(|| OptionError::GpuMemory(v.to_string()))?,
                     )
                 }
-                _ => {
-                    return Err(format!(
-                        "unknown or bad option {} (options: gpus, device, gpu-memory, wait)",
-                        crate::settings::value::quote(k)
-                    ))
-                }
+                _ => return Err(OptionError::Unknown(k.to_string())),
             }
         }
         Ok(o)
@@ -80,6 +90,14 @@ impl JoinOptions {
             m.insert("wait".into(), w.as_millis().to_string());
         }
         m
+    }
+
+    /// The choice's view of the request.
+    pub fn request(&self) -> Request {
+        Request {
+            gpus: self.gpus,
+            device: self.device.clone(),
+        }
     }
 
     /// Whether the job asked for anything.
@@ -231,6 +249,30 @@ pub struct Refused {
     pub busy: bool,
 }
 
+/// The share as the choice sees it. A device's leases are counted whoever holds them, so
+/// `jobs-per-device` caps a GPU that several teams own across those teams (docs/shell.md,
+/// "Placement").
+fn candidates(
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+) -> Vec<Candidate> {
+    share
+        .iter()
+        .map(|d| {
+            let (memory_used, activity) = load.get(&d.id).copied().unwrap_or((None, None));
+            Candidate {
+                id: d.id.clone(),
+                mig: d.mig,
+                mps: d.mps.is_some(),
+                held: placement::held_counts(leases, &d.id),
+                memory_used,
+                activity,
+            }
+        })
+        .collect()
+}
+
 /// Choose for `opts` among `share` under `team`'s settings, with `leases` held now.
 pub fn place(
     team: &Team,
@@ -239,59 +281,81 @@ pub fn place(
     load: &HashMap<String, (Option<u64>, Option<f64>)>,
     opts: &JoinOptions,
 ) -> Result<Placed, Refused> {
-    let mine: Vec<Lease> = leases
-        .iter()
-        .filter(|l| l.team == *team.name)
-        .cloned()
-        .collect();
-    let cands: Vec<Candidate> = share
-        .iter()
-        .map(|d| {
-            let (memory_used, activity) = load.get(&d.id).copied().unwrap_or((None, None));
-            Candidate {
-                id: d.id.clone(),
-                mig: d.mig,
-                mps: d.mps.is_some(),
-                held: placement::held_counts(&mine, &d.id),
-                memory_used,
-                activity,
-            }
-        })
-        .collect();
-    let req = Request {
-        gpus: opts.gpus,
-        device: opts.device.clone(),
+    let me = Waiter {
+        request: opts.request(),
+        passed: 0,
+        returning: false,
     };
+    let mut r = serve_queue(team, share, leases, load, &[me], &[opts.gpu_memory]);
+    r.pop()
+        .unwrap_or_else(|| unreachable!("one answer per request"))
+}
+
+/// What the share gives each request of `team`'s queue now, in serving order
+/// ([`placement::serve`]); `gpu_memory` is each request's `--gpu-memory`.
+pub fn serve_queue(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    waiting: &[Waiter],
+    gpu_memory: &[Option<u64>],
+) -> Vec<Result<Placed, Refused>> {
+    let cands = candidates(share, leases, load);
     let jpd = team.placement.jobs_per_device.filter(|n| *n > 0);
-    let picked = placement::choose(&cands, &req, team.placement.gpus, jpd).map_err(|e| {
-        let busy = matches!(e, PlaceError::Busy { .. });
-        let mut message = format!("team \"{}\": {e}", team.name);
-        if let PlaceError::Busy { full, .. } = &e {
-            let ids: Vec<&str> = full.iter().map(|i| share[*i].id.as_str()).collect();
-            let per = match jpd {
-                Some(n) => format!("{n} job(s) per device"),
-                None => "1 job per device".into(),
-            };
-            message = format!(
-                "team \"{}\" has no free device ({per}); held: {}. Wait with --wait, or ask a \
-                 holder",
-                team.name,
-                placement::holders(&mine, &ids)
-            );
-        }
-        Refused { message, busy }
-    })?;
-    let devices: Vec<ShareDevice> = picked.iter().map(|i| share[*i].clone()).collect();
-    check_gpu_memory(
-        team,
-        &devices,
-        opts.gpu_memory.or(team.placement.gpu_memory),
-    )?;
-    let mut allow: Vec<String> = devices.iter().flat_map(|d| d.nodes.clone()).collect();
-    allow.sort();
-    allow.dedup();
-    allow.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
-    Ok(Placed { devices, allow })
+    placement::serve(&cands, waiting, team.placement.gpus, jpd)
+        .into_iter()
+        .enumerate()
+        .map(|(k, r)| {
+            let picked = r.map_err(|e| refused(team, share, leases, &cands, jpd, e))?;
+            let devices: Vec<ShareDevice> = picked.iter().map(|i| share[*i].clone()).collect();
+            let cap = gpu_memory.get(k).copied().flatten();
+            check_gpu_memory(team, &devices, cap.or(team.placement.gpu_memory))?;
+            let mut allow: Vec<String> = devices.iter().flat_map(|d| d.nodes.clone()).collect();
+            allow.sort();
+            allow.dedup();
+            allow.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
+            Ok(Placed { devices, allow })
+        })
+        .collect()
+}
+
+/// A refusal in words: for "nothing free", who holds the devices and how many are kept for
+/// requests ahead in the queue.
+fn refused(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    cands: &[Candidate],
+    jpd: Option<u32>,
+    e: PlaceError,
+) -> Refused {
+    let busy = matches!(e, PlaceError::Busy { .. });
+    let mut message = format!("team \"{}\": {e}", team.name);
+    if let PlaceError::Busy { full, .. } = &e {
+        let ids: Vec<&str> = full.iter().map(|i| share[*i].id.as_str()).collect();
+        let per = match jpd {
+            Some(n) => format!("{n} job(s) per device"),
+            None => "1 job per device".into(),
+        };
+        // Full in the walk of the queue but not by the leases: taken by or kept for requests
+        // ahead.
+        let kept = full
+            .iter()
+            .filter(|i| placement::capacity(jpd, &cands[**i]).is_some_and(|c| cands[**i].held < c))
+            .count();
+        let ahead = match kept {
+            0 => String::new(),
+            n => format!("; {n} kept for requests ahead in the queue"),
+        };
+        message = format!(
+            "team \"{}\" has no free device ({per}); held: {}{ahead}. Wait with --wait, or ask \
+             a holder",
+            team.name,
+            placement::holders(leases, &ids, &team.name)
+        );
+    }
+    Refused { message, busy }
 }
 
 /// A job's GPU memory cap is enforced only by an MPS server (the client's pinned device memory

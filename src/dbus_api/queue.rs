@@ -1,9 +1,17 @@
 //! The queue of `gpuctl run --wait` requests that found no free device: per team, round-robin
 //! across users (one user's ten requests do not starve another's one), bounded per user and in
-//! all like the other bus limits ([`crate::ratelimit`]). Only the request whose turn it is tries
-//! to place itself; the others wait. Pure bookkeeping: the waiting itself is in `join`.
+//! all like the other bus limits ([`crate::ratelimit`]). Pure bookkeeping: which waiters a free
+//! device serves is [`crate::placement::serve`]'s choice over [`Queues::entries`], and the
+//! waiting itself is in `join`.
+//!
+//! The queue outlives a gpuctld restart as far as it can: [`Queues::saved`] is written to
+//! `/run/gpuctl/queue.json` at every change, and a restarted gpuctld [`Queues::restore`]s it as
+//! *returning* entries that keep their places until their clients ask again ([`Queues::attach`])
+//! or a grace runs out ([`Queues::drop_returning`]). A returning entry is served nothing and
+//! holds nobody back.
 
-use std::collections::{HashMap, VecDeque};
+use crate::placement::{Gpus, Request};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 
 /// Most requests one uid may have waiting, all teams together.
 pub const MAX_WAITING_PER_USER: usize = 16;
@@ -13,12 +21,68 @@ pub const MAX_WAITING: usize = 256;
 /// A place in the queue.
 pub type Ticket = u64;
 
+/// Why a request cannot join the queue.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueError {
+    /// The user's own cap.
+    #[error(
+        "uid {uid} already has {MAX_WAITING_PER_USER} requests waiting (MAX_WAITING_PER_USER)"
+    )]
+    UserFull {
+        /// Whose.
+        uid: u32,
+    },
+    /// The cap of all users together.
+    #[error("{MAX_WAITING} requests are waiting already (MAX_WAITING)")]
+    Full,
+}
+
+/// One waiting request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    /// Its place.
+    pub ticket: Ticket,
+    /// Whose.
+    pub uid: u32,
+    /// The waiting process (how a client that asks again after a restart is recognised).
+    pub pid: u32,
+    /// What it asks for.
+    pub request: Request,
+    /// How many later requests were placed while it waited ([`crate::placement::serve`]
+    /// reserves for it past [`crate::placement::MAX_PASSES`]).
+    pub passed: u32,
+    /// Restored after a restart, its client not back yet.
+    pub returning: bool,
+}
+
+/// A waiting request as `/run/gpuctl/queue.json` keeps it, in serving order.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Saved {
+    /// The team.
+    pub team: String,
+    /// Whose.
+    pub uid: u32,
+    /// The waiting process.
+    pub pid: u32,
+    /// `--gpus`.
+    #[serde(default)]
+    pub gpus: Option<Gpus>,
+    /// `--device`.
+    #[serde(default)]
+    pub device: Option<String>,
+    /// Times passed over.
+    #[serde(default)]
+    pub passed: u32,
+}
+
 #[derive(Debug, Default)]
 struct TeamQueue {
     /// Users in turn order: the front one's first ticket goes next.
     turn: VecDeque<u32>,
-    /// Each user's tickets, oldest first.
-    tickets: HashMap<u32, VecDeque<Ticket>>,
+    /// Each user's requests, oldest first.
+    tickets: HashMap<u32, VecDeque<Entry>>,
+    /// Tickets a free device serves now, as the last look at the team's queue found.
+    granted: BTreeSet<Ticket>,
 }
 
 /// Every team's queue.
@@ -28,45 +92,83 @@ pub struct Queues {
     per_user: HashMap<u32, usize>,
     total: usize,
     next: Ticket,
+    /// When the entries restored after a restart stop waiting for their clients.
+    returning_until: Option<std::time::Instant>,
 }
 
 impl Queues {
-    /// Queue a request of `uid` for `team`; refused over the caps, in words.
-    pub fn join(&mut self, team: &str, uid: u32) -> Result<Ticket, String> {
+    /// Queue a request of `uid` (process `pid`) for `team`; refused over the caps.
+    pub fn join(
+        &mut self,
+        team: &str,
+        uid: u32,
+        pid: u32,
+        request: Request,
+    ) -> Result<Ticket, QueueError> {
+        self.push(team, uid, pid, request, 0, false)
+    }
+
+    fn push(
+        &mut self,
+        team: &str,
+        uid: u32,
+        pid: u32,
+        request: Request,
+        passed: u32,
+        returning: bool,
+    ) -> Result<Ticket, QueueError> {
         let mine = self.per_user.get(&uid).copied().unwrap_or(0);
         if mine >= MAX_WAITING_PER_USER {
-            return Err(format!(
-                "uid {uid} already has {MAX_WAITING_PER_USER} requests waiting \
-                 (MAX_WAITING_PER_USER)"
-            ));
+            return Err(QueueError::UserFull { uid });
         }
         if self.total >= MAX_WAITING {
-            return Err(format!(
-                "{MAX_WAITING} requests are waiting already (MAX_WAITING)"
-            ));
+            return Err(QueueError::Full);
         }
         self.next += 1;
-        let t = self.next;
+        let ticket = self.next;
         let q = self.teams.entry(team.to_string()).or_default();
         let own = q.tickets.entry(uid).or_default();
         if own.is_empty() {
             q.turn.push_back(uid);
         }
-        own.push_back(t);
+        own.push_back(Entry {
+            ticket,
+            uid,
+            pid,
+            request,
+            passed,
+            returning,
+        });
         *self.per_user.entry(uid).or_default() += 1;
         self.total += 1;
-        Ok(t)
+        Ok(ticket)
     }
 
-    /// The ticket whose turn it is in `team`.
+    /// A client asking again after a restart takes back its returning entry (same team, uid
+    /// and process); `None` when it has none.
+    pub fn attach(&mut self, team: &str, uid: u32, pid: u32) -> Option<Ticket> {
+        let e = self
+            .teams
+            .get_mut(team)?
+            .tickets
+            .get_mut(&uid)?
+            .iter_mut()
+            .find(|e| e.returning && e.pid == pid)?;
+        e.returning = false;
+        Some(e.ticket)
+    }
+
+    /// The ticket first in `team`'s serving order: the one that looks at the team's devices
+    /// for everyone and [`Queues::grant`]s.
     pub fn head(&self, team: &str) -> Option<Ticket> {
-        let q = self.teams.get(team)?;
-        q.tickets.get(q.turn.front()?)?.front().copied()
+        self.entries(team)
+            .into_iter()
+            .find(|e| !e.returning)
+            .map(|e| e.ticket)
     }
 
-    /// `team`'s tickets in the order they will be served (round-robin across users), with
-    /// their uids.
-    fn order(&self, team: &str) -> Vec<(Ticket, u32)> {
+    /// `team`'s requests in the order they will be served (round-robin across users).
+    pub fn entries(&self, team: &str) -> Vec<Entry> {
         let Some(q) = self.teams.get(team) else {
             return Vec::new();
         };
@@ -74,19 +176,52 @@ impl Queues {
         let mut out = Vec::new();
         for round in 0..depth {
             for u in &q.turn {
-                if let Some(t) = q.tickets.get(u).and_then(|v| v.get(round)) {
-                    out.push((*t, *u));
+                if let Some(e) = q.tickets.get(u).and_then(|v| v.get(round)) {
+                    out.push(e.clone());
                 }
             }
         }
         out
     }
 
-    /// 1-based position of `ticket` in `team`'s round-robin order, `None` when not queued.
+    /// Record which of `team`'s tickets a free device serves now.
+    pub fn grant(&mut self, team: &str, tickets: BTreeSet<Ticket>) {
+        if let Some(q) = self.teams.get_mut(team) {
+            q.granted = tickets;
+        }
+    }
+
+    /// `ticket` looked and found nothing after all (someone placed first).
+    pub fn ungrant(&mut self, team: &str, ticket: Ticket) {
+        if let Some(q) = self.teams.get_mut(team) {
+            q.granted.remove(&ticket);
+        }
+    }
+
+    /// Whether the last look at `team`'s queue found a device for `ticket`.
+    pub fn granted(&self, team: &str, ticket: Ticket) -> bool {
+        self.teams
+            .get(team)
+            .is_some_and(|q| q.granted.contains(&ticket))
+    }
+
+    /// A request was placed while `tickets` of `team` waited ahead of it: each was passed over
+    /// once more.
+    pub fn passed_over(&mut self, team: &str, tickets: &BTreeSet<Ticket>) {
+        if let Some(q) = self.teams.get_mut(team) {
+            for e in q.tickets.values_mut().flatten() {
+                if tickets.contains(&e.ticket) {
+                    e.passed = e.passed.saturating_add(1);
+                }
+            }
+        }
+    }
+
+    /// 1-based position of `ticket` in `team`'s order, `None` when not queued.
     pub fn position(&self, team: &str, ticket: Ticket) -> Option<usize> {
-        self.order(team)
+        self.entries(team)
             .iter()
-            .position(|(t, _)| *t == ticket)
+            .position(|e| e.ticket == ticket)
             .map(|i| i + 1)
     }
 
@@ -97,10 +232,10 @@ impl Queues {
         teams
             .into_iter()
             .flat_map(|t| {
-                self.order(t)
+                self.entries(t)
                     .into_iter()
                     .enumerate()
-                    .map(move |(i, (_, uid))| (t.clone(), uid, i + 1))
+                    .map(move |(i, e)| (t.clone(), e.uid, i + 1))
             })
             .collect()
     }
@@ -129,13 +264,18 @@ impl Queues {
         let Some(q) = self.teams.get_mut(team) else {
             return;
         };
-        let Some((&uid, own)) = q.tickets.iter_mut().find(|(_, v)| v.contains(&ticket)) else {
+        let Some((&uid, own)) = q
+            .tickets
+            .iter_mut()
+            .find(|(_, v)| v.iter().any(|e| e.ticket == ticket))
+        else {
             return;
         };
-        let was_turn = q.turn.front() == Some(&uid) && own.front() == Some(&ticket);
-        own.retain(|t| *t != ticket);
-        let empty = own.is_empty();
-        if empty {
+        let was_turn =
+            q.turn.front() == Some(&uid) && own.front().map(|e| e.ticket) == Some(ticket);
+        own.retain(|e| e.ticket != ticket);
+        q.granted.remove(&ticket);
+        if own.is_empty() {
             q.tickets.remove(&uid);
             q.turn.retain(|u| *u != uid);
         } else if was_turn {
@@ -153,6 +293,68 @@ impl Queues {
         self.total -= 1;
     }
 
+    /// Every request in serving order per team (teams in name order), for the state file.
+    pub fn saved(&self) -> Vec<Saved> {
+        let mut teams: Vec<&String> = self.teams.keys().collect();
+        teams.sort();
+        teams
+            .into_iter()
+            .flat_map(|t| {
+                self.entries(t).into_iter().map(move |e| Saved {
+                    team: t.clone(),
+                    uid: e.uid,
+                    pid: e.pid,
+                    gpus: e.request.gpus,
+                    device: e.request.device,
+                    passed: e.passed,
+                })
+            })
+            .collect()
+    }
+
+    /// Put back what a previous gpuctld saved, as returning entries in the same order, kept
+    /// until `until` ([`Queues::expire`]); the caps still hold: what does not fit is dropped.
+    pub fn restore(&mut self, saved: Vec<Saved>, until: std::time::Instant) {
+        self.returning_until = Some(until);
+        for s in saved {
+            let request = Request {
+                gpus: s.gpus,
+                device: s.device,
+            };
+            let _ = self.push(&s.team, s.uid, s.pid, request, s.passed, true);
+        }
+    }
+
+    /// Past the restore's deadline, forget the returning entries whose clients did not come
+    /// back; whether any went.
+    pub fn expire(&mut self, now: std::time::Instant) -> bool {
+        match self.returning_until {
+            Some(t) if now >= t => {
+                self.returning_until = None;
+                self.drop_returning()
+            }
+            _ => false,
+        }
+    }
+
+    fn drop_returning(&mut self) -> bool {
+        let gone: Vec<(String, Ticket)> = self
+            .teams
+            .iter()
+            .flat_map(|(t, q)| {
+                q.tickets
+                    .values()
+                    .flatten()
+                    .filter(|e| e.returning)
+                    .map(|e| (t.clone(), e.ticket))
+            })
+            .collect();
+        for (t, ticket) in &gone {
+            self.leave(t, *ticket);
+        }
+        !gone.is_empty()
+    }
+
     /// Requests waiting now, all teams.
     pub fn len(&self) -> usize {
         self.total
@@ -168,15 +370,25 @@ impl Queues {
 mod tests {
     use super::*;
 
+    fn any() -> Request {
+        Request::default()
+    }
+
+    fn tickets(q: &Queues, team: &str) -> Vec<Ticket> {
+        q.entries(team).iter().map(|e| e.ticket).collect()
+    }
+
     #[test]
     fn one_users_ten_requests_do_not_starve_anothers_one() {
         let mut q = Queues::default();
-        let alice: Vec<Ticket> = (0..10).map(|_| q.join("t", 1000).unwrap()).collect();
-        let bob = q.join("t", 1001).unwrap();
+        let alice: Vec<Ticket> = (0..10)
+            .map(|_| q.join("t", 1000, 1, any()).unwrap())
+            .collect();
+        let bob = q.join("t", 1001, 2, any()).unwrap();
         assert_eq!(q.head("t"), Some(alice[0]));
         assert_eq!(q.position("t", bob), Some(2), "second, not eleventh");
         assert_eq!(q.position("t", alice[1]), Some(3));
-        q.join("a", 7).unwrap();
+        q.join("a", 7, 3, any()).unwrap();
         let w = q.waiting();
         assert_eq!(w[0], ("a".to_string(), 7, 1), "teams in name order");
         assert_eq!(
@@ -207,8 +419,8 @@ mod tests {
     fn a_viewer_reads_the_queues_of_its_own_teams_only() {
         use crate::join::Viewer;
         let mut q = Queues::default();
-        q.join("interns", 1000).unwrap();
-        q.join("train", 1001).unwrap();
+        q.join("interns", 1000, 1, any()).unwrap();
+        q.join("train", 1001, 2, any()).unwrap();
         let name = |uid: u32| (uid == 1000).then(|| "alice".to_string());
         let member = Viewer::Teams(["interns".to_string()].into());
         let seen = q.seen_by(&member, name);
@@ -232,22 +444,24 @@ mod tests {
     fn caps_per_user_and_in_all_and_leaving_out_of_turn() {
         let mut q = Queues::default();
         for _ in 0..MAX_WAITING_PER_USER {
-            q.join("t", 1).unwrap();
+            q.join("t", 1, 1, any()).unwrap();
         }
-        let e = q.join("u", 1).unwrap_err();
-        assert!(e.contains("MAX_WAITING_PER_USER"), "{e}");
+        assert_eq!(
+            q.join("u", 1, 1, any()),
+            Err(QueueError::UserFull { uid: 1 })
+        );
         let mut uid = 2;
         while q.len() < MAX_WAITING {
-            q.join("t", 1000 + uid / 8)
+            q.join("t", 1000 + uid / 8, uid, any())
                 .unwrap_or_else(|e| panic!("{e}"));
             uid += 1;
         }
-        assert!(q.join("t", 99_999).unwrap_err().contains("MAX_WAITING"));
+        assert_eq!(q.join("t", 99_999, 1, any()), Err(QueueError::Full));
         // A waiter that gives up out of turn leaves the turn where it was.
         let mut q = Queues::default();
-        let a1 = q.join("t", 1).unwrap();
-        let b1 = q.join("t", 2).unwrap();
-        let b2 = q.join("t", 2).unwrap();
+        let a1 = q.join("t", 1, 1, any()).unwrap();
+        let b1 = q.join("t", 2, 2, any()).unwrap();
+        let b2 = q.join("t", 2, 3, any()).unwrap();
         q.leave("t", b2);
         assert_eq!(q.head("t"), Some(a1));
         q.leave("t", a1);
@@ -255,5 +469,71 @@ mod tests {
         assert_eq!(q.position("t", a1), None);
         q.leave("t", 12345);
         assert_eq!(q.len(), 1);
+    }
+
+    #[test]
+    fn passes_count_for_those_ahead_only() {
+        let mut q = Queues::default();
+        let a = q.join("t", 1, 1, any()).unwrap();
+        let b = q.join("t", 2, 2, any()).unwrap();
+        let c = q.join("t", 3, 3, any()).unwrap();
+        q.passed_over("t", &[a, b].into());
+        q.leave("t", c);
+        q.passed_over("t", &[a].into());
+        q.passed_over("u", &[a].into());
+        let passed: Vec<(Ticket, u32)> = q
+            .entries("t")
+            .iter()
+            .map(|e| (e.ticket, e.passed))
+            .collect();
+        assert_eq!(passed, vec![(a, 2), (b, 1)]);
+    }
+
+    #[test]
+    fn a_restart_keeps_the_order_for_clients_that_come_back() {
+        let mut q = Queues::default();
+        let dev = Request {
+            gpus: None,
+            device: Some("MIG-a".into()),
+        };
+        q.join("t", 1, 11, any()).unwrap();
+        q.join("t", 1, 12, dev.clone()).unwrap();
+        q.join("t", 2, 21, any()).unwrap();
+        q.join("u", 3, 31, any()).unwrap();
+        q.passed_over("t", &tickets(&q, "t").into_iter().collect());
+        let saved = q.saved();
+        let text = serde_json::to_string(&saved).unwrap();
+        let mut r = Queues::default();
+        let t0 = std::time::Instant::now();
+        let until = t0 + std::time::Duration::from_secs(60);
+        r.restore(serde_json::from_str(&text).unwrap(), until);
+        assert_eq!(r.saved(), saved, "same order, requests and passes");
+        assert_eq!(r.head("t"), None, "returning entries are not served");
+        // A new user's request takes its round-robin place among the returning ones (after
+        // each user's first); a returning client takes back its own.
+        let new = r.join("t", 4, 41, any()).unwrap();
+        assert_eq!(r.position("t", new), Some(3));
+        assert_eq!(r.attach("t", 2, 21), Some(tickets(&r, "t")[1]));
+        assert_eq!(r.attach("t", 2, 21), None, "once");
+        assert_eq!(r.attach("t", 1, 99), None, "another process is not it");
+        assert_eq!(r.head("t"), Some(tickets(&r, "t")[1]));
+        assert!(!r.expire(t0), "kept until the deadline");
+        assert_eq!(r.len(), 5);
+        assert!(r.expire(until));
+        assert_eq!(r.len(), 2, "the one that came back and the new one");
+        assert_eq!(r.position("t", new), Some(2));
+        assert!(!r.expire(until));
+        assert_eq!(r.per_user.get(&1), None);
+    }
+
+    #[test]
+    fn grants_belong_to_the_team_and_end_with_the_ticket() {
+        let mut q = Queues::default();
+        let a = q.join("t", 1, 1, any()).unwrap();
+        let b = q.join("t", 2, 2, any()).unwrap();
+        q.grant("t", [b].into());
+        assert!(q.granted("t", b) && !q.granted("t", a) && !q.granted("u", b));
+        q.leave("t", b);
+        assert!(!q.granted("t", b));
     }
 }
