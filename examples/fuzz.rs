@@ -3,9 +3,9 @@
 //! (bytes from the system bus).
 //!
 //! ```sh
-//! cargo run --release --example fuzz -- --seconds 60            # each target 60 s (CI: .ci/run)
-//! cargo run --release --example fuzz -- --seconds 3600 --seed 7 # the longer run (docs/fuzzing.md)
-//! cargo run --release --example fuzz -- --target policy --seed S --execs N   # replay a failure
+//! cargo run --profile tools --example fuzz -- --seconds 60            # each target 60 s (CI: .ci/run)
+//! cargo run --profile tools --example fuzz -- --seconds 3600 --seed 7 # the longer run (docs/fuzzing.md)
+//! cargo run --profile tools --example fuzz -- --target policy --seed S --execs N   # replay a failure
 //! ```
 //!
 //! Without `--seed` each run takes a new seed (from the clock and the pid), so CI explores new
@@ -613,7 +613,7 @@ fn main() {
                     failed = true;
                     eprintln!(
                         "FUZZ FAILURE target={target} {} ({} ms) at execution {}; replay: \
-                         cargo run --release --example fuzz -- --target {target} --seed {seed} \
+                         cargo run --profile tools --example fuzz -- --target {target} --seed {seed} \
                          --execs {}; input:\n{}",
                         if res.is_err() { "panic" } else { "slow" },
                         dt.as_millis(),

@@ -53,19 +53,28 @@ SUMMARY=$(awk -F'"' '/^\[package\]/{p=1} p && /^description *=/{print $2; exit}'
 RELEASE=${GPUCTL_PKG_RELEASE:-1}
 
 # ---- 1. binaries and generated assets -----------------------------------------------------------
-cargo_flags=()
-[ "$PROFILE" = release ] && cargo_flags+=(--release)
-log "cargo build ($PROFILE): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter, gen-assets"
-cargo build --locked -q "${cargo_flags[@]}" --bin gpuctl --bin gpuctld --bin gpuctl-generator \
-    --bin gpuctl-exporter \
-    --example gen-assets
+BINS=(--bin gpuctl --bin gpuctld --bin gpuctl-generator --bin gpuctl-exporter)
+if [ "$PROFILE" = release ]; then
+    log "cargo build (release): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter"
+    cargo build --locked -q --release "${BINS[@]}"
+    # gen-assets ships nothing (it writes the man pages and completions): the tools profile
+    # (Cargo.toml), without the shipped binaries' whole-program link.
+    GEN_PROFILE=tools
+    log "cargo build (tools): gen-assets"
+    cargo build --locked -q --profile tools --example gen-assets
+else
+    # One invocation, as `cargo test` builds them: the same features, so nothing is rebuilt.
+    GEN_PROFILE=debug
+    log "cargo build (debug): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter, gen-assets"
+    cargo build --locked -q "${BINS[@]}" --example gen-assets
+fi
 # Where cargo put them: CARGO_TARGET_DIR when set (relative to the checkout, where cargo ran).
 TARGET=${CARGO_TARGET_DIR:-target}
 [[ $TARGET = /* ]] || TARGET=$ROOT/$TARGET
 BIN=$TARGET/$PROFILE
 GEN=$OUT/generated
 rm -rf "$GEN"
-"$BIN/examples/gen-assets" "$GEN"
+"$TARGET/$GEN_PROFILE/examples/gen-assets" "$GEN"
 
 POLICY_MAN=docs/man/gpuctl.policy.5
 if [ ! -f "$POLICY_MAN" ]; then

@@ -56,7 +56,37 @@ impl Limits {
     pub const fn heavy() -> Self {
         Limits::of(3.0, 0.05)
     }
+
+    /// `BURST/PER_SEC`, as [`ENV_READ_LIMIT`] takes it: a burst of at least one call and a
+    /// positive rate.
+    pub fn parse(s: &str) -> Result<Self, BadLimits> {
+        let bad = || BadLimits(s.to_string());
+        let (b, r) = s.split_once('/').ok_or_else(bad)?;
+        let burst: f64 = b.trim().parse().map_err(|_| bad())?;
+        let per_sec: f64 = r.trim().parse().map_err(|_| bad())?;
+        let fine = burst.is_finite() && per_sec.is_finite() && burst >= 1.0 && per_sec > 0.0;
+        fine.then_some(Limits::of(burst, per_sec)).ok_or_else(bad)
+    }
+
+    /// The read budget: `$GPUCTL_READ_LIMIT` when set, else [`Limits::reads`].
+    pub fn reads_from_env() -> Result<Self, BadLimits> {
+        match std::env::var(ENV_READ_LIMIT) {
+            Ok(v) => Limits::parse(&v),
+            Err(_) => Ok(Limits::reads()),
+        }
+    }
 }
+
+/// Environment variable: the read calls' budget per uid, `BURST/PER_SEC` (default `50/25`,
+/// [`Limits::reads`]). A host scraped by more Prometheus servers than one exporter's share of it
+/// serves may raise it; the VM test of the limit lowers it, so that a slow guest's flood still
+/// goes past it.
+pub const ENV_READ_LIMIT: &str = "GPUCTL_READ_LIMIT";
+
+/// A read budget that is not `BURST/PER_SEC` with a burst of at least 1 and a positive rate.
+#[derive(Debug, thiserror::Error)]
+#[error("{ENV_READ_LIMIT}={0:?}: not BURST/PER_SEC (a burst of at least 1, a positive rate, e.g. 50/25)")]
+pub struct BadLimits(String);
 
 #[derive(Debug, Clone, Copy)]
 struct Bucket {
@@ -198,6 +228,21 @@ pub fn refusal_log() -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_parse_burst_and_rate() {
+        assert_eq!(Limits::parse("50/25").unwrap(), Limits::reads());
+        assert_eq!(Limits::parse(" 5 / 0.5 ").unwrap(), Limits::of(5.0, 0.5));
+        for bad in [
+            "", "50", "50/", "/25", "0/25", "50/0", "50/-1", "a/b", "inf/1", "50/25/1",
+        ] {
+            let e = Limits::parse(bad).unwrap_err().to_string();
+            assert!(
+                e.starts_with("GPUCTL_READ_LIMIT=") && e.contains("BURST/PER_SEC"),
+                "{bad:?}: {e}"
+            );
+        }
+    }
 
     #[test]
     fn a_burst_then_the_refill_rate() {

@@ -1,6 +1,6 @@
 //! The VM scenarios' StatusText predicates (vm-tests/lib/gpuctld.sh: `is_converged`,
 //! `is_not_converged`, `is_policy_error`) and list guard (vm-tests/lib/common.sh:
-//! `require_nonempty`, `num_gt`), run by bash on the texts gpuctld really writes
+//! `require_nonempty`, `num_gt`, `check_not`), run by bash on the texts gpuctld really writes
 //! (`ReconcileReport::summary`). "converged" is a substring of "not converged": a predicate that
 //! matched the word would pass every VM wait on a host that did not converge.
 
@@ -101,4 +101,38 @@ fn num_gt_fails_on_an_empty_query_result() {
             );
         }
     }
+}
+
+/// `check_not`'s verdict on CMD: passed, and the line it printed.
+fn check_not(args: &[&str]) -> (bool, String) {
+    sh("check_not \"$@\"", args)
+}
+
+#[test]
+fn check_not_passes_only_on_an_answer_no() {
+    assert!(check_not(&["no", "false"]).0);
+    assert!(check_not(&["no match", "grep", "-q", "x", "/dev/null"]).0);
+    assert!(check_not(&["inactive", "sh", "-c", "exit 3"]).0);
+    // podman's own refusals exit 125: an answer, not timeout(1)'s failure.
+    assert!(check_not(&["podman refused", "sh", "-c", "exit 125"]).0);
+    for (what, cmd) in [
+        ("success", vec!["true"]),
+        ("a timeout (124)", vec!["timeout", "0.1", "sleep", "5"]),
+        ("not executable (126)", vec!["/dev/null"]),
+        ("no such command (127)", vec!["no-such-command-anywhere"]),
+        ("killed by a signal", vec!["sh", "-c", "kill -9 $$"]),
+        ("grep's error (2)", vec!["grep", "-q", "x", "/no/such/file"]),
+    ] {
+        let mut args = vec!["probe"];
+        args.extend(cmd);
+        let (ok, out) = check_not(&args);
+        assert!(!ok && out.contains("not ok - probe"), "{what}: {out}");
+    }
+    // With -s the status is the one given, and no other.
+    assert!(check_not(&["-s", "7", "exit 7", "sh", "-c", "exit 7"]).0);
+    let (ok, out) = check_not(&["-s", "7", "exit 7", "sh", "-c", "exit 1"]);
+    assert!(!ok && out.contains("expected exit 7, got 1"), "{out}");
+    // What check_not did before: any non-zero status passed, a timeout included.
+    let old = "out=$(\"$@\" 2>&1); [ $? -ne 0 ]";
+    assert!(sh(old, &["timeout", "0.1", "sleep", "5"]).0);
 }

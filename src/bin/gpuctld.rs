@@ -16,6 +16,8 @@ Environment:
                            Usage/Metrics caller, in ms [default: 2000]
   GPUCTL_IDLE_INTERVAL_MS  ms between idle-rule samples (only while a team has
                            [teams.NAME.idle]) [default: 30000]
+  GPUCTL_READ_LIMIT        each caller's budget of Usage/Idle/Metrics calls, BURST/PER_SEC
+                           (root is never limited) [default: 50/25]
   GPUCTL_HPC_JOB_MAPPING_DIR  dcgm-exporter's HPC job-mapping directory to keep current (one
                            file per GPU index, the owning team as the job); unset: none
   JOURNAL_STREAM           set by systemd: log to the journal with structured fields

@@ -493,6 +493,10 @@ pub async fn serve(
     // Subscribed before the name is taken, so no placement can miss its job's signal.
     let jobs = JobWaiter::spawn(&sd).await?;
     let saved = join::load_queue(&root);
+    let reads = Limits::reads_from_env().unwrap_or_else(|e| {
+        tracing::warn!("{e}: the default read budget applies");
+        Limits::reads()
+    });
     conn.object_server()
         .at(
             OBJECT_PATH,
@@ -513,7 +517,7 @@ pub async fn serve(
                 queue_changed: tokio::sync::Notify::new(),
                 light: Mutex::new(RateLimiter::new(Limits::light())),
                 heavy: Mutex::new(RateLimiter::new(Limits::heavy())),
-                reads: Mutex::new(RateLimiter::new(Limits::reads())),
+                reads: Mutex::new(RateLimiter::new(reads)),
                 queued_plans: Arc::new(AtomicUsize::new(0)),
                 metrics_cache: Mutex::new(Vec::new()),
                 cache_for: crate::usage::collect::Collector::interval_from_env(),

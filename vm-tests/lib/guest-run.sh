@@ -46,6 +46,8 @@ for f in $(find scenarios -maxdepth 1 -name '*.sh' | sort); do
     n=$((n + 1))
     to=$(sed -n 's/^# vmtest: timeout=\([0-9][0-9]*\).*/\1/p' "$f" | head -n1)
     export VMTEST_RESULTS=$RESULTS_ROOT/$name
+    # A benchmark-only scenario in a full run: its checks on a small size (common.sh bench_size).
+    if [ -e "scenarios/$name.short" ]; then export VMTEST_SHORT=1; else unset VMTEST_SHORT; fi
     mkdir -p "$VMTEST_RESULTS"
     VMTEST_SCENARIO_START=$(date +%s)
     export VMTEST_SCENARIO_START

@@ -11,7 +11,6 @@
 # placement on a GPU of its own, interleaved in the same loop.
 # vmtest: timeout=420
 # vmtest: group=daemon
-# vmtest: bench-only=its VM time is beyond CI's budget (docs/performance.md); it prints figures and asserts none, and 60-62 check gpuctl run and shell in every run
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
@@ -30,7 +29,7 @@ owner = "open"
 P
 reload_wait
 
-N=${BENCH_N:-25}
+N=${BENCH_N:-$(bench_size 25 2)}
 ms() { local t; t=$(date +%s%N); "$@" >/dev/null 2>&1 || echo FAIL >>/tmp/bench.fail; echo $((($(date +%s%N) - t) / 1000)); }
 rm -f /tmp/bench.fail /tmp/g.txt /tmp/s.txt /tmp/v.txt /tmp/a.txt /tmp/p.txt /tmp/o.txt
 alice=(setpriv --reuid=alice --regid=alice --init-groups)

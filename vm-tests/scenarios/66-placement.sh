@@ -42,11 +42,19 @@ index = [1, 2]
 owner = "train"
 P
 gpuctld_start
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+check "gpuctld converged (2 teams, 3 GPUs)" wait_converged 60 2 3
 echo "gpuctld: $(status_text)"
 
 d=$(mktemp -d)
 chmod 777 "$d"
+# no_lease REGEX: gpuctl status answered (its leases section is there) and lists no lease line
+# matching REGEX: a status that failed (no output) is not "the lease ended".
+# shellcheck disable=SC2317 # called through check and wait_for
+no_lease() {
+    local st
+    st=$(gpuctl status 2>&1)
+    grep -q '^leases:$' <<<"$st" && ! grep -q -- "$1" <<<"$st"
+}
 # A job that reports its device and which cap nodes its fence lets it open (read-only, as CUDA
 # opens them): ENXIO is the fake node opened, EPERM the device filter; the config node (0400)
 # fails its mode check first and counts as neither.
@@ -92,7 +100,7 @@ check_output "gpuctl teams shows the devices held" sh -c "su -s /bin/sh alice -c
 check "the journal has a lease entry per job" test "$(gpuctld_journal GPUCTL_ACTION=lease | wc -l)" -ge 4
 
 systemctl restart gpuctld.service
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+check "gpuctld converged again after the restart" wait_converged 60 2 3
 check "after a restart gpuctl status lists the four leases" test "$(gpuctl status | grep -c '^  interns MIG-')" = 4
 rc=0
 su -s /bin/sh carol -c "gpuctl run --team interns -- true" >/dev/null 2>&1 || rc=$?
@@ -122,10 +130,30 @@ wait_for 30 test -s "$d/waited.dev"
 delay=$((($(cat "$d/waited") - t_end) / 1000000))
 echo "BENCH --wait job start after kill -9 of a holder: ${delay} ms"
 check "kill -9 freed the lease: the waiting job got that device" test "$(cat "$d/waited.dev")" = "$victim"
-check "a --wait job starts within 1 s of a device freeing" test "$delay" -lt 1000
 wait_for 20 sh -c "! systemctl is-active --quiet $scope_of_victim"
 out=$(su -s /bin/sh bob -c "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
 check "after the waiter ended, the next job gets that device again" test "$out" = "$victim"
+# The handoff's bound, against this guest's own speed: the handoff is systemd ending the killed
+# scope, the waiter's next look at the leases (every 250 ms: src/dbus_api/join.rs WAIT_TICK) and
+# a start as a fresh `gpuctl run` makes. Both parts are measured here (medians of 3: a plain
+# scope killed until inactive; `su` to a fresh run's first line), so load grows the bound with
+# them; a waiter that looked seconds apart, or only at its --wait limit, still fails it.
+for i in 1 2 3; do
+    systemd-run -q --scope --unit="vmtest66-td$i" sleep 300 &
+    wait_for 10 systemctl is-active -q "vmtest66-td$i.scope"
+    t_td=$(date +%s%N)
+    systemctl kill -s KILL "vmtest66-td$i.scope"
+    wait_for 20 sh -c "! systemctl is-active -q vmtest66-td$i.scope"
+    echo $((($(date +%s%N) - t_td) / 1000000)) >>"$d/teardown.ms"
+    t_fresh=$(date +%s%N)
+    started=$(su -s /bin/sh bob -c "gpuctl run --team interns -- date +%s%N" 2>&1)
+    echo $(((started - t_fresh) / 1000000)) >>"$d/fresh.ms"
+done
+teardown=$(sort -n "$d/teardown.ms" | sed -n 2p) fresh=$(sort -n "$d/fresh.ms" | sed -n 2p)
+bound=$((2 * (teardown + fresh) + 250))
+echo "BENCH --wait handoff bound: 2 x (scope teardown ${teardown} ms + fresh run ${fresh} ms) + 250 ms = ${bound} ms"
+check "a --wait job starts within the bound of a device freeing (${delay} ms, bound ${bound} ms)" \
+    test "$delay" -le "$bound"
 
 # Fairness: every device held again, alice queues ten, then bob one; one device frees: bob's
 # is served second, not eleventh.
@@ -183,7 +211,7 @@ su -s /bin/sh alice -c "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_
 oom_after=$(sed -n 's/^oom_kill //p' /sys/fs/cgroup/gpu.slice/gpu-interns.slice/memory.events)
 echo "    OOM job: exit $rc on $(cat "$d/oom.dev"), oom_kill $oom_before -> $oom_after"
 check "the job was OOM-killed (exit 137, the slice's oom_kill counted it)" test "$rc:$((oom_after - oom_before))" = 137:1
-check "its lease ended with it" wait_for 20 sh -c "! gpuctl status | grep -q '^  interns $(cat "$d/oom.dev"):'"
+check "its lease ended with it" wait_for 20 no_lease "^  interns $(cat "$d/oom.dev"):"
 
 # CDI per device: a placed job's GPUCTL_CDI_DEVICE names its device, and the team's spec has
 # that device with its UUID alone; a job that is not placed names the whole share.
@@ -215,8 +243,8 @@ check "its job scope sits in the team slice" grep -q "/gpu-interns.slice/gpuctl-
 check "it holds a lease in alice's name" sh -c "gpuctl status | grep -q '^  interns $svc_dev: alice (uid [0-9]*) gpuctl-run-interns-$pid.scope since'"
 check "the service stays active with its job in the scope" systemctl is-active --quiet svc-interns.service
 systemctl stop svc-interns.service
-wait_for 20 sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
-check "stopping the service ends the lease" sh -c "! gpuctl status | grep -q 'gpuctl-run-interns-$pid.scope'"
+wait_for 20 no_lease "gpuctl-run-interns-$pid.scope"
+check "stopping the service ends the lease" no_lease "gpuctl-run-interns-$pid.scope"
 
 # Benchmark (no timed assertion): `gpuctl run` with placement (interns), without (train:
 # jobs-per-device = 0) and `systemd-run --scope`, interleaved, medians of 15, as root.

@@ -123,7 +123,7 @@ check "no runtime fence is left" sh -c '! ls /run/systemd/system.control/user.sl
 check "without gpuctld, user.slice is closed by the generator's fence (EPERM)" test "$(probe user.slice /dev/nvidia0)" = EPERM
 check "... and /dev/null opens there" test "$(probe user.slice /dev/null)" = OK
 gpuctld_start
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q " converged"'
+check "gpuctld converged again" wait_converged 60
 
 # The removal sequence: alice's job in infer's scope; infer removed, GPU 0 given to train.
 as alice 'gpuctl run --team infer -- sleep 600' &
@@ -149,10 +149,13 @@ done
 check "alice's job was left running, without the devices" kill -0 "$pid"
 check "train got GPU 0 (ENXIO)" test "$(probe gpu-train.slice /dev/nvidia0)" = ENXIO
 j=$(gpuctld_journal)
-w=$(grep -n 'team infer is no longer in the policy and loses' <<<"$j" | head -1 | cut -d: -f1)
-g=$(grep -n 'set gpu-train.slice' <<<"$j" | tail -1 | cut -d: -f1)
-echo "journal: withdraw at line ${w:-none}, train's grant at line ${g:-none}"
-check "infer's slice lost the GPU before train's slice got it" test "${w:-999999}" -lt "${g:-0}"
+# The two events that matter: GPU 0's node leaves infer's slice, and it enters train's (the
+# first train line naming it; train never had GPU 0 before this change).
+w=$(grep -nE 'team infer is no longer in the policy and loses .*/dev/nvidia0([^0-9]|$)' <<<"$j" | head -1 | cut -d: -f1)
+g=$(grep -nE '^set gpu-train\.slice .*/dev/nvidia0([^0-9]|$)' <<<"$j" | head -1 | cut -d: -f1)
+printf '%s\n' "$j" | sed -n "${w:-0}p;${g:-0}p" | cut -c1-200 | sed 's/^/    journal| /'
+echo "journal: infer's withdrawal of /dev/nvidia0 at line ${w:-none}, train's grant of it at line ${g:-none}"
+check "infer's slice lost GPU 0 before train's slice got it" test -n "$w" -a -n "$g" -a "${w:-0}" -lt "${g:-0}"
 kill "$pid"; wait 2>/dev/null
 
 # outside = "open": today's behaviour; closing again names who holds a GPU outside.

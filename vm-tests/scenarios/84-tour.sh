@@ -48,7 +48,7 @@ P
 # Limits below the guest's RAM (2 GiB): gpuctld refuses a limit above the host's RAM.
 tour_policy 512M
 gpuctld_start
-wait_for 90 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q " converged"'
+check "gpuctld converged on the tour's host (2 teams, 3 GPUs)" wait_converged 90 2 3
 
 # step TITLE PATTERN CMD...: print the command and its output as a reader sees them, and check
 # that the output matches the extended regular expression PATTERN.
@@ -64,7 +64,7 @@ alice=(setpriv --reuid=alice --regid=alice --init-groups)
 
 echo "The policy in /etc/gpuctl/policy.d/50-tour.toml:"
 sed 's/^/  /' /etc/gpuctl/policy.d/50-tour.toml
-step "gpuctld reports the host converged" "converged" gpuctl status
+step "gpuctld reports the host converged" "^gpuctld: 2 teams, 3 GPUs converged$" gpuctl status
 step "the plan is empty: the host matches the policy" "Plan: 0 actions, 0 blocked \(converged\)" gpuctl plan
 step "the plan shows infer's MIG half as gi@START+SIZE" "gi@[0-9]+\+4 3g\.40gb → infer \[kept\]" gpuctl plan
 step "alice's job runs in infer's slice on its MIG device" "^MIG-.* 0::/gpu\.slice/gpu-infer\.slice/" \

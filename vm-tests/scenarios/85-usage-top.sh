@@ -58,7 +58,7 @@ check_output "bob finds no user, pid, command or unit of anyone" test -z "$(blea
 hb=$("${bob[@]}" gpuctl top --once 2>&1)
 while IFS= read -r l; do echo "    bob top| $l"; done <<<"$hb"
 check_output "bob's top: 3 processes counted, shown as (hidden), no names" \
-    sh -c 'grep -q "3 process(es), 1 stray(s)" && ! grep -qE "alice|carol|job.service"' <<<"$hb"
+    bash -c 'grep -q "3 process(es), 1 stray(s)" <<<"$1" && ! grep -E "alice|carol|job.service" <<<"$1"' _ "$hb"
 check "and the stray line is marked" grep -Eq '^ +!- +\(hidden\) +- ' <<<"$hb"
 mb=$("${bob[@]}" gpuctl metrics 2>&1)
 check_output "bob's metrics: per-team process counts whole" \

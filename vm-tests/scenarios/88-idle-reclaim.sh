@@ -145,7 +145,7 @@ check_output "bob's gpuctl idle shows the holders as (hidden)" \
     sh -c '"$@" gpuctl idle | grep -q "(hidden)" && ! "$@" gpuctl idle | grep -qE "alice|carol|infer-nb|triton"' _ "${bob[@]}"
 mb=$("${bob[@]}" gpuctl metrics 2>&1)
 check_output "bob's metrics: idle series without unit or user" \
-    sh -c 'grep -q "^gpuctl_idle_holder{team=\"infer\",user=\"\",unit=\"\"" && ! grep -qE "(user|unit)=\"[^\"]"' <<<"$mb"
+    bash -c 'grep -q "^gpuctl_idle_holder{team=\"infer\",user=\"\",unit=\"\"" <<<"$1" && ! grep -E "(user|unit)=\"[^\"]" <<<"$1"' _ "$mb"
 tb=$("${bob[@]}" gpuctl top --once 2>&1)
 check_output "bob's top names nobody" sh -c '! grep -qE "alice|carol|infer-nb|triton|train-busy|gpuctl-run"' <<<"$tb"
 check_output "bob's top counts the processes" grep -qE "^[0-9]+ GPU\(s\), [1-9][0-9]* process" <<<"$tb"
@@ -154,7 +154,7 @@ E=http://127.0.0.1:9849/metrics
 ex=$(http get "$E" 2>&1)
 grep '^gpuctl_idle_holder' <<<"$ex" | sed 's/^/    exporter| /'
 check_output "the exporter's scrape: idle series, no unit or user label" \
-    sh -c 'grep -q "^gpuctl_idle_holder{team=\"infer\"" && ! grep -qE "(user|unit)=\"[^\"]"' <<<"$ex"
+    bash -c 'grep -q "^gpuctl_idle_holder{team=\"infer\"" <<<"$1" && ! grep -E "(user|unit)=\"[^\"]" <<<"$1"' _ "$ex"
 systemctl stop gpuctl-exporter.socket gpuctl-exporter.service 2>/dev/null || true
 systemctl stop triton-x.service train-busy.service infer-nb.service 2>/dev/null || true
 pkill -u alice -x script || true

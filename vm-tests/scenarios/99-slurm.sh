@@ -35,7 +35,7 @@ P
 }
 layout 3g.40gb 1g.10gb 2
 gpuctld_start
-wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+check "gpuctld converged (2 teams, 1 GPU in the policy)" wait_converged 60 2 1
 echo "gpuctld: $(status_text)"
 
 # The docs' setup: Slurm's config includes what gpuctld keeps; gpuctld may write there and
@@ -101,6 +101,8 @@ check_output "Slurm sees the node idle with gpuctl's types" sh -c "scontrol show
 files_of() { grep "Type=$1 " /etc/slurm/gres.d/gpuctl.conf | head -n1 | sed 's/.*MultipleFiles=//' | tr , ' '; }
 INFER=$(files_of infer_3g.40gb)
 TRAIN_ALL=$(grep 'Type=train_1g.10gb ' /etc/slurm/gres.d/gpuctl.conf | sed 's/.*MultipleFiles=//' | tr , '\n' | grep caps | sort -u | xargs)
+require_nonempty "infer's device files in gres.conf" "$INFER"
+require_nonempty "train's MIG cap nodes in gres.conf" "$TRAIN_ALL"
 cat >/usr/local/bin/vmprobe <<'EOF'
 #!/bin/bash
 for n in "$@"; do
@@ -123,16 +125,22 @@ done
 check_output "the job's CUDA_VISIBLE_DEVICES names one device" \
     sh -c "timeout 60 srun -p debug --gres=gpu:infer_3g.40gb:1 printenv CUDA_VISIBLE_DEVICES | grep -x '[0-9][0-9]*'"
 
-# Teams: carol (ml-train) cannot use infer's partition; alice (ml-infer) can.
-check_not "carol is refused in infer's partition" \
-    timeout 60 runuser -u carol -- srun -p infer --gres=gpu:infer_3g.40gb:1 true
+# Teams: carol (ml-train) cannot use infer's partition; alice (ml-infer) can. This is Slurm's
+# AllowGroups= as docs/slurm.md sets the partitions up (the half gpuctl relies on, not gpuctl's
+# own): refused by slurmctld, for that reason, not timed out.
+out=$(timeout 60 runuser -u carol -- srun -p infer --gres=gpu:infer_3g.40gb:1 true 2>&1)
+rc=$?
+echo "$out" | sed 's/^/    carol| /'
+check "carol is refused in infer's partition (srun exit 1, got $rc)" test "$rc" = 1
+check "... by the partition's AllowGroups=" grep -q "User's group not permitted to use this partition" <<<"$out"
 check_output "alice runs in infer's partition" timeout 60 runuser -u alice -- srun -p infer --gres=gpu:infer_3g.40gb:1 id -un
 
 # The generated job_submit.lua (docs/slurm.md): a team's GPU type only in the team's partition,
 # which closes what AllowGroups= leaves open (a member of infer asking for train's type).
 lua_plugin=$(find /usr/lib -name job_submit_lua.so 2>/dev/null | head -n1)
 if [ -z "$lua_plugin" ]; then
-    echo "NOTE: this Slurm has no job_submit_lua.so: the GPU type rule is not checked"
+    # Debian's slurmctld brings it (slurm-wlm-basic-plugins): its absence is a broken guest.
+    fail "this Slurm has no job_submit_lua.so: the GPU type rule cannot be checked"
 else
     gpuctl export slurm --job-submit >/etc/slurm/job_submit.lua
     echo "JobSubmitPlugins=lua" >>/etc/slurm/slurm.conf
