@@ -653,7 +653,7 @@ async fn place_job(
     let leases = place::leases(sd, root)
         .await
         .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
-    let load = super::usage::last_collection()
+    let load = super::collector::last_collection()
         .map(|u| place::load_of(&u))
         .unwrap_or_default();
     place::place(team, &share, &leases, &load, opts).map_err(|r| {
