@@ -471,7 +471,6 @@ pub fn held_counts<'a>(leases: impl IntoIterator<Item = &'a Lease>, id: &str) ->
 #[cfg(test)]
 mod tests {
     use super::*;
-    use proptest::prelude::*;
 
     fn mig(id: &str, held: u32) -> Candidate {
         Candidate {
@@ -696,84 +695,7 @@ mod tests {
             assert_eq!(Lease::parse("x.scope", d), None, "{d}");
         }
     }
-
-    fn arb_share() -> impl Strategy<Value = Vec<Candidate>> {
-        prop::collection::vec(
-            (
-                any::<bool>(),
-                any::<bool>(),
-                0u32..3,
-                prop::option::of(0u64..4),
-                prop::option::of(0u32..4),
-            ),
-            0..8,
-        )
-        .prop_map(|v| {
-            v.into_iter()
-                .enumerate()
-                .map(|(i, (mig, mps, held, mem, act))| Candidate {
-                    id: format!("{}-{i}", if mig { "MIG" } else { "GPU" }),
-                    mig,
-                    mps,
-                    held,
-                    memory_used: mem,
-                    activity: act.map(|a| f64::from(a) / 4.0),
-                })
-                .collect()
-        })
-    }
-
-    proptest! {
-        #[test]
-        fn placement_properties(
-            share in arb_share(),
-            n in prop::option::of(1u32..4),
-            all in any::<bool>(),
-            dev in prop::option::of(0usize..10),
-            jpd in prop::option::of(1u32..3),
-        ) {
-            let gpus = if all { Some(Gpus::All) } else { n.map(Gpus::Count) };
-            let r = Request { gpus, device: dev.map(|d| d.to_string()) };
-            match choose(&share, &r, None, jpd) {
-                Ok(picked) => {
-                    // Inside the share, distinct, in order, each with room.
-                    prop_assert!(!picked.is_empty());
-                    prop_assert!(picked.windows(2).all(|w| w[0] < w[1]));
-                    for &i in &picked {
-                        prop_assert!(i < share.len());
-                        let c = &share[i];
-                        prop_assert!(capacity(jpd, c).is_none_or(|cap| c.held < cap));
-                    }
-                    // One MIG device per process.
-                    if picked.iter().any(|&i| share[i].mig) {
-                        prop_assert_eq!(picked.len(), 1);
-                    }
-                    if let Some(d) = dev {
-                        prop_assert_eq!(&picked, &vec![d]);
-                    } else if picked.len() == 1 {
-                        // Nothing free was less loaded than the pick (free first, least load).
-                        let p = picked[0];
-                        for i in 0..share.len() {
-                            let room = capacity(jpd, &share[i]).is_none_or(|c| share[i].held < c);
-                            let eligible = r.gpus != Some(Gpus::All) || i == p;
-                            if room && eligible && i != p {
-                                prop_assert_eq!(by_load(&share, p, i), Ordering::Less);
-                            }
-                        }
-                    }
-                    // Stable: the same input gives the same answer.
-                    prop_assert_eq!(choose(&share, &r, None, jpd), Ok(picked));
-                }
-                Err(PlaceError::Busy { full, .. }) => {
-                    for i in full {
-                        let c = &share[i];
-                        prop_assert!(capacity(jpd, c).is_some_and(|cap| c.held >= cap));
-                    }
-                }
-                Err(_) => {}
-            }
-        }
-    }
+    // The property test against a reference written from the rules: tests/placement_oracle.rs.
 }
 
 #[cfg(test)]

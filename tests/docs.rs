@@ -145,7 +145,10 @@ fn the_link_checker_sees_a_broken_link() {
     );
 }
 
-/// Flags of other programs that the docs show next to ours, by program.
+/// Flags of other programs that the docs show next to ours, by program. None of gpuctl's or
+/// gpuctld's own flags may be listed (checked below): where another tool shares one of ours
+/// (`docker run --gpus`, `systemd-run --wait`), ours is what the docs are checked against, so
+/// that a flag of ours that goes away cannot hide behind the other tool's.
 const OTHER_TOOLS: &[(&str, &[&str])] = &[
     (
         "cargo",
@@ -169,10 +172,8 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
     (
         "podman/docker",
         &[
-            "--device",
             "--cgroup-parent",
             "--rm",
-            "--gpus",
             "--env-file",
             "--cgroup-manager",
             "--cgroups",
@@ -182,7 +183,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
     ),
     (
         "systemd-run/systemctl",
-        &["--scope", "--slice", "--now", "--wait", "--pty"],
+        &["--scope", "--slice", "--now", "--pty"],
     ),
     (
         "examples/fuzz.rs",
@@ -290,6 +291,11 @@ fn every_flag_the_docs_and_man_pages_name_exists() {
         .iter()
         .flat_map(|(_, f)| f.iter().copied())
         .collect();
+    let shadowed: Vec<&&str> = other.iter().filter(|f| ours.contains_key(**f)).collect();
+    assert!(
+        shadowed.is_empty(),
+        "flags of ours in OTHER_TOOLS (they would pass even if ours went): {shadowed:?}"
+    );
     let mut files: Vec<PathBuf> = std::fs::read_dir(repo().join("docs"))
         .unwrap()
         .chain(std::fs::read_dir(repo().join("docs/man")).unwrap())
@@ -328,6 +334,140 @@ fn every_flag_the_docs_and_man_pages_name_exists() {
     }
     assert!(seen > 50, "only {seen} flags found: is the scanner broken?");
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// The long flags a `gpuctl` command line may use after `path` (its subcommands' names):
+/// the global ones and those of the subcommand itself.
+fn flags_of(path: &[&str]) -> Option<BTreeSet<String>> {
+    let root = gpuctl::cli::command();
+    let long = |c: &clap::Command, global_only: bool| -> Vec<String> {
+        c.get_arguments()
+            .filter(|a| !global_only || a.is_global_set())
+            .filter_map(|a| a.get_long().map(|l| format!("--{l}")))
+            .collect()
+    };
+    let mut flags: BTreeSet<String> = long(&root, true).into_iter().collect();
+    flags.insert("--help".into());
+    let mut cmd = &root;
+    for name in path {
+        cmd = cmd.find_subcommand(name)?;
+        flags.extend(long(cmd, true));
+    }
+    flags.extend(long(cmd, false));
+    Some(flags)
+}
+
+/// `gpuctl SUB [SUB2] … --flag …` command lines in `text` (Markdown code or roff examples):
+/// (line number, the subcommand path, the long flags written after it up to the end of that
+/// command: a pipe, `;`, `&&`, `||`, a closing backquote or the end of the line).
+fn gpuctl_command_lines(text: &str) -> Vec<(usize, Vec<String>, Vec<String>)> {
+    let root = gpuctl::cli::command();
+    let mut out = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line
+            .replace("\\-", "-")
+            .replace("\\fB", "")
+            .replace("\\fR", "");
+        let mut rest = line.as_str();
+        while let Some(i) = rest.find("gpuctl ") {
+            let starts_word =
+                i == 0 || !rest[..i].ends_with(|c: char| c.is_alphanumeric() || "-_/.".contains(c));
+            rest = &rest[i + "gpuctl ".len()..];
+            if !starts_word {
+                continue;
+            }
+            let end = ["|", ";", "&&", "`", ")", "#", "\"", " or "]
+                .iter()
+                .filter_map(|s| rest.find(s))
+                .min()
+                .unwrap_or(rest.len());
+            let words: Vec<&str> = rest[..end].split_whitespace().collect();
+            let mut path = Vec::new();
+            let mut cmd = &root;
+            let mut flags = Vec::new();
+            for w in &words {
+                // After `--` come the job's own arguments.
+                if *w == "--" {
+                    break;
+                }
+                if let Some(f) = w.strip_prefix("--") {
+                    let f = f.split('=').next().unwrap_or("");
+                    if !f.is_empty() && f.chars().all(|c| c.is_ascii_lowercase() || c == '-') {
+                        flags.push(format!("--{f}"));
+                    }
+                } else if flags.is_empty() && !w.starts_with('-') {
+                    match cmd.find_subcommand(w) {
+                        Some(s) => {
+                            path.push(w.to_string());
+                            cmd = s;
+                        }
+                        // A positional argument (a team, a file) ends the subcommand path.
+                        None if !path.is_empty() => {}
+                        None => break,
+                    }
+                }
+            }
+            if !path.is_empty() && !flags.is_empty() {
+                out.push((n + 1, path, flags));
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn every_flag_after_a_gpuctl_subcommand_is_that_subcommands() {
+    let mut files: Vec<PathBuf> = markdown_files();
+    files.extend(
+        std::fs::read_dir(repo().join("docs/man"))
+            .unwrap()
+            .flatten()
+            .map(|e| e.path()),
+    );
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let text = std::fs::read_to_string(file).unwrap_or_default();
+        for (line, path, flags) in gpuctl_command_lines(&text) {
+            let p: Vec<&str> = path.iter().map(String::as_str).collect();
+            let known = flags_of(&p).expect("a path found by the scanner");
+            for f in flags {
+                checked += 1;
+                if !known.contains(&f) {
+                    wrong.push(format!(
+                        "{}:{line}: gpuctl {} has no {f}",
+                        file.strip_prefix(repo()).unwrap().display(),
+                        path.join(" ")
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        checked > 50,
+        "only {checked} flags after gpuctl commands: is the scanner broken?"
+    );
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_command_line_scanner_follows_subcommands_and_stops_at_the_command_end() {
+    let got = gpuctl_command_lines(
+        "run `gpuctl run --gpus 2 --team t -- python x.py --lr 3` or \n\
+         `sudo gpuctl status --json | jq --raw-output .x` and mygpuctl run --nope\n\
+         .B gpuctl import mig\\-parted \\-\\-config x",
+    );
+    let v = |s: &[&str]| s.iter().map(|x| x.to_string()).collect::<Vec<_>>();
+    assert_eq!(
+        got,
+        vec![
+            (1, v(&["run"]), v(&["--gpus", "--team"])),
+            (2, v(&["status"]), v(&["--json"])),
+            (3, v(&["import", "mig-parted"]), v(&["--config"])),
+        ]
+    );
+    let run = flags_of(&["run"]).unwrap();
+    assert!(run.contains("--gpus") && run.contains("--root") && !run.contains("--json"));
 }
 
 #[test]
@@ -401,60 +541,108 @@ fn documented_variables() -> BTreeMap<String, BTreeSet<String>> {
     out
 }
 
-/// The text of every source file under `dirs` (Rust, shell, the CI script).
-fn sources(dirs: &[&str]) -> String {
+/// The code that ships or builds what ships, comment lines dropped: src/'s Rust, packaging's
+/// scripts and the systemd units (`Environment=`).
+fn shipped_code() -> String {
     fn walk(dir: &Path, out: &mut String) {
-        let Ok(rd) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for e in rd.flatten() {
+        for e in std::fs::read_dir(dir).unwrap().flatten() {
             let p = e.path();
             if p.is_dir() {
                 walk(&p, out);
-            } else if let Ok(t) = std::fs::read_to_string(&p) {
-                out.push_str(&t);
+                continue;
+            }
+            let comment = match p.extension().and_then(|e| e.to_str()) {
+                Some("rs") => "//",
+                Some("sh" | "in" | "service" | "socket" | "timer" | "target" | "slice") => "#",
+                None => "#",
+                _ => continue,
+            };
+            let Ok(t) = std::fs::read_to_string(&p) else {
+                continue;
+            };
+            for l in t.lines().filter(|l| !l.trim_start().starts_with(comment)) {
+                out.push_str(l);
+                out.push('\n');
             }
         }
     }
     let mut out = String::new();
-    for d in dirs {
-        let p = repo().join(d);
-        if p.is_file() {
-            out.push_str(&std::fs::read_to_string(p).unwrap());
-        } else {
-            walk(&p, &mut out);
-        }
-    }
+    walk(&repo().join("src"), &mut out);
+    walk(&repo().join("packaging"), &mut out);
+    walk(&repo().join("units"), &mut out);
     out
 }
 
+/// Whether `code` reads or sets `var`: Rust's `"VAR"` (an `env::var` argument or a constant)
+/// or `"VAR=…`, shell's `$VAR`, `${VAR` or `VAR=`, a unit's `Environment=VAR=`, or a tracing
+/// field `var =` (the journal upper-cases it).
+fn reads_or_sets(code: &str, var: &str) -> bool {
+    [
+        format!("\"{var}\""),
+        format!("\"{var}="),
+        format!("${var}"),
+        format!("${{{var}"),
+        format!("\n{var}="),
+        format!(" {var}="),
+        format!("={var}="),
+        format!("{} =", var.to_lowercase()),
+    ]
+    .iter()
+    .any(|p| code.contains(p.as_str()))
+}
+
+/// Variables only the test harness reads, with the file that reads each: documented for
+/// developers, read by no shipped code.
+const HARNESS_VARIABLES: &[(&str, &str)] = &[
+    ("GPUCTL_UPDATE_GOLDEN", "tests/common/golden.rs"),
+    ("GPUCTL_REQUIRE_DBUS_DAEMON", "tests/common/dbus.rs"),
+    ("GPUCTL_REQUIRE_PROMTOOL", "tests/monitoring.rs"),
+];
+
 #[test]
 fn every_variable_the_docs_name_is_read_or_set_by_the_code() {
-    let code = sources(&[
-        "src",
-        "fakes",
-        "tests",
-        "packaging",
-        "vm-tests/lib",
-        ".ci/run",
-    ]);
+    let code = shipped_code();
     let vars = documented_variables();
     assert!(vars.contains_key("GPUCTL_USAGE_INTERVAL_MS"), "{vars:?}");
+    for (v, file) in HARNESS_VARIABLES {
+        let text = std::fs::read_to_string(repo().join(file)).unwrap();
+        assert!(
+            text.contains(&format!("\"{v}\"")),
+            "{file} no longer reads {v}"
+        );
+        assert!(
+            !reads_or_sets(&code, v),
+            "{v} is read by shipped code now: drop it from HARNESS_VARIABLES"
+        );
+    }
     let unknown: Vec<String> = vars
         .iter()
-        // A journal field is a tracing field in the code (`gpuctl_uid = …`, upper-cased by
-        // the journal).
-        .filter(|(v, _)| {
-            !code.contains(&format!("\"{v}"))
-                && !code.contains(&format!("{v}="))
-                && !code.contains(&format!("{} =", v.to_lowercase()))
-        })
+        .filter(|(v, _)| !HARNESS_VARIABLES.iter().any(|(h, _)| h == v))
+        .filter(|(v, _)| !reads_or_sets(&code, v))
         .map(|(v, files)| format!("{v} (named in {files:?})"))
         .collect();
     assert!(
         unknown.is_empty(),
-        "the docs name variables no code reads or sets: {unknown:?}"
+        "the docs name variables no shipped code reads or sets: {unknown:?}"
     );
+}
+
+#[test]
+fn the_variable_finder_reads_code_not_comments_or_tests() {
+    assert!(reads_or_sets(
+        "let v = std::env::var(\"GPUCTL_X\");",
+        "GPUCTL_X"
+    ));
+    assert!(reads_or_sets("if [ -n \"${GPUCTL_X:-}\" ]", "GPUCTL_X"));
+    assert!(reads_or_sets("info!(gpuctl_x = %u, \"…\")", "GPUCTL_X"));
+    assert!(!reads_or_sets(
+        "let v = std::env::var(\"GPUCTL_XY\");",
+        "GPUCTL_X"
+    ));
+    let code = shipped_code();
+    assert!(reads_or_sets(&code, "GPUCTL_USAGE_INTERVAL_MS"));
+    // Read only by the test harness: not shipped code.
+    assert!(!reads_or_sets(&code, "GPUCTL_UPDATE_GOLDEN"));
 }
 
 #[test]

@@ -13,18 +13,20 @@ mod common;
 mod golden;
 
 use gpuctl::cli::shell::render_json;
-use gpuctl::dbus_api::reply::v1::{
-    GpuRef, IdleReply, LastReconcile, LeaseStatus, LedgerReply, LedgerRow, MpsUnitStatus,
-    SliceStatus, StatusReply, TeamInfo, TeamStatus, Usage,
-};
+use gpuctl::dbus_api::ledger::ledger_reply;
+use gpuctl::dbus_api::reply::v1::{IdleReply, StatusReply, TeamInfo, Usage};
 use gpuctl::dbus_api::reply::{HostView, ReconcileReport, ReportReply};
+use gpuctl::dbus_api::{AgentState, LiveStatus};
 use gpuctl::idle::{Activity, HolderSample, Sample, Tracker};
 use gpuctl::join::{Via, Viewer};
+use gpuctl::ledger::{By, Day, Figures, Key};
 use gpuctl::observe::Observed;
 use gpuctl::paths::Root;
 use gpuctl::placement::Lease;
 use gpuctl::policy::{IdleAction, IdleRule, Policy};
 use gpuctl::sim::SimHost;
+use gpuctl::systemd::client::UnitState;
+use gpuctl::systemd::SliceUsage;
 use gpuctl::usage::{GpuUsage, MigUsage, Owners, ProcessUsage};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -33,7 +35,7 @@ use std::time::Duration;
 
 const ROOT: &str = "tests/golden-json/root";
 const SPEC: &str = "a100-40gb*3";
-/// 2026-12-03T10:00:00Z: every time in the documents is this or derived from it.
+/// 2025-12-03T10:00:00Z: every time in the documents is this or derived from it.
 const AT: u64 = 1_764_756_000;
 
 fn check(name: &str, got: &str) {
@@ -93,59 +95,51 @@ fn leases(view: &HostView) -> Vec<Lease> {
     ]
 }
 
-/// What gpuctld's `status()` builds from the view, with live systemd values fixed.
-fn status_reply(view: &HostView) -> StatusReply {
-    let mut teams = BTreeMap::new();
-    for (name, tv) in &view.teams {
-        let mps = tv
-            .mps
-            .iter()
-            .map(|(inst, spec)| MpsUnitStatus {
-                unit: gpuctl::systemd::mps::unit(inst),
-                active_state: Some("active".into()),
-                sub_state: Some("running".into()),
-                settings: Some(spec.clone()),
-            })
-            .collect();
-        let team = TeamStatus {
-            gpus: tv
-                .whole_gpus
-                .iter()
-                .map(|i| GpuRef {
-                    index: *i,
-                    uuid: Some(view.gpus[*i as usize].uuid.clone()),
-                })
-                .collect(),
-            mig_instances: tv.mig_devices.iter().map(Into::into).collect(),
-            mps,
-            slice: SliceStatus {
-                active_state: Some("active".into()),
-                live: Some(tv.slice.clone()),
-                memory_current: Some(3 << 30),
-                tasks_current: Some(42),
-                unit: gpuctl::systemd::props::slice_unit(name),
-                wanted: Some(tv.slice.clone()),
-            },
-        };
-        teams.insert(name.to_string(), team);
-    }
-    let gpus = gpuctl::dbus_api::gpu_statuses(view, None);
-    StatusReply {
-        gpus,
-        last_reconcile: Some(LastReconcile::from(&report())),
+/// gpuctld's `Status` reply, built by its own `status_reply` from the state the reconcile
+/// left and what systemd reports live, with the live values fixed.
+fn status_reply(policy: &Policy, view: &HostView) -> StatusReply {
+    let state = AgentState {
+        status_text: "3 teams, 3 GPUs converged".into(),
+        last_report: Some(ReconcileReport {
+            view: Some(view.clone()),
+            ..report()
+        }),
         policy_error: None,
-        policy_in_force: Some("current".into()),
-        policy_sources: Some(vec!["/etc/gpuctl/policy.toml".into()]),
-        status: "3 teams, 3 GPUs converged".into(),
-        teams,
-        leases: leases(view).iter().map(LeaseStatus::from).collect(),
-        queue: vec![gpuctl::dbus_api::reply::v1::QueuedRequest {
-            position: 1,
-            team: "interns".into(),
-            uid: 1002,
-            user: Some("carol".into()),
-        }],
+        policy: Some(policy.clone()),
+        policy_origin: Some("current"),
+        cycle_started_us: AT * 1_000_000,
+        busy: false,
+        idle: Default::default(),
+    };
+    let mut live = LiveStatus::default();
+    for (name, tv) in &view.teams {
+        let usage = SliceUsage {
+            active_state: "active".into(),
+            memory_current: Some(3 << 30),
+            tasks_current: Some(42),
+        };
+        live.slices
+            .insert(name.to_string(), (Some(tv.slice.clone()), Some(usage)));
+        for (inst, spec) in &tv.mps {
+            live.mps.push((inst.clone(), spec.clone()));
+            let state = UnitState {
+                load: "loaded".into(),
+                active: "active".into(),
+                sub: "running".into(),
+            };
+            live.units.insert(gpuctl::systemd::mps::unit(inst), state);
+        }
     }
+    live.leases = leases(view);
+    let mut reply = gpuctl::dbus_api::status_reply(state, &live);
+    // The queue is filled per caller, outside the reply builder.
+    reply.queue = vec![gpuctl::dbus_api::reply::v1::QueuedRequest {
+        position: 1,
+        team: "interns".into(),
+        uid: 1002,
+        user: Some("carol".into()),
+    }];
+    reply
 }
 
 /// The last reconcile: a policy change that raised train's CPU weight.
@@ -168,7 +162,7 @@ fn report() -> ReconcileReport {
 #[test]
 fn status_json() {
     let (policy, _, view) = converged();
-    let s = status_reply(&view);
+    let s = status_reply(&policy, &view);
     assert_eq!(s.teams.len(), policy.teams.len());
     let text = serde_json::to_string(&s).unwrap();
     check("status.json", &render_json(text));
@@ -477,39 +471,81 @@ fn idle_json() {
     );
 }
 
-/// `report --json`: a week by team, as root.
+/// `report --json`: a week by team, as root, built by gpuctld's own `ledger_reply` from the
+/// day files' figures: carol trains all week, alice serves on half of each day, dave's intern
+/// job holds a MIG device for a day, half of it with activity unknown, until an idle stop.
 #[test]
 fn report_json() {
-    let row = |team: &str, held: f64, active: f64, unknown: f64| LedgerRow {
-        team: Some(team.into()),
-        held_s: held,
-        active_s: active,
-        unknown_s: unknown,
-        idle_s: held - active - unknown,
-        utilisation: (held - unknown > 0.0).then(|| active / (held - unknown)),
-        memory_gib_hours: held / 3600.0 * 20.0,
-        reclaimed_s: if team == "interns" { 1800.0 } else { 0.0 },
-        stops: u64::from(team == "interns"),
-        ..Default::default()
-    };
-    let r = LedgerReply {
-        accounting: "auto".into(),
-        all_teams: true,
-        by: "team".into(),
-        from: "2026-11-27".into(),
-        to: "2026-12-03".into(),
-        idle_rule_teams: vec!["interns".into()],
-        problems: vec![],
-        rows: vec![
-            row("train", 604_800.0, 544_320.0, 0.0),
-            row("infer", 302_400.0, 90_720.0, 0.0),
-            row("interns", 86_400.0, 8_640.0, 43_200.0),
-        ],
-        top_idle: vec![LedgerRow {
-            user: Some("dave".into()),
-            ..row("interns", 86_400.0, 8_640.0, 43_200.0)
-        }],
-    };
+    let (policy, _, _) = converged();
+    let first = AT / 86_400 - 6;
+    let days: Vec<Day> = (first..=first + 6)
+        .map(|day| {
+            let mut figures = BTreeMap::new();
+            let mut put = |team: &str, user: &str, device: &str, kind: &str, f: Figures| {
+                let key = Key {
+                    team: team.into(),
+                    user: user.into(),
+                    device: device.into(),
+                    kind: kind.into(),
+                };
+                figures.insert(key, f);
+            };
+            let gib_s = |gib: u64, ms: u64| (gib << 30) as f64 * ms as f64 / 1000.0;
+            put(
+                "train",
+                "carol",
+                "0",
+                "gpu",
+                Figures {
+                    held_ms: 86_400_000,
+                    active_ms: 77_760_000,
+                    memory_byte_s: gib_s(20, 86_400_000),
+                    ..Default::default()
+                },
+            );
+            put(
+                "infer",
+                "alice",
+                "1",
+                "gpu",
+                Figures {
+                    held_ms: 43_200_000,
+                    active_ms: 12_960_000,
+                    memory_byte_s: gib_s(8, 43_200_000),
+                    ..Default::default()
+                },
+            );
+            if day == first + 6 {
+                put(
+                    "interns",
+                    "dave",
+                    "MIG-0",
+                    "3g.20gb",
+                    Figures {
+                        held_ms: 86_400_000,
+                        active_ms: 8_640_000,
+                        unknown_ms: 43_200_000,
+                        memory_byte_s: gib_s(2, 86_400_000),
+                        reclaimed_ms: 1_800_000,
+                        stops: 1,
+                    },
+                );
+            }
+            Day { day, figures }
+        })
+        .collect();
+    let r = ledger_reply(
+        &days,
+        vec![],
+        By::Team,
+        (first, first + 6),
+        &Viewer::All,
+        Some(&policy),
+    );
+    assert_eq!(
+        (r.from.as_str(), r.to.as_str()),
+        ("2025-11-27", "2025-12-03")
+    );
     let text = serde_json::to_string(&r).unwrap();
     check("report.json", &render_json(text));
 }

@@ -596,7 +596,7 @@ async fn watch_mps_state(
         let busy = shared.lock().map(|s| s.busy).unwrap_or(false);
         let unit = lock(&expected)
             .iter()
-            .find(|u| crate::systemd::scope::unit_object_path(u) == path.as_str())
+            .find(|u| crate::systemd::props::unit_object_path(u) == path.as_str())
             .cloned();
         // Our own restarts pass through inactive while we reconcile; a unit the policy does
         // not want is none of our business.

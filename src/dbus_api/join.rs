@@ -837,7 +837,7 @@ async fn snapshot(
     let leases = place::leases(sd, root)
         .await
         .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
-    let load = super::usage::last_collection()
+    let load = super::collector::last_collection()
         .map(|u| place::load_of(&u))
         .unwrap_or_default();
     Ok(Some(Snapshot {

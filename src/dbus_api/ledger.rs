@@ -10,8 +10,9 @@ use super::reply::{LedgerReply, LedgerRow};
 use super::Backend;
 use crate::join::Viewer;
 use crate::ledger::store::Store;
-use crate::ledger::{day_name, parse_day, summarise, By, Figures, Key};
+use crate::ledger::{day_name, parse_day, summarise, By, Day, Figures, Key};
 use crate::paths::Root;
+use crate::policy::Policy;
 use zbus::fdo;
 use zbus::message::Header;
 use zbus::Connection;
@@ -83,25 +84,39 @@ pub async fn report(
         tokio::task::spawn_blocking(move || Store::new(&root).range(first, last))
             .await
             .map_err(|e| JoinError::from(fdo::Error::Failed(format!("ledger read failed: {e}"))))?;
+    let reply = ledger_reply(&days, problems, by, (first, last), &viewer, policy.as_ref());
+    serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()).into())
+}
+
+/// The `Report` reply over `days` (the store's days `first..=last`), as `viewer` may read it:
+/// rows grouped `by`, most held first; the ten users with the most idle time; the teams with an
+/// idle rule; the accounting setting of `policy` (`auto` without one).
+pub fn ledger_reply(
+    days: &[Day],
+    problems: Vec<String>,
+    by: By,
+    (first, last): (u64, u64),
+    viewer: &Viewer,
+    policy: Option<&Policy>,
+) -> LedgerReply {
     let visible = |k: &Key| viewer.sees(Some(&k.team));
-    let mut rows: Vec<LedgerRow> = summarise(&days, by, visible)
+    let mut rows: Vec<LedgerRow> = summarise(days, by, visible)
         .iter()
         .map(|(k, f)| row(k, f, by))
         .collect();
     rows.sort_by(|a, b| b.held_s.total_cmp(&a.held_s));
-    let mut top_idle: Vec<LedgerRow> = summarise(&days, By::User, visible)
+    let mut top_idle: Vec<LedgerRow> = summarise(days, By::User, visible)
         .iter()
         .filter(|(_, f)| f.idle_ms() > 0)
         .map(|(k, f)| row(k, f, By::User))
         .collect();
     top_idle.sort_by(|a, b| b.idle_s.total_cmp(&a.idle_s));
     top_idle.truncate(TOP_IDLE);
-    let reply = LedgerReply {
+    LedgerReply {
         accounting: policy
-            .as_ref()
             .map_or("auto", |p| accounting_name(p.host.accounting))
             .into(),
-        all_teams: all,
+        all_teams: *viewer == Viewer::All,
         by: format!("{by:?}").to_lowercase(),
         from: day_name(first),
         to: day_name(last),
@@ -114,8 +129,7 @@ pub async fn report(
         problems,
         rows,
         top_idle,
-    };
-    serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()).into())
+    }
 }
 
 fn accounting_name(a: crate::policy::Accounting) -> &'static str {
@@ -123,5 +137,143 @@ fn accounting_name(a: crate::policy::Accounting) -> &'static str {
         crate::policy::Accounting::Auto => "auto",
         crate::policy::Accounting::On => "on",
         crate::policy::Accounting::Off => "off",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(team: &str, user: &str, device: &str) -> Key {
+        Key {
+            team: team.into(),
+            user: user.into(),
+            device: device.into(),
+            kind: crate::ledger::WHOLE_GPU.into(),
+        }
+    }
+
+    /// Two hours held, one active, half an hour unknown, 2 GiB for an hour, a quarter of an
+    /// hour reclaimed by two stops.
+    fn figures() -> Figures {
+        Figures {
+            held_ms: 7_200_000,
+            active_ms: 3_600_000,
+            unknown_ms: 1_800_000,
+            memory_byte_s: (2u64 << 30) as f64 * 3600.0,
+            reclaimed_ms: 900_000,
+            stops: 2,
+        }
+    }
+
+    #[test]
+    fn a_row_is_in_seconds_and_names_what_its_grouping_keeps() {
+        let k = key("train", "carol", "0");
+        let want = LedgerRow {
+            team: Some("train".into()),
+            held_s: 7200.0,
+            active_s: 3600.0,
+            unknown_s: 1800.0,
+            // held − active − unknown
+            idle_s: 1800.0,
+            // active / (held − unknown) = 3600 / 5400
+            utilisation: Some(2.0 / 3.0),
+            memory_gib_hours: 2.0,
+            reclaimed_s: 900.0,
+            stops: 2,
+            ..Default::default()
+        };
+        assert_eq!(row(&k, &figures(), By::Team), want);
+        assert_eq!(
+            row(&k, &figures(), By::User),
+            LedgerRow {
+                user: Some("carol".into()),
+                ..want.clone()
+            }
+        );
+        assert_eq!(
+            row(&k, &figures(), By::Device),
+            LedgerRow {
+                team: None,
+                device: Some("0".into()),
+                kind: Some("gpu".into()),
+                ..want
+            }
+        );
+        // Activity never known: no utilisation and no idle time, not 0 % and all idle.
+        let blind = Figures {
+            held_ms: 1500,
+            unknown_ms: 1500,
+            ..Default::default()
+        };
+        let r = row(&k, &blind, By::Team);
+        assert_eq!((r.held_s, r.idle_s, r.utilisation), (1.5, 0.0, None));
+    }
+
+    #[test]
+    fn a_reply_sums_days_ranks_rows_and_shows_a_member_only_its_teams() {
+        let mut d1 = Day {
+            day: 20_000,
+            ..Default::default()
+        };
+        d1.figures.insert(key("train", "carol", "0"), figures());
+        d1.figures.insert(
+            key("infer", "alice", "1"),
+            Figures {
+                held_ms: 1_000_000,
+                active_ms: 1_000_000,
+                ..Default::default()
+            },
+        );
+        let mut d2 = Day {
+            day: 20_001,
+            ..Default::default()
+        };
+        d2.figures.insert(key("train", "carol", "0"), figures());
+        d2.figures.insert(
+            key("train", "dave", "0"),
+            Figures {
+                held_ms: 600_000,
+                ..Default::default()
+            },
+        );
+        let days = [d1, d2];
+        let r = ledger_reply(
+            &days,
+            vec![],
+            By::Team,
+            (20_000, 20_001),
+            &Viewer::All,
+            None,
+        );
+        assert_eq!(
+            (r.from.as_str(), r.to.as_str()),
+            ("2024-10-04", "2024-10-05")
+        );
+        assert_eq!((r.by.as_str(), r.accounting.as_str()), ("team", "auto"));
+        assert!(r.all_teams);
+        let held: Vec<(Option<&str>, f64)> = r
+            .rows
+            .iter()
+            .map(|r| (r.team.as_deref(), r.held_s))
+            .collect();
+        // train: two days of 7200 s and dave's 600 s; most held first.
+        assert_eq!(
+            held,
+            vec![(Some("train"), 15_000.0), (Some("infer"), 1000.0)]
+        );
+        // Idle: carol 2 × 1800 s, dave 600 s; alice was never idle.
+        let idle: Vec<(Option<&str>, f64)> = r
+            .top_idle
+            .iter()
+            .map(|r| (r.user.as_deref(), r.idle_s))
+            .collect();
+        assert_eq!(idle, vec![(Some("carol"), 3600.0), (Some("dave"), 600.0)]);
+        let infer_only = Viewer::Teams(["infer".to_string()].into());
+        let r = ledger_reply(&days, vec![], By::User, (20_000, 20_001), &infer_only, None);
+        assert!(!r.all_teams);
+        assert_eq!(r.rows.len(), 1);
+        assert_eq!(r.rows[0].user.as_deref(), Some("alice"));
+        assert!(r.top_idle.is_empty());
     }
 }

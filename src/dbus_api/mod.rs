@@ -51,6 +51,7 @@ use tokio::sync::oneshot;
 use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
+mod collector;
 pub mod join;
 pub mod ledger;
 pub mod place;
@@ -279,7 +280,9 @@ impl Agent {
     ) -> fdo::Result<String> {
         self.admit(conn, &hdr, &self.light, "Status").await?;
         let viewer = usage::viewer(&*self.backend, conn, &hdr).await?;
-        let mut reply = status(self.backend.state(), &self.sd, &self.root).await;
+        let state = self.backend.state();
+        let live = live_status(&state, &self.sd, &self.root).await;
+        let mut reply = status_reply(state, &live);
         usage::redact_leases(&mut reply.leases, &viewer);
         reply.queue = self.queued(&viewer);
         serde_json::to_string(&reply).map_err(|e| fdo::Error::Failed(e.to_string()))
@@ -590,33 +593,78 @@ pub fn gpu_statuses(view: &reply::HostView, policy: Option<&Policy>) -> Vec<GpuS
         .collect()
 }
 
-/// Build the `Status` reply: per team its GPUs and MIG devices (with UUIDs), live slice
-/// limits and usage, MPS units; per GPU its MIG mode and instances; the last reconcile and the
-/// last policy error. Devices come from the last reconcile's view of the host (NVML is not
-/// touched on the bus thread); limits and usage are read live.
-pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
-    let view = sh.last_report.as_ref().and_then(|r| r.view.clone());
+/// What `Status` reads live from systemd, apart from the reply built from it
+/// ([`status_reply`]), so that building it is a function of values.
+#[derive(Debug, Clone, Default)]
+pub struct LiveStatus {
+    /// The running MPS daemons' instances and settings.
+    pub mps: Vec<(String, crate::observe::MpsSpec)>,
+    /// Per team: its slice as systemd has it now, and the slice's usage (`None`: unreadable).
+    pub slices: std::collections::BTreeMap<
+        String,
+        (
+            Option<crate::observe::SliceSpec>,
+            Option<crate::systemd::SliceUsage>,
+        ),
+    >,
+    /// The state of each MPS unit of the view that systemd knows.
+    pub units: std::collections::BTreeMap<String, crate::systemd::client::UnitState>,
+    /// The live placement leases.
+    pub leases: Vec<crate::placement::Lease>,
+}
+
+/// Read what `Status` shows live: the slices and MPS units of the policy's teams in the last
+/// reconcile's view, and the leases. NVML is not touched on the bus thread.
+pub async fn live_status(sh: &AgentState, sd: &Systemd, root: &Root) -> LiveStatus {
+    let mut live = LiveStatus::default();
+    let view = sh.last_report.as_ref().and_then(|r| r.view.as_ref());
+    if let (Some(p), Some(v)) = (&sh.policy, view) {
+        live.mps = sd.list_mps().await.unwrap_or_default();
+        for name in p.teams.keys() {
+            let slice = sd.read_slice(name).await.ok().flatten();
+            let usage = sd.slice_usage(name).await.ok();
+            live.slices.insert(name.to_string(), (slice, usage));
+            for inst in v.teams.get(name).iter().flat_map(|t| t.mps.keys()) {
+                let unit = mps::unit(inst);
+                if let Some(state) = sd.unit_state(&unit).await.ok().flatten() {
+                    live.units.insert(unit, state);
+                }
+            }
+        }
+    }
+    live.leases = place::leases(sd, root).await.unwrap_or_default();
+    live
+}
+
+/// The `Status` reply: per team its GPUs and MIG devices (with UUIDs), live slice limits and
+/// usage, MPS units; per GPU its MIG mode and instances; the last reconcile and the last policy
+/// error. Devices come from the last reconcile's view of the host, the rest from `live`. The
+/// queue is the caller's to fill (it depends on who asks).
+pub fn status_reply(sh: AgentState, live: &LiveStatus) -> StatusReply {
+    let view = sh.last_report.as_ref().and_then(|r| r.view.as_ref());
     let mut teams = std::collections::BTreeMap::new();
-    if let (Some(p), Some(v)) = (&sh.policy, &view) {
-        let live_mps = sd.list_mps().await.unwrap_or_default();
+    if let (Some(p), Some(v)) = (&sh.policy, view) {
         for name in p.teams.keys() {
             let tv = v.teams.get(name);
-            let live = sd.read_slice(name).await.ok().flatten();
-            let usage = sd.slice_usage(name).await.ok();
-            let mut mps_units = Vec::new();
-            for inst in tv.iter().flat_map(|t| t.mps.keys()) {
-                let unit = mps::unit(inst);
-                let state = sd.unit_state(&unit).await.ok().flatten();
-                mps_units.push(MpsUnitStatus {
-                    unit,
-                    active_state: state.as_ref().map(|s| s.active.clone()),
-                    sub_state: state.map(|s| s.sub),
-                    settings: live_mps
-                        .iter()
-                        .find(|(i, _)| i == inst)
-                        .map(|(_, s)| s.clone()),
-                });
-            }
+            let (slice_live, usage) = live.slices.get(&**name).cloned().unwrap_or_default();
+            let mps_units = tv
+                .iter()
+                .flat_map(|t| t.mps.keys())
+                .map(|inst| {
+                    let unit = mps::unit(inst);
+                    let state = live.units.get(&unit);
+                    MpsUnitStatus {
+                        active_state: state.map(|s| s.active.clone()),
+                        sub_state: state.map(|s| s.sub.clone()),
+                        settings: live
+                            .mps
+                            .iter()
+                            .find(|(i, _)| i == inst)
+                            .map(|(_, s)| s.clone()),
+                        unit,
+                    }
+                })
+                .collect();
             let gpus = tv
                 .iter()
                 .flat_map(|t| &t.whole_gpus)
@@ -632,7 +680,7 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
             let slice = SliceStatus {
                 unit: crate::systemd::props::slice_unit(name),
                 wanted: tv.map(|t| t.slice.clone()),
-                live,
+                live: slice_live,
                 active_state: usage.as_ref().map(|u| u.active_state.clone()),
                 memory_current: usage.as_ref().and_then(|u| u.memory_current),
                 tasks_current: usage.as_ref().and_then(|u| u.tasks_current),
@@ -651,13 +699,11 @@ pub async fn status(sh: AgentState, sd: &Systemd, root: &Root) -> StatusReply {
         }
     }
     let gpus = view
-        .as_ref()
         .map(|v| gpu_statuses(v, sh.policy.as_ref()))
         .unwrap_or_default();
     StatusReply {
-        leases: place::leases(sd, root)
-            .await
-            .unwrap_or_default()
+        leases: live
+            .leases
             .iter()
             .map(reply::v1::LeaseStatus::from)
             .collect(),

@@ -8,6 +8,7 @@
 //! costs one NVML collection per interval; collections run on a blocking thread, never on the
 //! runtime thread that serves the bus.
 
+use super::collector::collector;
 use super::{AgentState, Backend};
 use crate::join::nss::Nss;
 use crate::join::Viewer;
@@ -16,23 +17,11 @@ use crate::paths::Root;
 use crate::systemd::{mps, Systemd};
 use crate::usage::collect::Collector;
 use crate::usage::{Owners, Usage};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use zbus::fdo;
 
 /// Output formats of `Metrics(s format)`.
 pub const FORMATS: &[&str] = &["openmetrics", "prometheus-text"];
-
-static COLLECTOR: OnceLock<Collector> = OnceLock::new();
-
-fn collector(lib: Option<std::path::PathBuf>) -> &'static Collector {
-    COLLECTOR.get_or_init(|| Collector::new(lib, Collector::interval_from_env()))
-}
-
-/// The last collection, however old, without collecting (`Join` places by it and must not
-/// wait for NVML); `None` before the first one or while one runs.
-pub fn last_collection() -> Option<std::sync::Arc<Usage>> {
-    COLLECTOR.get()?.last()
-}
 
 fn owners_and_lib(sh: &AgentState) -> (Owners, Option<std::path::PathBuf>) {
     let owners = sh

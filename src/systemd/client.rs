@@ -430,7 +430,7 @@ impl Systemd {
 
     /// Every running team slice that gpuctl controls, with its live settings: one
     /// `ListUnitsByPatterns`, then one `GetAll` per slice, all in flight at once. A listed unit
-    /// is loaded, so its object path is computed ([`super::scope::unit_object_path`]) rather
+    /// is loaded, so its object path is computed ([`super::props::unit_object_path`]) rather
     /// than asked for, and its load state is not read again: three calls per team fewer than
     /// [`Self::list_slices`] + [`Self::read_slice`], and on a policy change this read is most
     /// of what gpuctld waits for before it applies (VM 59, issue 14).
@@ -442,7 +442,7 @@ impl Systemd {
             let sd = self.clone();
             reads.spawn(async move {
                 let unit = props::slice_unit(&team);
-                let path = super::scope::unit_object_path(&unit);
+                let path = super::props::unit_object_path(&unit);
                 let raw = sd
                     .slice_get_all(path)
                     .await

@@ -229,9 +229,39 @@ pub fn parent_slice_unit_file(source: &str) -> String {
     )
 }
 
+/// systemd's object path of a unit (`bus_label_escape`: every byte other than an ASCII letter
+/// or digit, and a leading digit, becomes `_xx`).
+pub fn unit_object_path(unit: &str) -> String {
+    let mut p = String::from("/org/freedesktop/systemd1/unit/");
+    for (i, b) in unit.bytes().enumerate() {
+        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
+            p.push(b as char);
+        } else {
+            p.push_str(&format!("_{b:02x}"));
+        }
+    }
+    p
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unit_object_paths_match_systemds_escaping() {
+        assert_eq!(
+            unit_object_path("gpu-infer.slice"),
+            "/org/freedesktop/systemd1/unit/gpu_2dinfer_2eslice"
+        );
+        assert_eq!(
+            unit_object_path("gpu-ml_2.slice"),
+            "/org/freedesktop/systemd1/unit/gpu_2dml_5f2_2eslice"
+        );
+        assert_eq!(
+            unit_object_path("1x"),
+            "/org/freedesktop/systemd1/unit/_31x"
+        );
+    }
 
     fn spec() -> SliceSpec {
         SliceSpec {

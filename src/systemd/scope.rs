@@ -4,6 +4,7 @@
 //! round trip.
 
 use super::client::{bus, job_result, Systemd};
+use super::props::unit_object_path;
 use super::SystemdError;
 use futures_lite::StreamExt;
 use std::collections::{HashMap, VecDeque};
@@ -15,20 +16,6 @@ use zbus::{Connection, Message};
 
 /// How long a scope's start job may take.
 const SCOPE_START_LIMIT: Duration = Duration::from_secs(30);
-
-/// systemd's object path of a unit (`bus_label_escape`: every byte other than an ASCII letter
-/// or digit, and a leading digit, becomes `_xx`).
-pub fn unit_object_path(unit: &str) -> String {
-    let mut p = String::from("/org/freedesktop/systemd1/unit/");
-    for (i, b) in unit.bytes().enumerate() {
-        if b.is_ascii_alphabetic() || (i > 0 && b.is_ascii_digit()) {
-            p.push(b as char);
-        } else {
-            p.push_str(&format!("_{b:02x}"));
-        }
-    }
-    p
-}
 
 /// Waits for systemd jobs on one long-lived `JobRemoved` subscription, so a placement costs no
 /// `AddMatch`/`RemoveMatch` round trips of its own.
@@ -274,22 +261,6 @@ static SCOPE_OOM_POLICY: std::sync::atomic::AtomicBool = std::sync::atomic::Atom
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn unit_object_paths_match_systemds_escaping() {
-        assert_eq!(
-            unit_object_path("gpu-infer.slice"),
-            "/org/freedesktop/systemd1/unit/gpu_2dinfer_2eslice"
-        );
-        assert_eq!(
-            unit_object_path("gpu-ml_2.slice"),
-            "/org/freedesktop/systemd1/unit/gpu_2dml_5f2_2eslice"
-        );
-        assert_eq!(
-            unit_object_path("1x"),
-            "/org/freedesktop/systemd1/unit/_31x"
-        );
-    }
 
     #[test]
     fn a_placed_scope_is_fenced_to_its_devices() {
