@@ -339,7 +339,10 @@ fn join_again_after_restart(
         let r = wire::join(socket, team, &options);
         let left = deadline.map(|d| d.saturating_duration_since(std::time::Instant::now()));
         match (r, left) {
-            (Err(e), Some(left)) if daemon_went_away(&e) && !left.is_zero() => {
+            // A gpuctld that has just come back answers before it has loaded its policy.
+            (Err(e), Some(left))
+                if (daemon_went_away(&e) || (said && starting(&e))) && !left.is_zero() =>
+            {
                 if !said {
                     eprintln!(
                         "gpuctl: gpuctld went away while this request waited ({e}); asking \
@@ -365,6 +368,11 @@ fn join_again_after_restart(
 
 /// How often a waiting client whose gpuctld went away asks again.
 const AGAIN_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// gpuctld's answer while it has no policy loaded yet.
+fn starting(e: &wire::WireError) -> bool {
+    matches!(e, wire::WireError::Method { name, .. } if name == "org.gpuctl.Agent1.Error.NoPolicy")
+}
 
 /// The bus's answers for a call whose recipient left without replying or is not there (yet).
 fn daemon_went_away(e: &wire::WireError) -> bool {

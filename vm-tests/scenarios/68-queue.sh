@@ -4,7 +4,7 @@
 # device holds back nobody: carol's plain request behind alice's gets the device that frees, and
 # alice gets hers when it frees. Five waiters outlive `systemctl restart gpuctld` and all run. On
 # the shared GPU, the default one job per device is the device's cap across both teams.
-# vmtest: timeout=300
+# vmtest: timeout=1200
 # vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
@@ -97,7 +97,7 @@ systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
 # The shared GPU: alice's job of team sa holds it; carol's job of team sb is refused, naming
 # the holder's team and not alice.
 su -s /bin/sh alice -c "gpuctl run --team sa -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/sa.dev; exec sleep 600'" >/dev/null 2>&1 &
-wait_for 20 test -s "$d/sa.dev"
+wait_for 60 test -s "$d/sa.dev"
 check "sa's job is placed on the shared GPU" test "$(cat "$d/sa.dev" 2>/dev/null)" = "$(gpu_uuid 1)"
 rc=0
 out=$(su -s /bin/sh carol -c "gpuctl run --team sb -- true" 2>&1) || rc=$?
