@@ -464,10 +464,10 @@ pub fn proc_hidepid(root: &Root) -> Check {
     // The last /proc mount is the one on top.
     let Some(opts) = text
         .lines()
+        .rev()
         .map(|l| l.split_whitespace().collect::<Vec<_>>())
-        .filter(|f| f.len() >= 4 && f[1] == "/proc" && f[2] == "proc")
+        .find(|f| f.len() >= 4 && f[1] == "/proc" && f[2] == "proc")
         .map(|f| f[3].to_string())
-        .last()
     else {
         return check(
             id,
