@@ -1,7 +1,7 @@
 //! The one atomic-file helper of the crate: every state file gpuctl writes (the MIG journal,
 //! owner labels, `slices.json`, the last good policy, team env files, MPS env/ctl files and
-//! drop-ins, generated units, the simulator's state) goes through [`write_atomic`] or
-//! [`write_if_changed`], so a crash or power cut leaves either the old or the new file, never a
+//! drop-ins, generated units, the simulator's state, the root-only lease records) goes through
+//! [`write_atomic`], [`write_private`] or [`write_if_changed`], so a crash or power cut leaves either the old or the new file, never a
 //! torn one, and a symlink planted where the temp file goes is never followed.
 //!
 //! Hand-written (about 40 lines) rather than `tempfile::NamedTempFile::persist`: that crate
@@ -42,11 +42,34 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 /// (`O_CREAT|O_EXCL|O_NOFOLLOW`, so an existing file or symlink there is never reused), write,
 /// fsync, rename over `path`, fsync of the directory. Missing parent directories are created.
 pub fn write_atomic(path: &Path, content: &[u8]) -> Result<(), FileError> {
-    let dir = match path.parent() {
+    let dir = parent(path);
+    std::fs::create_dir_all(dir).map_err(|e| FileError::new(dir, e))?;
+    write_in(dir, path, content, 0o666)
+}
+
+/// [`write_atomic`] for a file only root reads: its directory is made (or set back to) mode
+/// 0700 and the file is created 0600, so no other user can open it or even list its name.
+pub fn write_private(path: &Path, content: &[u8]) -> Result<(), FileError> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let dir = parent(path);
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(dir)
+        .and_then(|()| std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)))
+        .map_err(|e| FileError::new(dir, e))?;
+    write_in(dir, path, content, 0o600)
+}
+
+fn parent(path: &Path) -> &Path {
+    match path.parent() {
         Some(d) if !d.as_os_str().is_empty() => d,
         _ => Path::new("."),
-    };
-    std::fs::create_dir_all(dir).map_err(|e| FileError::new(dir, e))?;
+    }
+}
+
+/// The temp file (created with `mode`, less the umask), fsync, rename, directory fsync.
+fn write_in(dir: &Path, path: &Path, content: &[u8], mode: u32) -> Result<(), FileError> {
     let name = path
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -57,6 +80,7 @@ pub fn write_atomic(path: &Path, content: &[u8]) -> Result<(), FileError> {
         match OpenOptions::new()
             .write(true)
             .create_new(true)
+            .mode(mode)
             .custom_flags(nix::libc::O_NOFOLLOW)
             .open(&tmp)
         {
@@ -140,6 +164,23 @@ mod tests {
         write_atomic(&p, b"new").unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep");
         assert_eq!(std::fs::read_to_string(&p).unwrap(), "new");
+    }
+
+    #[test]
+    fn private_files_are_root_only_in_a_root_only_directory() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().join("leases");
+        // An existing directory that others may read is closed again.
+        std::fs::create_dir(&d).unwrap();
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let p = d.join("gpuctl-run-0a.scope.json");
+        write_private(&p, b"{}").unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        assert_eq!((mode(&d), mode(&p)), (0o700, 0o600));
+        assert_eq!(std::fs::read_to_string(&p).unwrap(), "{}");
+        write_private(&d.join("new/x"), b"1").unwrap();
+        assert_eq!(mode(&d.join("new")), 0o700);
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub const POLICY_MAIN: &str = "/etc/gpuctl/policy.toml";
 pub const STATE_DIR: &str = "/var/lib/gpuctl";
 /// Runtime state: team environment files, MPS pipe directories.
 pub const RUN_DIR: &str = "/run/gpuctl";
+/// The placement leases' detail, one root-only file per live member scope (mode 0700:
+/// `systemctl` shows every local user a scope's properties, so the detail is not kept there).
+pub const LEASE_DIR: &str = "/run/gpuctl/leases";
 /// Where the NVIDIA driver lists MIG capability minors.
 pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
 

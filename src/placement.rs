@@ -12,9 +12,11 @@
 //! - among the free ones: fewest leases first (nobody's first), then least memory held, then
 //!   least activity (where known), then the share's own order, so placement is predictable.
 //!
-//! A lease lives in its scope's `Description=` ([`Lease::description`], [`Lease::parse`]): it
-//! ends with the scope however the scope ends, and a restarted gpuctld reads it back from
-//! systemd instead of from a file that could go stale.
+//! A lease is kept where only gpuctld and root read it (a 0600 record per member scope,
+//! [`Lease::record`], [`Lease::from_record`]), keyed to its scope's name: it counts only while
+//! that scope is live, so it ends with the scope however the scope ends, and a restarted
+//! gpuctld reads it back for the scopes systemd still lists. The scope's own properties, which
+//! every local user can read, carry only an opaque id.
 
 use std::cmp::Ordering;
 use std::fmt;
@@ -344,10 +346,10 @@ pub fn find_device(share: &[Candidate], asked: &str) -> Option<usize> {
     })
 }
 
-/// A job's hold on devices, kept in its scope's `Description=`.
+/// A job's hold on devices.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Lease {
-    /// The scope (`gpuctl-run-<team>-<pid>.scope`).
+    /// The scope (`gpuctl-run-<opaque id>.scope`).
     pub unit: String,
     /// The team.
     pub team: String,
@@ -367,28 +369,26 @@ pub struct Lease {
 }
 
 impl Lease {
-    /// The scope description that carries the lease:
-    /// `gpuctl: alice (uid 1000, pid 812) in team interns on MIG-a since @1764783110`, with
-    /// ` gpu-memory 2147483648` before ` since` when a cap was set.
-    pub fn description(&self) -> String {
-        let mem = self
-            .gpu_memory
-            .map(|b| format!(" gpu-memory {b}"))
-            .unwrap_or_default();
-        format!(
-            "gpuctl: {} (uid {}, pid {}) in team {} on {}{mem} since @{}",
-            self.user,
-            self.uid,
-            self.pid,
-            self.team,
-            self.devices.join(","),
-            self.since
-        )
+    /// The lease as its record (one line of JSON).
+    pub fn record(&self) -> String {
+        let mut s = serde_json::to_string(self).unwrap_or_default();
+        s.push('\n');
+        s
     }
 
-    /// The lease of `unit` from its description; `None` for a scope without one (placed with
-    /// `jobs-per-device = 0`, or not gpuctl's).
-    pub fn parse(unit: &str, description: &str) -> Option<Lease> {
+    /// The lease of `unit` from its record; `None` for a record that is not one, or is
+    /// another scope's.
+    pub fn from_record(unit: &str, text: &str) -> Option<Lease> {
+        let l: Lease = serde_json::from_str(text).ok()?;
+        (l.unit == unit && !l.devices.is_empty() && !l.devices.iter().any(String::is_empty))
+            .then_some(l)
+    }
+
+    /// The lease of `unit` from its description, where a gpuctld before lease records kept it
+    /// (`gpuctl: alice (uid 1000, pid 812) in team interns on MIG-a since @1764783110`, with
+    /// ` gpu-memory N` before ` since`): such scopes outlive a package upgrade, and their jobs
+    /// still hold their devices. `None` for anything else.
+    pub fn from_legacy_description(unit: &str, description: &str) -> Option<Lease> {
         let rest = description.strip_prefix("gpuctl: ")?;
         let (rest, since) = rest.rsplit_once(" since @")?;
         let since = since.parse().ok()?;
@@ -440,7 +440,7 @@ pub fn utc(secs: u64) -> String {
 }
 
 /// The holders of `devices`, for a refusal to a member of `team`: `MIG-a: alice
-/// (gpuctl-run-t-812.scope) since 2026-12-03T17:50:02Z`, one entry per lease; another team's
+/// (gpuctl-run-5f3a….scope) since 2026-12-03T17:50:02Z`, one entry per lease; another team's
 /// lease (a GPU the teams share) names the team alone, as `Status` would show it to the caller.
 pub fn holders(leases: &[Lease], devices: &[&str], team: &str) -> String {
     let mut out = Vec::new();
@@ -661,9 +661,9 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_survives_its_description() {
+    fn a_lease_survives_its_record() {
         let l = Lease {
-            unit: "gpuctl-run-interns-812.scope".into(),
+            unit: "gpuctl-run-5f3a9c0d1e2b4a68.scope".into(),
             team: "interns".into(),
             user: "uid 4711".into(),
             uid: 4711,
@@ -672,27 +672,57 @@ mod tests {
             since: 1_764_783_110,
             gpu_memory: Some(2 << 30),
         };
-        let d = l.description();
-        assert_eq!(
-            d,
-            "gpuctl: uid 4711 (uid 4711, pid 812) in team interns on MIG-a gpu-memory \
-             2147483648 since @1764783110"
-        );
-        assert_eq!(Lease::parse(&l.unit, &d), Some(l.clone()));
+        let r = l.record();
+        assert!(r.ends_with("}\n") && r.lines().count() == 1, "{r}");
+        assert_eq!(Lease::from_record(&l.unit, &r), Some(l.clone()));
         let two = Lease {
             devices: vec!["GPU-1".into(), "GPU-2".into()],
             gpu_memory: None,
-            ..l
+            ..l.clone()
         };
-        assert_eq!(Lease::parse(&two.unit, &two.description()), Some(two));
-        // The descriptions of scopes placed without a lease, and anything else, are none.
+        assert_eq!(Lease::from_record(&two.unit, &two.record()), Some(two));
+        // Another scope's record, a record without devices, and anything else are none.
+        assert_eq!(Lease::from_record("gpuctl-run-0.scope", &r), None);
+        let none = Lease {
+            devices: vec![],
+            ..l.clone()
+        };
+        assert_eq!(Lease::from_record(&l.unit, &none.record()), None);
+        for t in ["", "{}", "gpuctl: x", &r[..r.len() / 2]] {
+            assert_eq!(Lease::from_record(&l.unit, t), None, "{t}");
+        }
+    }
+
+    #[test]
+    fn a_scope_of_an_earlier_gpuctld_keeps_its_lease() {
+        let unit = "gpuctl-run-interns-812.scope";
+        let d = "gpuctl: uid 4711 (uid 4711, pid 812) in team interns on MIG-a gpu-memory \
+                 2147483648 since @1764783110";
+        assert_eq!(
+            Lease::from_legacy_description(unit, d),
+            Some(Lease {
+                unit: unit.into(),
+                team: "interns".into(),
+                user: "uid 4711".into(),
+                uid: 4711,
+                pid: 812,
+                devices: vec!["MIG-a".into()],
+                since: 1_764_783_110,
+                gpu_memory: Some(2 << 30),
+            })
+        );
+        let two = "gpuctl: bob (uid 1, pid 2) in team t on GPU-1,GPU-2 since @3";
+        let l = Lease::from_legacy_description("u.scope", two).unwrap();
+        assert_eq!((l.devices.len(), l.gpu_memory), (2, None));
+        // Scopes placed without a lease, today's neutral descriptions, and anything else.
         for d in [
             "gpuctl: alice (pid 5) in team infer",
             "gpuctl: alice (uid 1, pid 5) in team infer on  since @1",
+            "gpuctl job 5f3a9c0d1e2b4a68",
             "session 3 of user alice",
             "",
         ] {
-            assert_eq!(Lease::parse("x.scope", d), None, "{d}");
+            assert_eq!(Lease::from_legacy_description("x.scope", d), None, "{d}");
         }
     }
     // The property test against a reference written from the rules: tests/placement_oracle.rs.

@@ -401,7 +401,16 @@ fn promql_metrics(expr: &str) -> Vec<String> {
             }
             let word: String = chars[start..j].iter().collect();
             let next = chars[j..].iter().find(|c| !c.is_whitespace());
-            let keywords = ["and", "or", "unless", "bool", "offset", "le"];
+            let keywords = [
+                "and",
+                "or",
+                "unless",
+                "bool",
+                "offset",
+                "le",
+                "group_left",
+                "group_right",
+            ];
             if next != Some(&'(') && !keywords.contains(&word.as_str()) {
                 names.push(word);
             }
@@ -466,6 +475,10 @@ fn dashboard_queries_name_only_exported_metrics() {
         promql_metrics("gpuctl_a{x=\"y\"} / on (device, team) gpuctl_b"),
         ["gpuctl_a", "gpuctl_b"]
     );
+    assert_eq!(
+        promql_metrics("gpuctl_a * on (device) group_right gpuctl_b{t=\"\"} and gpuctl_c"),
+        ["gpuctl_a", "gpuctl_b", "gpuctl_c"]
+    );
     // Per-team memory, utilisation, processes, OOMs and MPS health are all on it.
     for n in [
         "gpuctl_device_memory_used_bytes",
@@ -513,5 +526,177 @@ fn redacted_idle_holders_carry_no_user_or_unit_labels() {
     assert_eq!(
         line("gpuctl_idle_seconds{"),
         [r#"gpuctl_idle_seconds{team="infer",user="",unit="",device="0"} 9000"#]
+    );
+}
+
+/// A GPU that teams sa and sb share: its device series count it once (a plain `sum()` is the
+/// host's memory in use), the info metric names both owners, and each team's own use is in
+/// the team series.
+#[test]
+fn a_gpu_two_teams_share_is_one_device_series() {
+    let p = |pid, team: &str, mib: u64| ProcessUsage {
+        pid,
+        kind: "compute".into(),
+        used_memory: Some(mib << 20),
+        team: Some(team.into()),
+        ..Default::default()
+    };
+    let s = Snapshot {
+        usage: Usage {
+            gpus: vec![
+                GpuUsage {
+                    index: 0,
+                    uuid: "GPU-s".into(),
+                    teams: vec!["sa".into(), "sb".into()],
+                    memory_used: Some(3 << 30),
+                    memory_total: Some(80 << 30),
+                    utilization_gpu: Some(40),
+                    utilization_memory: Some(10),
+                    activity: Some(30.0),
+                    processes: vec![p(1, "sa", 1024), p(2, "sb", 2048)],
+                    ..Default::default()
+                },
+                GpuUsage {
+                    index: 1,
+                    uuid: "GPU-t".into(),
+                    teams: vec!["sa".into()],
+                    memory_used: Some(1 << 30),
+                    memory_total: Some(80 << 30),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let text = metrics::encode_prometheus_text(&s, metrics::counters());
+    let lines = |name: &str, device: &str| -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("{name}{{")))
+            .filter(|l| l.contains(&format!("device=\"{device}\"")))
+            .collect()
+    };
+    for name in [
+        "gpuctl_device_memory_used_bytes",
+        "gpuctl_device_memory_total_bytes",
+        "gpuctl_device_utilization_ratio",
+        "gpuctl_device_memory_utilization_ratio",
+        "gpuctl_device_sm_activity_ratio",
+    ] {
+        let got = lines(name, "GPU-s");
+        assert_eq!(got.len(), 1, "{name}: {got:?}");
+        assert!(!got[0].contains("team="), "{name}: {got:?}");
+    }
+    let sum: u64 = text
+        .lines()
+        .filter(|l| l.starts_with("gpuctl_device_memory_used_bytes{"))
+        .map(|l| l.rsplit(' ').next().unwrap().parse::<u64>().unwrap())
+        .sum();
+    assert_eq!(sum, 4 << 30, "{text}");
+    assert_eq!(
+        lines("gpuctl_device_team_info", "GPU-s"),
+        [
+            r#"gpuctl_device_team_info{gpu="0",UUID="GPU-s",GPU_I_ID="",GPU_I_PROFILE="",device="GPU-s",team="sa"} 1"#,
+            r#"gpuctl_device_team_info{gpu="0",UUID="GPU-s",GPU_I_ID="",GPU_I_PROFILE="",device="GPU-s",team="sb"} 1"#,
+        ]
+    );
+    let team_mem = lines("gpuctl_team_gpu_memory_used_bytes", "GPU-s");
+    assert_eq!(team_mem.len(), 2, "{team_mem:?}");
+    assert!(
+        team_mem[0].contains(r#"team="sa"} 1073741824"#),
+        "{team_mem:?}"
+    );
+    assert!(
+        team_mem[1].contains(r#"team="sb"} 2147483648"#),
+        "{team_mem:?}"
+    );
+}
+
+/// The label names of every exported family, from an encoded scrape.
+fn labels_of(text: &str) -> std::collections::BTreeMap<String, BTreeSet<String>> {
+    let mut out: std::collections::BTreeMap<String, BTreeSet<String>> = Default::default();
+    for l in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((name, rest)) = l.split_once('{') else {
+            continue;
+        };
+        let set = out.entry(name.to_string()).or_default();
+        let mut rest = rest;
+        while let Some((k, v)) = rest.split_once("=\"") {
+            set.insert(k.trim_start_matches(',').to_string());
+            // Values here are plain (no escaped quotes).
+            rest = &v[v.find('"').unwrap() + 1..];
+            if rest.starts_with('}') {
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// `(metric, label names)` of every `gpuctl_*{…}` selector in a PromQL text.
+fn selectors(text: &str) -> Vec<(String, Vec<String>)> {
+    let mut out = Vec::new();
+    for (i, _) in text.match_indices("gpuctl_") {
+        let before = text[..i].chars().next_back();
+        if before.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':') {
+            continue;
+        }
+        let name: String = text[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        let Some(body) = text[i + name.len()..].strip_prefix('{') else {
+            continue;
+        };
+        let body = &body[..body.find('}').unwrap()];
+        let mut labels = Vec::new();
+        let mut in_str = false;
+        let mut word = String::new();
+        for c in body.chars() {
+            match c {
+                '"' => in_str = !in_str,
+                c if !in_str && (c.is_ascii_alphanumeric() || c == '_') => word.push(c),
+                _ if !in_str && !word.is_empty() => labels.push(std::mem::take(&mut word)),
+                _ => {}
+            }
+        }
+        out.push((name, labels));
+    }
+    out
+}
+
+/// A selector on a label its series do not carry matches nothing, silently: every label the
+/// shipped rules and dashboard select on is one the exporter sends on that metric.
+#[test]
+fn rules_and_dashboard_select_only_labels_the_series_carry() {
+    let text = metrics::encode_prometheus_text(&full_snapshot(), metrics::counters());
+    let have = labels_of(&text);
+    let dir = monitoring_dir();
+    let rules = std::fs::read_to_string(dir.join("gpuctl.rules.yml")).unwrap();
+    let d: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("gpuctl-dashboard.json")).unwrap())
+            .unwrap();
+    let mut all = vec![rules];
+    exprs(&d, &mut all);
+    let mut checked = 0;
+    for e in &all {
+        for (name, labels) in selectors(e) {
+            let Some(carried) = have.get(&name) else {
+                continue;
+            };
+            for l in labels {
+                assert!(
+                    carried.contains(&l),
+                    "{e:?} selects {name} on {l}, which it does not carry ({carried:?})"
+                );
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 10, "{checked}");
+    // The checker itself sees a selector on a missing label.
+    assert_eq!(
+        selectors(r#"sum(gpuctl_x{team=~"a,b", device!=""}) / gpuctl_y"#),
+        [("gpuctl_x".to_string(), vec!["team".into(), "device".into()])]
     );
 }

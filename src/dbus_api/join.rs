@@ -480,7 +480,10 @@ pub async fn join(
         return Err(JoinError::PlacementFailed(why));
     }
 
-    let scope = scope_name(team, pid);
+    let id = lease_id().map_err(|e| {
+        JoinError::PlacementFailed(format!("cannot make an id for the job's scope: {e}"))
+    })?;
+    let scope = scope_name(&id);
     let t = policy
         .teams
         .get(&**team)
@@ -496,7 +499,7 @@ pub async fn join(
     // Recorded after the checks and right before the move, to put back what the after-check
     // rejects.
     let origin = record_origin(conn, root, pid, &pidfd).await;
-    let (env, description, allow, lease) = if let Some(p) = placed {
+    let (env, allow, lease) = if let Some(p) = placed {
         let lease = Lease {
             unit: scope.clone(),
             team: team.to_string(),
@@ -510,19 +513,29 @@ pub async fn join(
             gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
         };
         let env = place::placed_env(team, &env, &p, lease.gpu_memory);
-        (env, lease.description(), Some(p.allow), Some(lease))
+        (env, Some(p.allow), Some(lease))
     } else {
-        let d = format!("gpuctl: {} (pid {pid}) in team {team}", grant.user);
         let mut env = env;
         if join::has_devices(&env) {
             env.insert(place::CDI_DEVICE.into(), crate::cdi::device_name(team));
         }
-        (env, d, None, None)
+        (env, None, None)
     };
+    // Recorded before the scope exists: a crash in between leaves a record of no live scope
+    // (ignored), never a placed job whose devices look free.
+    if let Some(l) = &lease {
+        place::store::write(root, l).map_err(|e| {
+            JoinError::PlacementFailed(format!("cannot record the lease of {scope}: {e}"))
+        })?;
+    }
+    let description = join::scope_description(&id);
     if let Err(e) = sd
         .start_scope(jobs, &scope, &slice, pid, description, allow.as_deref())
         .await
     {
+        if lease.is_some() {
+            place::store::remove(root, &scope);
+        }
         return Err(JoinError::PlacementFailed(format!(
             "cannot place pid {pid} of {} in {slice}: {e}",
             grant.user
@@ -534,6 +547,9 @@ pub async fn join(
         // The checked process is gone: the pid may now be someone else's. Nothing is killed
         // (never kill a job); whatever has the pid now goes back where the pid was.
         let done = put_back(conn, root, pid, &scope, origin.as_ref()).await;
+        if lease.is_some() {
+            place::store::remove(root, &scope);
+        }
         warn!(
             gpuctl_team = %team,
             gpuctl_action = "join-raced",
@@ -569,6 +585,15 @@ pub async fn join(
         ),
     }
     Ok((env.into_iter().collect(), scope))
+}
+
+/// A member scope's opaque id: 64 random bits in hex. Its scope's name and description are
+/// readable by every local user; the id says nothing of the job (not even its order).
+fn lease_id() -> std::io::Result<String> {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut b)?;
+    Ok(b.iter().map(|x| format!("{x:02x}")).collect())
 }
 
 /// Place the job, or with `--wait` queue it (round-robin across users, [`super::queue`]) and

@@ -333,7 +333,7 @@ impl Agent {
     }
 
     /// Move the caller's own process (the bus's `ProcessID` of the connection) into a new
-    /// scope `gpuctl-run-<team>-<pid>.scope` in `gpu-<team>.slice`, if the policy lets the
+    /// scope `gpuctl-run-<opaque id>.scope` in `gpu-<team>.slice`, if the policy lets the
     /// caller use `team`; returns the team's environment and the scope's name.
     async fn join(
         &self,

@@ -1,6 +1,6 @@
-//! `Join`'s placement: the team's share as the last reconcile left it, the live leases (from
-//! the member scopes' descriptions), the choice ([`crate::placement`]) and what a placed job
-//! gets: its scope's device fence and its environment.
+//! `Join`'s placement: the team's share as the last reconcile left it, the live leases (the
+//! live member scopes' root-only records, [`store`]), the choice ([`crate::placement`]) and
+//! what a placed job gets: its scope's device fence and its environment.
 //!
 //! Everything but [`leases`] is pure, so the share, fence and environment rules are tested
 //! without a bus.
@@ -11,6 +11,8 @@ use crate::plan::desired::COMMON_DEVICES;
 use crate::policy::Team;
 use crate::systemd::Systemd;
 use std::collections::{BTreeMap, HashMap};
+
+pub mod store;
 
 /// Options of `JoinWith(team, options)`, as `gpuctl run`/`shell` send them.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -159,18 +161,17 @@ pub fn share(view: &HostView, team: &str) -> Vec<ShareDevice> {
     out
 }
 
-/// The live leases of every member scope. A scope whose cgroup is empty has ended even if
-/// systemd has not yet noticed (its cgroup-empty notice is asynchronous): its lease is over, so
-/// the next job does not find the device held by a job that exited a moment ago.
+/// The live leases of every member scope ([`store::read`]). A scope whose cgroup is empty has
+/// ended even if systemd has not yet noticed (its cgroup-empty notice is asynchronous): its
+/// lease is over, so the next job does not find the device held by a job that exited a moment
+/// ago.
 pub async fn leases(
     sd: &Systemd,
     root: &crate::paths::Root,
 ) -> Result<Vec<Lease>, crate::systemd::SystemdError> {
-    Ok(sd
-        .member_scopes()
-        .await?
+    let live = sd.member_scopes().await?;
+    Ok(store::read(root, &live, std::time::SystemTime::now())
         .into_iter()
-        .filter_map(|(unit, d)| Lease::parse(&unit, &d))
         .filter(|l| {
             let events = root.join(format!(
                 "/sys/fs/cgroup/{}/{}/cgroup.events",

@@ -1,7 +1,8 @@
 //! Host checks that need no NVML: cgroup v2 and its controllers, systemd and whether its
 //! device control (`DevicePolicy=`/`DeviceAllow=`) can work, the nvidia character-device majors,
-//! device and capability nodes, `mig-minors`, the MPS binaries. Every path is read under the
-//! injectable root, so tests fake `/proc`, `/sys/fs/cgroup`, `/dev`, `/run` and `/usr`.
+//! device and capability nodes, `mig-minors`, the MPS binaries, `/proc`'s `hidepid=`. Every
+//! path is read under the injectable root, so tests fake `/proc`, `/sys/fs/cgroup`, `/dev`,
+//! `/run` and `/usr`.
 
 use super::{Check, Status};
 use crate::paths::{Root, MIG_MINORS};
@@ -446,9 +447,124 @@ pub fn kernel_module(root: &Root, library_driver: Option<&str>) -> Check {
     check("kernel-module", status, summary)
 }
 
+/// `proc-hidepid`: the `hidepid=` option of the `/proc` mount (proc(5)). Without it every
+/// local user's `ps` shows every process's user, command line and cgroup (its team's slice and
+/// job scope), whatever gpuctl keeps private; `hidepid=invisible` hides other users' processes
+/// except from the `gid=` group. A caveat, not a failure: gpuctl works either way.
+pub fn proc_hidepid(root: &Root) -> Check {
+    let id = "proc-hidepid";
+    let path = "/proc/self/mounts";
+    let Ok(text) = std::fs::read_to_string(root.join(path)) else {
+        return check(
+            id,
+            Status::Warn,
+            format!("{path} unreadable: /proc's options unknown"),
+        );
+    };
+    // The last /proc mount is the one on top.
+    let Some(opts) = text
+        .lines()
+        .rev()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.len() >= 4 && f[1] == "/proc" && f[2] == "proc")
+        .map(|f| f[3].to_string())
+    else {
+        return check(
+            id,
+            Status::Warn,
+            format!("no proc mount on /proc in {path}"),
+        );
+    };
+    let opt = |k: &str| {
+        opts.split(',')
+            .find_map(|o| o.strip_prefix(k)?.strip_prefix('='))
+    };
+    let gid = opt("gid")
+        .map(|g| format!(", gid={g} sees them"))
+        .unwrap_or_default();
+    let shown = "every local user's ps lists every process with its user, command line and \
+                 cgroup (team slice and job scope)";
+    let (status, summary) = match opt("hidepid") {
+        Some(v @ ("2" | "invisible" | "4" | "ptraceable")) => (
+            Status::Ok,
+            format!("/proc is mounted hidepid={v}: other users' processes are hidden{gid}"),
+        ),
+        Some(v @ ("1" | "noaccess")) => (
+            Status::Warn,
+            format!(
+                "/proc is mounted hidepid={v}: other users' process directories are unreadable \
+                 but still listed with their owner, so ps shows who runs something{gid}; \
+                 hidepid=invisible hides them"
+            ),
+        ),
+        v => (
+            Status::Warn,
+            format!(
+                "/proc is mounted {}: {shown}; mount it with hidepid=invisible to keep jobs \
+                 private (docs/monitoring.md, \"Who sees what\")",
+                v.map_or("without hidepid=".to_string(), |v| format!("hidepid={v}"))
+            ),
+        ),
+    };
+    check(id, status, summary)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn proc_hidepid_from_the_top_proc_mount() {
+        let (_d, r) = root();
+        let c = proc_hidepid(&r);
+        assert_eq!(c.status, Status::Warn);
+        assert!(c.summary.contains("unreadable"), "{}", c.summary);
+        let mounts = |extra: &str| {
+            format!(
+                "sysfs /sys sysfs rw,nosuid 0 0\nproc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n{extra}"
+            )
+        };
+        write(&r, "/proc/self/mounts", &mounts(""));
+        let c = proc_hidepid(&r);
+        assert_eq!(c.status, Status::Warn);
+        assert!(
+            c.summary
+                .starts_with("/proc is mounted without hidepid=: every local user's ps"),
+            "{}",
+            c.summary
+        );
+        write(
+            &r,
+            "/proc/self/mounts",
+            &mounts("proc /proc proc rw,relatime,gid=27,hidepid=invisible 0 0\n"),
+        );
+        let c = proc_hidepid(&r);
+        assert_eq!(c.status, Status::Ok);
+        assert_eq!(
+            c.summary,
+            "/proc is mounted hidepid=invisible: other users' processes are hidden, gid=27 sees \
+             them"
+        );
+        write(
+            &r,
+            "/proc/self/mounts",
+            &mounts("proc /proc proc rw,hidepid=1 0 0\n"),
+        );
+        assert_eq!(proc_hidepid(&r).status, Status::Warn);
+        write(
+            &r,
+            "/proc/self/mounts",
+            &mounts("proc /proc proc rw,hidepid=2 0 0\n"),
+        );
+        assert_eq!(proc_hidepid(&r).status, Status::Ok);
+        // A proc mounted elsewhere (a container's) says nothing of the host's /proc.
+        write(
+            &r,
+            "/proc/self/mounts",
+            "proc /proc proc rw 0 0\nproc /srv/c/proc proc rw,hidepid=2 0 0\n",
+        );
+        assert_eq!(proc_hidepid(&r).status, Status::Warn);
+    }
 
     fn root() -> (tempfile::TempDir, Root) {
         let d = tempfile::tempdir().unwrap();

@@ -191,6 +191,7 @@ pub fn run(opts: &Options) -> Report {
         .collect();
     host::caps(root, majors, mig_on, &live, &mut out);
     out.push(host::mps(root, &opts.mps_control));
+    out.push(host::proc_hidepid(root));
     for g in gpus {
         gpu_checks(g, &mut out);
     }

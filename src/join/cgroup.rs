@@ -85,7 +85,7 @@ mod tests {
 
     #[test]
     fn a_raced_pid_goes_back_only_from_the_new_scope() {
-        let scope = &super::super::scope_name("infer", 4242);
+        let scope = &super::super::scope_name("9f2c4e6a8b0d1357");
         let origin = Origin {
             unit: "session-3.scope".into(),
             subcgroup: String::new(),
@@ -99,11 +99,11 @@ mod tests {
         // Gone, or somewhere else (the newcomer was never moved): nothing to do.
         assert!(back(None)
             .unwrap_err()
-            .contains("not in gpuctl-run-infer-4242.scope now"));
+            .contains("not in gpuctl-run-9f2c4e6a8b0d1357.scope now"));
         assert!(back(Some("/user.slice/user-1000.slice/session-3.scope")).is_err());
         // A scope whose name merely ends the same is not ours.
         assert!(back(Some(
-            "/gpu.slice/gpu-infer.slice/x-gpuctl-run-infer-4242.scope"
+            "/gpu.slice/gpu-infer.slice/x-gpuctl-run-9f2c4e6a8b0d1357.scope"
         ))
         .is_err());
         // In the scope but the origin is unknown: left there, and said so.

@@ -516,9 +516,15 @@ pub fn compose_env(
     out
 }
 
-/// Name of the transient scope for a placed process.
-pub fn scope_name(team: &str, pid: u32) -> String {
-    format!("gpuctl-run-{team}-{pid}.scope")
+/// Name of the transient scope for a placed process, from its opaque id: every local user can
+/// list it (`systemctl list-units`), so it names neither the team nor the pid.
+pub fn scope_name(id: &str) -> String {
+    format!("gpuctl-run-{id}.scope")
+}
+
+/// The scope's `Description=`: as neutral as its name, for the same reason.
+pub fn scope_description(id: &str) -> String {
+    format!("gpuctl job {id}")
 }
 
 #[cfg(test)]

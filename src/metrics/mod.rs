@@ -219,22 +219,26 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
             } else {
                 teams.iter().map(String::as_str).collect()
             };
+            // Which teams own the device is the info metric's, one series per owner; the
+            // device's own figures are one series per device, so that a plain sum() over a
+            // GPU several teams share counts it once.
             for t in &owners {
-                let tl = with(labels.clone(), "team", t);
-                f.info.get_or_create(&tl).set(1);
-                set_known(&f.mem_used, &tl, used);
-                set_known(&f.mem_total, &tl, total);
-                if m.is_none() {
-                    if let Some(v) = g.utilization_gpu {
-                        f.util.get_or_create(&tl).set(pct(v));
-                    }
-                    if let Some(v) = g.utilization_memory {
-                        f.mem_util.get_or_create(&tl).set(pct(v));
-                    }
+                f.info
+                    .get_or_create(&with(labels.clone(), "team", t))
+                    .set(1);
+            }
+            set_known(&f.mem_used, labels, used);
+            set_known(&f.mem_total, labels, total);
+            if m.is_none() {
+                if let Some(v) = g.utilization_gpu {
+                    f.util.get_or_create(labels).set(pct(v));
                 }
-                if let Some(a) = activity {
-                    f.activity.get_or_create(&tl).set(a / 100.0);
+                if let Some(v) = g.utilization_memory {
+                    f.mem_util.get_or_create(labels).set(pct(v));
                 }
+            }
+            if let Some(a) = activity {
+                f.activity.get_or_create(labels).set(a / 100.0);
             }
             if !teams.is_empty() {
                 let n = procs.iter().filter(|p| p.stray).count();

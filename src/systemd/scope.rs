@@ -209,7 +209,7 @@ impl Systemd {
     }
 
     /// Name and description of every live member scope (`gpuctl-run-*.scope`): the leases are
-    /// in the descriptions ([`crate::placement::Lease`]). One `ListUnitsByPatterns` call; a
+    /// the records of these names (`dbus_api::place::store`). One `ListUnitsByPatterns` call; a
     /// scope that has ended (its processes gone, killed or OOM-killed) is not listed.
     pub async fn member_scopes(&self) -> Result<Vec<(String, String)>, SystemdError> {
         let rows = self
@@ -237,7 +237,7 @@ fn scope_properties<'a>(s: &ScopeSpec<'a>, oom_continue: bool) -> Vec<(&'static 
         ("Slice", Value::from(s.slice)),
         ("PIDs", Value::from(vec![s.pid])),
         ("Description", Value::from(s.description)),
-        // A failed scope would otherwise stay loaded and block the name for this pid.
+        // A failed scope would otherwise stay loaded, listed as failed, until `reset-failed`.
         ("CollectMode", Value::from("inactive-or-failed")),
     ];
     if let Some(devices) = s.devices {

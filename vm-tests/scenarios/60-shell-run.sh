@@ -15,7 +15,7 @@ shell_setup
 out=$(as alice 'gpuctl run --team infer -- cat /proc/self/cgroup')
 echo "alice: gpuctl run --team infer -- cat /proc/self/cgroup -> $out"
 check "alice's command runs in a scope in gpu-infer.slice" \
-    grep -Eq '^0::/gpu.slice/gpu-infer.slice/gpuctl-run-infer-[0-9]+.scope$' <<<"$out"
+    grep -Eq '^0::/gpu.slice/gpu-infer.slice/gpuctl-run-[0-9a-f]{16}.scope$' <<<"$out"
 
 env_out=$(as alice 'CUDA_VISIBLE_DEVICES=evil NVIDIA_VISIBLE_DEVICES=all GPUCTL_TEAM=train gpuctl run --team infer -- env' | grep -E '^(CUDA|NVIDIA|GPUCTL)_' | sort)
 check_output "the daemon's environment wins over an inherited one" \
@@ -88,7 +88,7 @@ echo "bus credentials offered to gpuctld (bookworm dbus-daemon):"
 busctl call org.freedesktop.DBus /org/freedesktop/DBus org.freedesktop.DBus GetConnectionCredentials s org.gpuctl.Agent1 | cut -c1-200 | sed 's/^/    /'
 
 journalctl -u gpuctld -o cat --no-pager | grep -E 'joined team|not a member' | tail -n 4 | sed 's/^/    journal: /'
-check "joins are logged with user, team and scope" sh -c "journalctl -u gpuctld -o cat | grep -q 'alice joined team infer (group @ml-infer) as gpuctl-run-infer-'"
+check "joins are logged with user, team and scope" sh -c "journalctl -u gpuctld -o cat | grep -q 'alice joined team infer (group @ml-infer) as gpuctl-run-'"
 
 systemctl stop gpuctld.service
 msg=$(as alice 'gpuctl run --team infer -- true' 2>&1); rc=$?

@@ -26,9 +26,9 @@ sed 's/^/    pty| /' /tmp/pty.txt | head -n 20
 cp /tmp/pty.txt "$VMTEST_RESULTS/pty.txt"
 check "the shell showed alice's prompt" grep -q 'alice@.*\$' /tmp/pty.txt
 check "the shell runs in a scope in gpu-infer.slice" \
-    grep -Eq '^CG=0::/gpu.slice/gpu-infer.slice/gpuctl-run-infer-[0-9]+.scope' /tmp/pty.txt
-check "with the team's environment, not the inherited one" grep -q "^CVD=$(gpu_uuid 0) TEAM=infer SCOPE=gpuctl-run-infer-" /tmp/pty.txt
-check "the banner names the team and scope" grep -q '^gpuctl: team infer (gpuctl-run-infer-' /tmp/pty.txt
+    grep -Eq '^CG=0::/gpu.slice/gpu-infer.slice/gpuctl-run-[0-9a-f]{16}.scope' /tmp/pty.txt
+check "with the team's environment, not the inherited one" grep -q "^CVD=$(gpu_uuid 0) TEAM=infer SCOPE=gpuctl-run-" /tmp/pty.txt
+check "the banner names the team and scope" grep -Eq '^gpuctl: team infer \(gpuctl-run-[0-9a-f]{16}.scope' /tmp/pty.txt
 check "exit 7 leaves the shell with status 7" test $rc = 7
 for i in $(seq 50); do [ -z "$(systemctl list-units --all --plain --no-legend 'gpuctl-run-*')" ] && break; sleep 0.2; done
 check_empty "the scope is gone after the shell exited" systemctl list-units --all --plain --no-legend 'gpuctl-run-*'

@@ -41,7 +41,7 @@ for i in $(seq 1 50); do
             refused=$((refused + 1))
         else wrong=$((wrong + 1)); echo "    run $i ($u/$t): rc=$rc $(cat "$d/$i.err" "$d/$i.out")"; fi
     else
-        if [ "$rc" = 0 ] && grep -Eq "^0::/gpu.slice/gpu-$t.slice/gpuctl-run-$t-[0-9]+.scope$" "$d/$i.out"; then
+        if [ "$rc" = 0 ] && grep -Eq "^0::/gpu.slice/gpu-$t.slice/gpuctl-run-[0-9a-f]{16}.scope$" "$d/$i.out"; then
             placed=$((placed + 1))
         else wrong=$((wrong + 1)); echo "    run $i ($u/$t): rc=$rc $(cat "$d/$i.err" "$d/$i.out")"; fi
     fi

@@ -95,7 +95,7 @@ rc=0
 out=$(su -s /bin/sh carol -c "gpuctl run --team interns -- true" 2>&1) || rc=$?
 echo "    fifth: rc=$rc $out"
 check "a fifth job exits 8 (no free device)" test "$rc" = 8
-check "its message names holders, units and since" grep -Eq 'held: MIG-[^:]+: (alice|bob|carol) \(gpuctl-run-interns-[0-9]+\.scope\) since 20' <<<"$out"
+check "its message names holders, units and since" grep -Eq 'held: MIG-[^:]+: (alice|bob|carol) \(gpuctl-run-[0-9a-f]{16}\.scope\) since 20' <<<"$out"
 check_output "gpuctl teams shows the devices held" sh -c "su -s /bin/sh alice -c 'gpuctl teams' | grep -c ' held (1/1)' | grep -qx 4"
 check "the journal has a lease entry per job" test "$(gpuctld_journal GPUCTL_ACTION=lease | wc -l)" -ge 4
 
@@ -106,10 +106,8 @@ rc=0
 su -s /bin/sh carol -c "gpuctl run --team interns -- true" >/dev/null 2>&1 || rc=$?
 check "after a restart a fifth job still exits 8" test "$rc" = 8
 
-scope_on() { # the scope holding device $1
-    for u in $(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | awk '{print $1}'); do
-        systemctl show -P Description "$u" | grep -q "$1" && echo "$u"
-    done
+scope_on() { # the scope holding device $1 (root's gpuctl status names it)
+    gpuctl status | sed -nE "s#^  interns $1: .* (gpuctl-run-[0-9a-f]+\.scope) since .*#\1#p" | head -1
 }
 victim=$(grep -h '^DEV=' "$d/job2" | cut -d= -f2)
 scope_of_victim=$(scope_on "$victim")
@@ -158,7 +156,7 @@ check "a --wait job starts within the bound of a device freeing (${delay} ms, bo
 # Fairness: every device held again, alice queues ten, then bob one; one device frees: bob's
 # is served second, not eleventh.
 su -s /bin/sh carol -c "gpuctl run --team interns -- sleep 300" >/dev/null 2>&1 &
-wait_for 30 sh -c "test \$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope' | wc -l) = 4"
+wait_for 30 sh -c "test \$(gpuctl status | grep -c '^  interns MIG-') = 4"
 : >"$d/order"
 chmod 666 "$d/order"
 for i in $(seq 10); do
@@ -198,8 +196,8 @@ check "--gpu-memory without MPS exits 7" test "$rc" = 7
 check "saying nothing can enforce it there" grep -q 'nothing can enforce' <<<"$out"
 
 # shellcheck disable=SC2317 # called through wait_for
-no_interns_scopes() { test -z "$(systemctl list-units --plain --no-legend 'gpuctl-run-interns-*.scope')"; }
-systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
+no_interns_scopes() { test -z "$(systemctl list-units --plain --no-legend 'gpuctl-run-*.scope')"; }
+systemctl kill -s KILL 'gpuctl-run-*.scope' 2>/dev/null || true
 wait_for 30 no_interns_scopes
 
 # An OOM kill frees the lease as kill -9 does: the job's one process (`tail` of /dev/zero keeps a
@@ -239,12 +237,13 @@ svc_dev=$(tr '\0' '\n' <"/proc/$pid/environ" | sed -n 's/^CUDA_VISIBLE_DEVICES=/
 echo "    svc-interns: pid $pid, CUDA_VISIBLE_DEVICES=$svc_dev, cgroup $(cat "/proc/$pid/cgroup")"
 systemctl status --no-pager svc-interns.service 2>&1 | head -5 | sed 's/^/    | /'
 check "the service's job got one MIG UUID" grep -Eqx 'MIG-[^,]+' <<<"$svc_dev"
-check "its job scope sits in the team slice" grep -q "/gpu-interns.slice/gpuctl-run-interns-$pid.scope\$" "/proc/$pid/cgroup"
-check "it holds a lease in alice's name" sh -c "gpuctl status | grep -q '^  interns $svc_dev: alice (uid [0-9]*) gpuctl-run-interns-$pid.scope since'"
+svc_scope=$(sed -nE 's#^0::/gpu.slice/gpu-interns.slice/(gpuctl-run-[0-9a-f]{16}\.scope)$#\1#p' "/proc/$pid/cgroup")
+check "its job scope sits in the team slice" test -n "$svc_scope"
+check "it holds a lease in alice's name" sh -c "gpuctl status | grep -q '^  interns $svc_dev: alice (uid [0-9]*) $svc_scope since'"
 check "the service stays active with its job in the scope" systemctl is-active --quiet svc-interns.service
 systemctl stop svc-interns.service
-wait_for 20 no_lease "gpuctl-run-interns-$pid.scope"
-check "stopping the service ends the lease" no_lease "gpuctl-run-interns-$pid.scope"
+wait_for 20 no_lease "$svc_scope"
+check "stopping the service ends the lease" no_lease "$svc_scope"
 
 # Benchmark (no timed assertion): `gpuctl run` with placement (interns), without (train:
 # jobs-per-device = 0) and `systemd-run --scope`, interleaved, medians of 15, as root.
@@ -260,6 +259,47 @@ p=$(median "$d/placed") u=$(median "$d/unplaced") sc=$(median "$d/scope")
 echo "BENCH placement start (medians of 15, us): placed ${p}, unplaced ${u}, systemd-run --scope ${sc}; placed/unplaced $(awk -v a="$p" -v b="$u" 'BEGIN {printf "%.2f", a / b}')x, placed/systemd-run $(awk -v a="$p" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x, unplaced/systemd-run $(awk -v a="$u" -v b="$sc" 'BEGIN {printf "%.2f", a / b}')x"
 check "every benchmark run succeeded" test ! -e "$d/bench.fail"
 
-systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
+systemctl kill -s KILL 'gpuctl-run-*.scope' 2>/dev/null || true
+wait_for 30 no_interns_scopes
+
+# Leases are private: bob, in no team of the job, lists and shows carol's placed train job's
+# scope and reads no user, uid, pid or device, and the team only as the slice it runs in; the
+# lease's detail is a record only root reads, keyed to the live scope.
+su -s /bin/sh carol -c "gpuctl run --team train --gpus 1 -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/priv.dev; exec sleep 300'" \
+    >/dev/null 2>&1 &
+wait_for 30 test -s "$d/priv.dev"
+pdev=$(cat "$d/priv.dev")
+pscope=$(gpuctl status | sed -nE "s#^  train $pdev: carol \(uid [0-9]+\) (gpuctl-run-[^ ]+\.scope) since .*#\1#p")
+echo "    carol's train job: $pscope on $pdev"
+check "root's gpuctl status names the job's lease and scope" test -n "$pscope"
+rec=/run/gpuctl/leases/$pscope.json
+ppid=$(head -n1 "/sys/fs/cgroup/gpu.slice/gpu-train.slice/$pscope/cgroup.procs")
+lu=$(su -s /bin/sh bob -c "systemctl list-units --all --plain --no-legend 'gpuctl-run-*'")
+sh=$(su -s /bin/sh bob -c "systemctl show $pscope")
+awk '{print "    bob: list-units| " $0}' <<<"$lu"
+grep -E '^(Id|Description|Slice|ControlGroup|DeviceAllow)=' <<<"$sh" | sed 's/^/    bob: show| /'
+check "bob's systemctl list-units lists the scope" grep -q "^$pscope " <<<"$lu"
+check_not "naming no user, team or device in it" grep -Eq "carol|train|uid |pid |GPU-|MIG-" <<<"$lu"
+check "bob's systemctl show: a neutral description" grep -qx "Description=gpuctl job $(basename "$pscope" .scope | sed 's/^gpuctl-run-//')" <<<"$sh"
+check_not "no user, uid, pid or device UUID in any property" grep -Eq "carol|uid |GPU-|MIG-" <<<"$sh"
+check_not "the pid in no name, description or cgroup" grep -Eq "^(Id|Names|Description|ControlGroup)=.*\b$ppid\b" <<<"$sh"
+check_not "the team only as the slice it runs in" sh -c "grep -v 'gpu-train\.slice' | grep -q train" <<<"$sh"
+check "the lease's record is root's alone (directory 0700, file 0600)" \
+    test "$(stat -c '%a %U' /run/gpuctl/leases) $(stat -c '%a %U' "$rec")" = "700 root 600 root"
+check_not "bob cannot read it" su -s /bin/sh bob -c "cat $rec"
+# A record whose scope no longer exists is ignored and removed; the live one survives a restart.
+jq -c '.unit = "gpuctl-run-0000000000000000.scope" | .pid = 1' "$rec" \
+    >/run/gpuctl/leases/gpuctl-run-0000000000000000.scope.json
+touch -d '-10 min' /run/gpuctl/leases/gpuctl-run-0000000000000000.scope.json
+check "a stale record is planted" test -s /run/gpuctl/leases/gpuctl-run-0000000000000000.scope.json
+systemctl restart gpuctld.service
+wait_for 60 sh -c 'systemctl show -P StatusText gpuctld.service | grep -q converged'
+check "after a restart the live lease is read back from its record" sh -c "gpuctl status | grep -q '^  train $pdev: carol (uid [0-9]*) $pscope since'"
+check "and only it" test "$(gpuctl status | grep -c "^  train $pdev:")" = 1
+check "a record of no live scope is removed" test ! -e /run/gpuctl/leases/gpuctl-run-0000000000000000.scope.json
+systemctl kill -s KILL "$pscope"
+wait_for 20 sh -c "! gpuctl status | grep -q '$pscope'"
+check "its record goes once its scope has ended and the grace has passed" sh -c "touch -d '-10 min' $rec; gpuctl status >/dev/null; test ! -e $rec"
+
 check "gpuctld still active" systemctl is-active --quiet gpuctld.service
 finish

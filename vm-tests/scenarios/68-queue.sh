@@ -4,7 +4,7 @@
 # device holds back nobody: carol's plain request behind alice's gets the device that frees, and
 # alice gets hers when it frees. Five waiters outlive `systemctl restart gpuctld` and all run. On
 # the shared GPU, the default one job per device is the device's cap across both teams.
-# vmtest: timeout=1200
+# vmtest: timeout=420
 # vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
@@ -88,15 +88,15 @@ check "no waiting client exited with the restart" test "$alive" = 5
 check "the waiters asked again (their own words)" grep -q 'asking again when it is back' "$d/w0.out"
 check "the restarted gpuctld gave them back their places" \
     test "$(gpuctld_journal GPUCTL_ACTION=queue-returned | wc -l)" -ge 1
-systemctl kill -s KILL 'gpuctl-run-interns-*.scope'
+systemctl kill -s KILL 'gpuctl-run-*.scope'
 wait_for 60 sh -c "test \$(wc -l <$d/ran) = 5"
 check "all five waiters ran after the restart" test "$(wc -l <"$d/ran")" = 5
 for i in 0 1 2 3 4; do sed "s/^/    w$i| /" "$d/w$i.out"; done
-systemctl kill -s KILL 'gpuctl-run-interns-*.scope' 2>/dev/null || true
+systemctl kill -s KILL 'gpuctl-run-*.scope' 2>/dev/null || true
 
 # The shared GPU: alice's job of team sa holds it; carol's job of team sb is refused, naming
 # the holder's team and not alice.
-su -s /bin/sh alice -c "gpuctl run --team sa -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/sa.dev; exec sleep 600'" >/dev/null 2>&1 &
+su -s /bin/sh alice -c "gpuctl run --team sa -- sh -c 'echo \$GPUCTL_SCOPE >$d/sa.scope; echo \$CUDA_VISIBLE_DEVICES >$d/sa.dev; exec sleep 600'" >/dev/null 2>&1 &
 wait_for 60 test -s "$d/sa.dev"
 check "sa's job is placed on the shared GPU" test "$(cat "$d/sa.dev" 2>/dev/null)" = "$(gpu_uuid 1)"
 rc=0
@@ -105,7 +105,7 @@ echo "    sb: rc=$rc $out"
 check "sb's job waits its turn on the GPU sa holds (exit 8)" test "$rc" = 8
 check "the refusal names the holder's team, not its user" \
     bash -c "grep -q 'a job of team sa since' <<<\"\$0\" && ! grep -q alice <<<\"\$0\"" "$out"
-systemctl kill -s KILL 'gpuctl-run-sa-*.scope' 2>/dev/null || true
+systemctl kill -s KILL "$(cat "$d/sa.scope")"
 wait_for 20 sh -c "! gpuctl status | grep -q '^  sa '"
 out=$(su -s /bin/sh carol -c "gpuctl run --team sb -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
 check "once sa's job ends, sb's job gets the GPU" test "$out" = "$(gpu_uuid 1)"

@@ -16,5 +16,5 @@ check "gpuctl run returned the shell's own status (0)" test $rc = 0
 echo "oom_kill in gpu-infer.slice: $(grep oom_kill /sys/fs/cgroup/gpu.slice/gpu-infer.slice/memory.events)"
 j=$(gpuctld_journal)
 grep -i 'OOMPolicy\|abandon' <<<"$j" | head -3
-check_not "systemd did not fail the scope with oom-kill" sh -c "journalctl -o cat --since @${VMTEST_SCENARIO_START:-0} | grep 'gpuctl-run-infer.*Failed with result .oom-kill.'"
+check_not "systemd did not fail the scope with oom-kill" sh -c "journalctl -o cat --since @${VMTEST_SCENARIO_START:-0} | grep -E 'gpuctl-run-[0-9a-f]+.scope.*Failed with result .oom-kill.'"
 finish

@@ -11,7 +11,7 @@ shell_setup
 out=$(as alice "gpuctl run --team empty -- sh -c 'cat /proc/self/cgroup; env | grep -E \"^(GPUCTL|CUDA|NVIDIA)_\" | sort'" 2>&1); rc=$?
 echo "$out"
 check "alice joins the device-less team (exit 0)" test $rc = 0
-check "in a scope of gpu-empty.slice" grep -Eq '^0::/gpu.slice/gpu-empty.slice/gpuctl-run-empty-[0-9]+.scope$' <<<"$out"
+check "in a scope of gpu-empty.slice" grep -Eq '^0::/gpu.slice/gpu-empty.slice/gpuctl-run-[0-9a-f]{16}.scope$' <<<"$out"
 check "the env says so" grep -qx 'GPUCTL_DEVICES=none' <<<"$out"
 check "no CUDA device" grep -qx 'CUDA_VISIBLE_DEVICES=' <<<"$out"
 check "the slice is device-closed" test "$(systemctl show -P DevicePolicy gpu-empty.slice)" = closed

@@ -38,7 +38,7 @@ check_output "which is unprivileged (uid ${uid:-?}: a system uid, not root)" tes
 r=$(http query "$P" 'sum by (team) (gpuctl_team_gpu_processes{team!=""})')
 echo "    processes per team: $r"
 check_output "PromQL: processes per team, team-labelled" test "$(jq -cS '[.[] | {(.metric.team): .value[1]}] | add' <<<"$r")" = '{"infer":"1","train":"1"}'
-r=$(http query "$P" 'gpuctl_device_memory_used_bytes{team="infer"} / gpuctl_device_memory_total_bytes{team="infer"}')
+r=$(http query "$P" 'gpuctl_device_memory_used_bytes / gpuctl_device_memory_total_bytes and on (device) gpuctl_device_team_info{team="infer"}')
 echo "    infer's GPU 0 used/total: $r"
 check "PromQL: one series for infer's GPU 0" test "$(jq length <<<"$r")" = 1
 check "PromQL: infer's GPU 0 is over 90% full" num_gt "$(jq -r '.[0].value[1]' <<<"$r")" 0.9
@@ -55,6 +55,35 @@ http alerts "$P" | jq -c '.[] | [.labels.alertname, .labels.team, .state]' | sed
 # shellcheck disable=SC2317 # called through check_not
 train_alert() { http alerts "$P" | jq -e '.[] | select(.labels.alertname == "GpuctlTeamGpuMemoryNearFull" and .labels.team == "train")' >/dev/null; }
 check_not "train (10% full) has no memory alert" train_alert
+
+# GPU 0 shared by infer and train: the info metric names both owners, the device series still
+# count it once, so a plain sum() is the memory in use on the host.
+u0=$(gpu_uuid 0)
+put_policy 85-usage.toml <<'P'
+version = 1
+[teams.infer]
+members = ["@ml-infer"]
+[teams.train]
+members = ["@ml-train"]
+[[gpu]]
+index = [0]
+shared = ["infer", "train"]
+[[gpu]]
+index = [1]
+mig = [ { profile = "3g.40gb", owner = "train" } ]
+P
+reload_wait
+# shellcheck disable=SC2317 # called through wait_for
+two_owners() { [ "$(http query "$P" "count(gpuctl_device_team_info{device=\"$u0\"})" | jq -r '.[0].value[1]')" = 2 ]; }
+check "PromQL: GPU 0 has two owners in gpuctl_device_team_info" wait_for 60 two_owners
+r=$(http query "$P" "gpuctl_device_memory_used_bytes{device=\"$u0\"}")
+echo "    GPU 0 memory series: $(jq -c '[.[] | .metric.team]' <<<"$r")"
+check_output "PromQL: one memory series for the shared GPU" test "$(jq length <<<"$r")" = 1
+r=$(http query "$P" 'sum(gpuctl_device_memory_used_bytes) - sum(max by (device) (gpuctl_device_memory_used_bytes))')
+check_output "PromQL: a plain sum() counts each device once" test "$(jq -r '.[0].value[1]' <<<"$r")" = 0
+r=$(http query "$P" 'sum by (team) (gpuctl_device_memory_used_bytes * on (device) group_right gpuctl_device_team_info{team!=""})')
+check_output "PromQL: joined to the info metric, the shared GPU is each owner's" \
+    test "$(jq -r '[.[] | .metric.team] | sort | join(" ")' <<<"$r")" = "infer train"
 journalctl -u gpuctl-exporter.service -o cat --no-pager | tail -n 5 | sed 's/^/    exporter journal| /'
 usage_teardown
 finish

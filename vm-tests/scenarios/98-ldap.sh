@@ -86,7 +86,7 @@ echo "gpuctld RestrictAddressFamilies=$(systemctl show -P RestrictAddressFamilie
 out=$(as dave 'gpuctl run --team ml -- cat /proc/self/cgroup' 2>&1); rc=$?
 echo "dave: gpuctl run --team ml -> rc=$rc: $out"
 check "dave (group only in LDAP) joins team ml" \
-    grep -Eq '^0::/gpu.slice/gpu-ml.slice/gpuctl-run-ml-[0-9]+.scope$' <<<"$out"
+    grep -Eq '^0::/gpu.slice/gpu-ml.slice/gpuctl-run-[0-9a-f]{16}.scope$' <<<"$out"
 check_output "gpuctl teams lists ml for dave" sh -c "su -s /bin/sh dave -c 'gpuctl teams' | grep -w ml"
 
 # --- removed from the group in LDAP: refused on the next try -------------------------------------
