@@ -51,6 +51,7 @@ use tokio::sync::oneshot;
 use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
+pub mod health;
 pub mod join;
 pub mod ledger;
 pub mod place;

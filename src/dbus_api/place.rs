@@ -231,8 +231,88 @@ pub struct Refused {
     pub busy: bool,
 }
 
-/// Choose for `opts` among `share` under `team`'s settings, with `leases` held now.
+/// Choose for `opts` among `share` under `team`'s settings, with `leases` held now, never on a
+/// device the health watcher took out of service ([`super::health`]).
 pub fn place(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    opts: &JoinOptions,
+) -> Result<Placed, Refused> {
+    let out = super::health::out_of_service();
+    place_in_service(team, share, leases, load, opts, &out)
+}
+
+/// [`place`] with the out-of-service devices given: they leave the share before the choice,
+/// so no job lands there and none gets them in `CUDA_VISIBLE_DEVICES`. Refusals say which
+/// devices are out and why, and count as "nothing free now": the device may come back, so a
+/// `--wait` keeps waiting.
+pub fn place_in_service(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    opts: &JoinOptions,
+    out: &BTreeMap<String, crate::health::OutOfService>,
+) -> Result<Placed, Refused> {
+    let gone: Vec<&ShareDevice> = share.iter().filter(|d| out.contains_key(&d.id)).collect();
+    if gone.is_empty() {
+        return place_among(team, share, leases, load, opts);
+    }
+    let why = gone
+        .iter()
+        .map(|d| {
+            format!(
+                "{} since {} ({})",
+                d.id, out[&d.id].since, out[&d.id].reason
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let out_msg = |m: String| Refused {
+        message: format!("{m}; out of service: {why}"),
+        busy: true,
+    };
+    // A position names a device of the whole share, as `gpuctl teams` numbers it.
+    let mut opts = opts.clone();
+    if let Some(asked) = opts.device.clone() {
+        let cands: Vec<Candidate> = share
+            .iter()
+            .map(|d| Candidate {
+                id: d.id.clone(),
+                mig: d.mig,
+                mps: false,
+                held: 0,
+                memory_used: None,
+                activity: None,
+            })
+            .collect();
+        if let Some(i) = placement::find_device(&cands, &asked) {
+            if out.contains_key(&share[i].id) {
+                return Err(out_msg(format!(
+                    "team \"{}\": device {asked} is out of service",
+                    team.name
+                )));
+            }
+            opts.device = Some(share[i].id.clone());
+        }
+    }
+    let left: Vec<ShareDevice> = share
+        .iter()
+        .filter(|d| !out.contains_key(&d.id))
+        .cloned()
+        .collect();
+    if left.is_empty() {
+        return Err(out_msg(format!(
+            "team \"{}\" has no device in service",
+            team.name
+        )));
+    }
+    place_among(team, &left, leases, load, &opts).map_err(|r| out_msg(r.message))
+}
+
+fn place_among(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
