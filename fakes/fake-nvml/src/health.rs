@@ -358,6 +358,8 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         return NVML_ERROR_INVALID_ARGUMENT;
     }
     let deadline = Instant::now() + Duration::from_millis(u64::from(timeout_ms));
+    // Set up before the first look, so a change between the look and the sleep still wakes it.
+    let watch = control::state_path().and_then(|p| StateWatch::new(&p));
     loop {
         // SAFETY: made by nvmlEventSetCreate (NVML contract).
         let s = unsafe { &mut *set.cast::<EventSet>() };
@@ -393,7 +395,85 @@ pub unsafe extern "C" fn nvmlEventSetWait_v2(
         if rc != NVML_ERROR_TIMEOUT || now >= deadline {
             return rc;
         }
-        std::thread::sleep((deadline - now).min(Duration::from_millis(20)));
+        match &watch {
+            Some(w) => w.wait_change(deadline),
+            None => std::thread::sleep((deadline - now).min(Duration::from_millis(20))),
+        }
+    }
+}
+
+/// inotify on the state file's directory: a wait sleeps until the file is replaced or written
+/// (as a real wait sleeps in the kernel), so an idle watcher costs no wakeups.
+struct StateWatch {
+    fd: std::os::fd::OwnedFd,
+    name: std::ffi::OsString,
+}
+
+impl StateWatch {
+    fn new(path: &Path) -> Option<StateWatch> {
+        use std::os::fd::FromRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        let name = path.file_name()?.to_os_string();
+        let cdir = std::ffi::CString::new(dir.as_os_str().as_bytes()).ok()?;
+        // SAFETY: plain syscalls; the descriptor is owned right away.
+        let fd = unsafe { libc::inotify_init1(libc::IN_CLOEXEC | libc::IN_NONBLOCK) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: fd is a fresh descriptor we own.
+        let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) };
+        let mask = libc::IN_MOVED_TO | libc::IN_CLOSE_WRITE | libc::IN_CREATE;
+        // SAFETY: valid descriptor and NUL-terminated path.
+        let wd = unsafe {
+            libc::inotify_add_watch(std::os::fd::AsRawFd::as_raw_fd(&fd), cdir.as_ptr(), mask)
+        };
+        (wd >= 0).then_some(StateWatch { fd, name })
+    }
+
+    /// Returns when the state file changed or at `deadline`. Other files of the directory (the
+    /// lock file every call opens) are read and ignored.
+    fn wait_change(&self, deadline: Instant) {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::ffi::OsStrExt;
+        let mut buf = [0u8; 4096];
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            let mut pfd = libc::pollfd {
+                fd: self.fd.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ms = left.as_millis().clamp(1, i32::MAX as u128) as i32;
+            // SAFETY: one valid pollfd.
+            if unsafe { libc::poll(&mut pfd, 1, ms) } <= 0 {
+                return;
+            }
+            // SAFETY: reads into a local buffer of its length.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len()) };
+            if n <= 0 {
+                return;
+            }
+            let mut at = 0usize;
+            let head = std::mem::size_of::<libc::inotify_event>();
+            while at + head <= n as usize {
+                // SAFETY: the kernel wrote whole events; read_unaligned copes with the layout.
+                let ev: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(buf[at..].as_ptr().cast()) };
+                let name = &buf[at + head..at + head + ev.len as usize];
+                let name = name.split(|b| *b == 0).next().unwrap_or_default();
+                if name == self.name.as_bytes() {
+                    return;
+                }
+                at += head + ev.len as usize;
+            }
+        }
     }
 }
 

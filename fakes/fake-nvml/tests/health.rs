@@ -231,3 +231,41 @@ fn old_events_are_dropped_but_numbers_stay() {
     assert_eq!(wait(&nvml, set, 0).unwrap().eventData, 5);
     assert_eq!(wait(&nvml, set, 0).unwrap().eventData, 6);
 }
+
+#[test]
+fn a_wait_sleeps_until_the_state_changes() {
+    let fake = Fake::new("h100-80gb");
+    let nvml = fake.nvml();
+    let set = event_set(&nvml);
+    rc(unsafe {
+        nvml.lib()
+            .nvmlDeviceRegisterEvents(dev(&nvml, 0), EVENT_XID as _, set)
+    })
+    .unwrap();
+    let lib = unsafe { libloading::Library::new(lib_path()).unwrap() };
+    let queries: libloading::Symbol<unsafe extern "C" fn(*mut u64) -> u32> =
+        unsafe { lib.get(b"fakeNvmlQueryCallCount").unwrap() };
+    let count = || {
+        let mut n = 0u64;
+        assert_eq!(unsafe { queries(&mut n) }, 0);
+        n
+    };
+    // Nothing changes: one look at the start, none while asleep (a 20 ms poll would make 20).
+    let q0 = count();
+    assert_eq!(wait(&nvml, set, 400).unwrap_err(), TIMEOUT);
+    assert!(count() - q0 <= 2, "{} looks in 400 ms", count() - q0);
+    // A change wakes it well before the timeout.
+    let state = fake.state.clone();
+    let raiser = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        health::raise_event(&state, xid(0, 79)).unwrap();
+    });
+    let t = Instant::now();
+    assert_eq!(wait(&nvml, set, 5000).unwrap().eventData, 79);
+    assert!(
+        t.elapsed() < Duration::from_millis(2000),
+        "{:?}",
+        t.elapsed()
+    );
+    raiser.join().unwrap();
+}
