@@ -7,7 +7,7 @@
 # service, and the waiter gets GPU 2 when that frees. XID 13 on GPU 0 only counts. The quarantine
 # survives a gpuctld restart; a non-root drain is refused; `gpuctl device resume 1 --reason`
 # brings GPU 1 back (journalled with the reason) and the next job may land there.
-# vmtest: timeout=300
+# vmtest: timeout=600
 # vmtest: group=daemon
 . lib/common.sh
 . lib/fake-hw.sh
