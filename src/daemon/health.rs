@@ -150,7 +150,9 @@ pub fn spawn_watcher(
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("health".into())
-        .stack_size(256 * 1024)
+        // Loading and initialising NVML (and the fake's JSON state in a debug build) needs more
+        // than a small stack: 256 KiB overflowed in vm-tests 67. Untouched pages cost no RSS.
+        .stack_size(2 * 1024 * 1024)
         .spawn(move || {
             let ms = interval.as_millis().min(u32::MAX as u128) as u32;
             let mut watch: Option<HealthWatch> = None;
