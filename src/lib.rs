@@ -29,6 +29,7 @@ pub mod doctor;
 pub mod exporter;
 pub mod files;
 pub mod geometry;
+pub mod health;
 pub mod idle;
 pub mod import;
 pub mod join;

@@ -609,3 +609,41 @@ fn documents_name_no_machine_paths() {
     }
     assert!(Path::new(&dir).join("root").is_dir());
 }
+
+/// `device list --json`: XID 79 took GPU 1 out, XID 13 only counted on GPU 0, an admin
+/// drained one of interns' MIG devices, a pending row remap on GPU 2.
+#[test]
+fn health_json() {
+    use gpuctl::health::{Counters, HealthSettings, Observation, Registry};
+    let (_, _, view) = converged();
+    let topo = gpuctl::daemon::health::topology(&view.gpus);
+    let s = HealthSettings::default();
+    let mut reg = Registry::default();
+    let uuid = |i: usize| topo.gpus[i].uuid.clone();
+    let xid = |i: usize, code| Observation::Xid {
+        gpu: uuid(i),
+        code,
+        gi: None,
+        ci: None,
+    };
+    reg.observe(&xid(0, 13), &topo, &s, AT - 600);
+    reg.observe(&xid(1, 79), &topo, &s, AT - 300);
+    let remap = Observation::Counters {
+        gpu: uuid(2),
+        counters: Counters {
+            remap_pending: Some(true),
+            ..Counters::default()
+        },
+    };
+    reg.observe(&remap, &topo, &s, AT - 120);
+    let mig = mig_uuids(&view, "interns");
+    reg.drain(&topo, &mig[0], "memory test", "alice", AT - 60)
+        .unwrap();
+    let mut r = gpuctl::dbus_api::reply::HealthReply::from_registry(&reg, &topo);
+    r.watching = true;
+    check(
+        "health.json",
+        &serde_json::to_string_pretty(&r).unwrap_or_default(),
+    );
+    check("health.txt", &gpuctl::cli::device::render(&r));
+}

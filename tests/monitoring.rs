@@ -62,7 +62,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
         .args(["check", "rules", "gpuctl.rules.yml"])
         .current_dir(&dir));
     assert!(ok, "promtool check rules:\n{out}");
-    assert!(out.contains("SUCCESS: 10 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 13 rules found"), "{out}");
     let (ok, out) = run(Command::new(&pt)
         .args(["test", "rules", "gpuctl.rules.test.yml"])
         .current_dir(&dir));
@@ -72,7 +72,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
     let rules = std::fs::read_to_string(dir.join("gpuctl.rules.yml")).unwrap();
     let tests = std::fs::read_to_string(dir.join("gpuctl.rules.test.yml")).unwrap();
     let alerts = yaml_values(&rules, "alert");
-    assert_eq!(alerts.len(), 8);
+    assert_eq!(alerts.len(), 11);
     let lines: Vec<&str> = tests.lines().map(str::trim).collect();
     for a in &alerts {
         let mut fires = 0;
@@ -220,6 +220,22 @@ fn full_snapshot() -> Snapshot {
             gpu_memory: None,
         }]),
         ledger_users: None,
+        health: vec![
+            metrics::DeviceHealth {
+                device: "GPU-aaaa".into(),
+                gpu: 0,
+                in_service: false,
+                xids: [(13, 2), (79, 1)].into(),
+                quarantines: 1,
+                conditions: vec!["remap-pending".into()],
+            },
+            metrics::DeviceHealth {
+                device: "GPU-bbbb".into(),
+                gpu: 1,
+                in_service: true,
+                ..Default::default()
+            },
+        ],
     }
 }
 

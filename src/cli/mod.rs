@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
 
+pub mod device;
 pub mod doctor;
 pub mod env;
 pub mod export;
@@ -98,6 +99,8 @@ pub enum Command {
     Metrics(metrics::MetricsArgs),
     /// Holders of GPU shares that their team's idle rule flags: idle, warned, being stopped.
     Idle(idle::IdleArgs),
+    /// Device health: list, drain a device for maintenance, bring one back.
+    Device(device::DeviceArgs),
     /// GPU-hours held and used per team, user or device, from gpuctld's ledger.
     Report(report::ReportArgs),
     /// This host's GPUs in another tool's terms: Slurm's gres.conf lines and Gres=.
@@ -130,6 +133,7 @@ pub fn run() -> i32 {
         Command::Top(a) => return top::run(a),
         Command::Metrics(a) => return metrics::run(a),
         Command::Idle(a) => return idle::run(a),
+        Command::Device(a) => return device::run(a),
         Command::Report(a) => return report::run(a),
     };
     match result {

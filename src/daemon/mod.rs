@@ -34,6 +34,7 @@ pub use watchdog::Progress;
 
 pub mod drift;
 pub mod generator;
+pub mod health;
 pub mod idle;
 mod ledger;
 pub mod logging;
@@ -270,6 +271,7 @@ pub use crate::dbus_api::{Observe, Trigger};
 struct BusBackend {
     shared: Arc<Mutex<Shared>>,
     tx: mpsc::UnboundedSender<Request>,
+    health: health::SharedHealth,
 }
 
 impl crate::dbus_api::Backend for BusBackend {
@@ -291,6 +293,20 @@ impl crate::dbus_api::Backend for BusBackend {
 
     fn idle(&self) -> crate::dbus_api::reply::IdleReply {
         lock(&self.shared).idle.clone()
+    }
+
+    fn health(&self) -> crate::dbus_api::reply::HealthReply {
+        health::reply(&self.health, &self.shared)
+    }
+
+    fn device_change(
+        &self,
+        device: &str,
+        resume: bool,
+        reason: &str,
+        by: &str,
+    ) -> Result<crate::dbus_api::reply::DeviceChangeReply, crate::health::HealthError> {
+        health::change(&self.health, &self.shared, device, resume, reason, by)
     }
 }
 
@@ -356,6 +372,8 @@ struct Looper {
     conn: zbus::Connection,
     /// Signalled after each reconcile, for loops that sleep until the policy asks them to run.
     policy_seen: Arc<tokio::sync::Notify>,
+    /// Device health: published again over each reconcile's devices.
+    health: health::SharedHealth,
 }
 
 impl Looper {
@@ -470,6 +488,7 @@ impl Looper {
             .unwrap_or_default();
         }
         crate::dbus_api::usage::sync_hpc_job_map(&self.shared, &self.root);
+        health::republish(&self.health, &self.shared);
         self.policy_seen.notify_one();
         notify(&[sd_notify::NotifyState::Status(&text)]);
         crate::dbus_api::status_text_changed(&self.conn).await;
@@ -733,9 +752,12 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         crate::real::RealHost::open(opts.root.clone(), None).with_systemd(Box::new(effector));
     let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(CoreReconciler::new(host))));
 
+    let health_side = Arc::new(Mutex::new(health::HealthSide::load(&opts.root)));
+    health::republish(&health_side, &shared);
     let backend = Arc::new(BusBackend {
         shared: shared.clone(),
         tx: tx.clone(),
+        health: health_side.clone(),
     });
     let policy_seen = Arc::new(tokio::sync::Notify::new());
     tokio::spawn(idle::run(
@@ -745,6 +767,18 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         shared.clone(),
         idle::interval_from_env(),
         policy_seen.clone(),
+    ));
+    let (health_tx, health_rx) = mpsc::unbounded_channel();
+    if let Err(e) = health::spawn_watcher(shared.clone(), health_tx, health::interval_from_env()) {
+        error!("cannot start the health watcher thread: {e}");
+    }
+    tokio::spawn(health::run(
+        opts.root.clone(),
+        backend.clone(),
+        sd.clone(),
+        shared.clone(),
+        health_side.clone(),
+        health_rx,
     ));
     crate::dbus_api::serve(&conn, backend, sd.clone(), opts.root.clone())
         .await
@@ -810,6 +844,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         last_saved: None,
         conn,
         policy_seen,
+        health: health_side,
     };
     let extend = extend_start_while_progressing(
         looper.progress.clone(),

@@ -35,6 +35,12 @@ pub trait Agent1 {
     fn usage(&self) -> zbus::Result<String>;
     /// JSON of [`crate::dbus_api::reply::IdleReply`].
     fn idle(&self) -> zbus::Result<String>;
+    /// JSON of [`crate::dbus_api::reply::HealthReply`].
+    fn health(&self) -> zbus::Result<String>;
+    /// JSON of [`crate::dbus_api::reply::DeviceChangeReply`] (root).
+    fn device_drain(&self, device: &str, reason: &str) -> zbus::Result<String>;
+    /// JSON of [`crate::dbus_api::reply::DeviceChangeReply`] (root).
+    fn device_resume(&self, device: &str, reason: &str) -> zbus::Result<String>;
     /// JSON of [`crate::dbus_api::reply::LedgerReply`].
     fn report(&self, from: &str, to: &str, by: &str) -> zbus::Result<String>;
     /// Prometheus metrics (`openmetrics` or `prometheus-text`).

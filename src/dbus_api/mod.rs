@@ -13,6 +13,8 @@
 //! | `Usage() -> s` | method, JSON of [`crate::usage::Usage`]: who uses which GPU ([`usage`]) | anyone (per-process detail: see below) |
 //! | `Idle() -> s` | method, JSON of [`reply::IdleReply`]: holders tracked by the idle rules | anyone (same) |
 //! | `Report(s from, s to, s by) -> s` | method, JSON of [`reply::LedgerReply`]: GPU-hours held and used ([`ledger`]) | anyone (sees the teams it may use; root all) |
+//! | `Health() -> s` | method, JSON of [`reply::HealthReply`]: every device in or out of service, XID counts, standing conditions | anyone |
+//! | `DeviceDrain(s device, s reason) -> s`, `DeviceResume(s device, s reason) -> s` | methods, JSON of [`reply::DeviceChangeReply`]: take a GPU or MIG device (UUID or GPU index) out of service or bring it back, journalled with who and why | root |
 //! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone (same) |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
@@ -52,6 +54,7 @@ use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
 mod collector;
+pub mod health;
 pub mod join;
 pub mod ledger;
 pub mod place;
@@ -144,6 +147,16 @@ pub trait Backend: Send + Sync + 'static {
     fn send(&self, req: Request) -> bool;
     /// The idle rules' holders as of the last sample (`Idle`, `Usage` marks, `Plan`).
     fn idle(&self) -> reply::IdleReply;
+    /// Every device's health (`Health`).
+    fn health(&self) -> reply::HealthReply;
+    /// An admin's drain (`resume: false`) or resume of `device`, by user `by`.
+    fn device_change(
+        &self,
+        device: &str,
+        resume: bool,
+        reason: &str,
+        by: &str,
+    ) -> Result<reply::DeviceChangeReply, crate::health::HealthError>;
 }
 
 /// Well-known bus name.
@@ -247,6 +260,61 @@ async fn require_root(conn: &Connection, hdr: &Header<'_>, what: &str) -> fdo::R
         uid => Err(fdo::Error::AccessDenied(format!(
             "{what} is for root only (caller uid {uid})"
         ))),
+    }
+}
+
+impl Agent {
+    async fn device_change(
+        &self,
+        device: String,
+        resume: bool,
+        reason: String,
+        hdr: Header<'_>,
+        conn: &Connection,
+    ) -> fdo::Result<String> {
+        let what = if resume {
+            "DeviceResume"
+        } else {
+            "DeviceDrain"
+        };
+        require_root(conn, &hdr, what).await?;
+        // The person behind sudo: the audit login uid of the caller, which the kernel keeps
+        // across su/sudo; root's own name when it is unset.
+        let by = caller_login(conn, &hdr).await;
+        let r = self
+            .backend
+            .device_change(&device, resume, &reason, &by)
+            .map_err(|e| fdo::Error::Failed(e.to_string()))?;
+        serde_json::to_string(&r).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+}
+
+/// The login name behind the caller (`/proc/<pid>/loginuid`, as NSS names it), else `root`.
+async fn caller_login(conn: &Connection, hdr: &Header<'_>) -> String {
+    let Some(sender) = hdr.sender() else {
+        return "root".into();
+    };
+    let Ok(dbus) = fdo::DBusProxy::new(conn).await else {
+        return "root".into();
+    };
+    let Ok(pid) = dbus
+        .get_connection_unix_process_id(sender.clone().into())
+        .await
+    else {
+        return "root".into();
+    };
+    let uid = std::fs::read_to_string(format!("/proc/{pid}/loginuid"))
+        .ok()
+        .and_then(|s| s.trim().parse::<u32>().ok())
+        .filter(|u| *u != u32::MAX);
+    match uid {
+        Some(u) => {
+            use crate::join::Directory;
+            crate::join::nss::Nss
+                .user_by_uid(u)
+                .map_or_else(|| format!("uid {u}"), |a| a.name)
+        }
+        None => "root".into(),
     }
 }
 
@@ -392,6 +460,39 @@ impl Agent {
         let mut r = self.backend.idle();
         usage::redact_idle(&mut r.holders, &v);
         serde_json::to_string(&r).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Every device's health as JSON ([`reply::HealthReply`]).
+    async fn health(
+        &self,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, &self.reads, "Health").await?;
+        serde_json::to_string(&self.backend.health()).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
+    /// Take `device` (GPU index, `GPU-…` or `MIG-…` UUID) out of service (root only).
+    async fn device_drain(
+        &self,
+        device: String,
+        reason: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.device_change(device, false, reason, hdr, conn).await
+    }
+
+    /// Bring `device` back into service (root only); refused while its GPU still shows a
+    /// condition only a reset clears.
+    async fn device_resume(
+        &self,
+        device: String,
+        reason: String,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.device_change(device, true, reason, hdr, conn).await
     }
 
     /// Prometheus metrics in `format` (`openmetrics` or `prometheus-text`).

@@ -274,7 +274,8 @@ fn candidates(
         .collect()
 }
 
-/// Choose for `opts` among `share` under `team`'s settings, with `leases` held now.
+/// Choose for `opts` among `share` under `team`'s settings, with `leases` held now, never on a
+/// device the health watcher took out of service ([`super::health`]).
 pub fn place(
     team: &Team,
     share: &[ShareDevice],
@@ -282,19 +283,115 @@ pub fn place(
     load: &HashMap<String, (Option<u64>, Option<f64>)>,
     opts: &JoinOptions,
 ) -> Result<Placed, Refused> {
+    let out = super::health::out_of_service();
+    place_in_service(team, share, leases, load, opts, &out)
+}
+
+/// [`place`] with the out-of-service devices given.
+pub fn place_in_service(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    opts: &JoinOptions,
+    out: &BTreeMap<String, crate::health::OutOfService>,
+) -> Result<Placed, Refused> {
     let me = Waiter {
         request: opts.request(),
         passed: 0,
         returning: false,
     };
-    let mut r = serve_queue(team, share, leases, load, &[me], &[opts.gpu_memory]);
-    r.pop()
-        .unwrap_or_else(|| unreachable!("one answer per request"))
+    let mut r = serve_in_service(team, share, leases, load, &[me], &[opts.gpu_memory], out);
+    r.pop().unwrap_or_else(|| unreachable!("one answer per request"))
 }
 
 /// What the share gives each request of `team`'s queue now, in serving order
 /// ([`placement::serve`]); `gpu_memory` is each request's `--gpu-memory`.
 pub fn serve_queue(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    waiting: &[Waiter],
+    gpu_memory: &[Option<u64>],
+) -> Vec<Result<Placed, Refused>> {
+    let out = super::health::out_of_service();
+    serve_in_service(team, share, leases, load, waiting, gpu_memory, &out)
+}
+
+/// [`serve_queue`] with the out-of-service devices given: they leave the share before the
+/// choice, so no job lands there and none gets them in `CUDA_VISIBLE_DEVICES`. Refusals say
+/// which devices are out and why, and count as "nothing free now": the device may come back,
+/// so a `--wait` keeps waiting.
+pub fn serve_in_service(
+    team: &Team,
+    share: &[ShareDevice],
+    leases: &[Lease],
+    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    waiting: &[Waiter],
+    gpu_memory: &[Option<u64>],
+    out: &BTreeMap<String, crate::health::OutOfService>,
+) -> Vec<Result<Placed, Refused>> {
+    let gone: Vec<&ShareDevice> = share.iter().filter(|d| out.contains_key(&d.id)).collect();
+    if gone.is_empty() {
+        return serve_among(team, share, leases, load, waiting, gpu_memory);
+    }
+    let why = gone
+        .iter()
+        .map(|d| format!("{} since {} ({})", d.id, out[&d.id].since, out[&d.id].reason))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let out_msg = |m: String| Refused {
+        message: format!("{m}; out of service: {why}"),
+        busy: true,
+    };
+    // A position names a device of the whole share, as `gpuctl teams` numbers it: it becomes
+    // the device's UUID before the out-of-service ones leave.
+    let whole: Vec<Candidate> = candidates(share, &[], &HashMap::new());
+    let mut named_out = vec![false; waiting.len()];
+    let waiting: Vec<Waiter> = waiting
+        .iter()
+        .enumerate()
+        .map(|(k, w)| {
+            let mut w = w.clone();
+            if let Some(i) = w
+                .request
+                .device
+                .as_deref()
+                .and_then(|a| placement::find_device(&whole, a))
+            {
+                named_out[k] = out.contains_key(&share[i].id);
+                w.request.device = Some(share[i].id.clone());
+            }
+            w
+        })
+        .collect();
+    let left: Vec<ShareDevice> = share
+        .iter()
+        .filter(|d| !out.contains_key(&d.id))
+        .cloned()
+        .collect();
+    if left.is_empty() {
+        let m = format!("team \"{}\" has no device in service", team.name);
+        return waiting.iter().map(|_| Err(out_msg(m.clone()))).collect();
+    }
+    serve_among(team, &left, leases, load, &waiting, gpu_memory)
+        .into_iter()
+        .enumerate()
+        .map(|(k, r)| {
+            if named_out[k] {
+                let asked = waiting[k].request.device.clone().unwrap_or_default();
+                return Err(out_msg(format!(
+                    "team \"{}\": device {asked} is out of service",
+                    team.name
+                )));
+            }
+            r.map_err(|r| out_msg(r.message))
+        })
+        .collect()
+}
+
+fn serve_among(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],

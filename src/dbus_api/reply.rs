@@ -455,6 +455,110 @@ pub struct DeviceHold {
     pub leases: Vec<LeaseStatus>,
 }
 
+/// `Health`: every device's health as gpuctld's watcher and the admins left it (`gpuctl
+/// device list`, `gpuctl doctor`): GPUs by index, each followed by its MIG devices.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HealthReply {
+    /// The watcher is reading NVML; `false` with the reason in `watcher_error`.
+    pub watching: bool,
+    /// Why the watcher cannot read NVML, when it cannot.
+    pub watcher_error: Option<String>,
+    /// Devices.
+    pub devices: Vec<DeviceHealthStatus>,
+}
+
+/// One device in [`HealthReply`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceHealthStatus {
+    /// `GPU-…` or `MIG-…` UUID.
+    pub uuid: String,
+    /// NVML index of the GPU (of the parent GPU for a MIG device).
+    pub gpu_index: u32,
+    /// A MIG device.
+    pub mig: bool,
+    /// Takes new work.
+    pub in_service: bool,
+    /// Why it is out (its own reason, or its GPU's).
+    pub reason: Option<String>,
+    /// Unix seconds since it is out.
+    pub since: Option<u64>,
+    /// Who took it out: `gpuctld` (a fault) or an admin's user name.
+    pub by: Option<String>,
+    /// A reset would clear the cause.
+    pub reset_when_idle: bool,
+    /// XIDs seen, by code.
+    pub xids: BTreeMap<u32, u64>,
+    /// Standing conditions only a reset clears (`lost`, `remap-pending`, …).
+    pub conditions: Vec<crate::health::Condition>,
+    /// Hardware slowdown at the last read.
+    pub slowdown: bool,
+    /// Times a fault took it out of service.
+    pub quarantines: u64,
+}
+
+impl HealthReply {
+    /// From the registry, over the devices of `topo` (and any other device the registry
+    /// still holds out of service).
+    pub fn from_registry(
+        reg: &crate::health::Registry,
+        topo: &crate::health::Topology,
+    ) -> HealthReply {
+        let out = reg.out_of_service(topo);
+        let entry = |uuid: &str, gpu_index: u32, mig: bool| {
+            let d = reg.get(uuid).cloned().unwrap_or_default();
+            let o = out.get(uuid);
+            DeviceHealthStatus {
+                uuid: uuid.to_string(),
+                gpu_index,
+                mig,
+                in_service: o.is_none(),
+                reason: o.map(|o| o.reason.clone()),
+                since: o.map(|o| o.since),
+                by: o.map(|o| o.by.clone()),
+                reset_when_idle: matches!(
+                    d.service,
+                    crate::health::Service::Out {
+                        reset_when_idle: true,
+                        ..
+                    }
+                ),
+                xids: d.xids,
+                conditions: d.conditions.into_iter().collect(),
+                slowdown: d.slowdown,
+                quarantines: d.quarantines,
+            }
+        };
+        let mut devices = Vec::new();
+        for g in &topo.gpus {
+            devices.push(entry(&g.uuid, g.index, false));
+            for m in &g.mig {
+                devices.push(entry(&m.uuid, g.index, true));
+            }
+        }
+        HealthReply {
+            watching: false,
+            watcher_error: None,
+            devices,
+        }
+    }
+}
+
+/// `DeviceDrain`/`DeviceResume`: the device and its new state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DeviceChangeReply {
+    /// The device's UUID.
+    pub device: String,
+    /// Takes new work now.
+    pub in_service: bool,
+    /// The reason given.
+    pub reason: String,
+    /// Who.
+    pub by: String,
+}
+
 /// `Idle`: the holders gpuctld's idle rules track (`gpuctl idle`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -552,6 +656,8 @@ pub mod v1 {
     pub use super::{DeviceHold, TeamInfo};
     // `Idle`.
     pub use super::IdleReply;
+    // `Health`, `DeviceDrain`, `DeviceResume`.
+    pub use super::{DeviceChangeReply, DeviceHealthStatus, HealthReply};
     // `Report`.
     pub use super::{LedgerReply, LedgerRow};
     // `Usage`.

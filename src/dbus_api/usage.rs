@@ -214,11 +214,38 @@ pub async fn metrics(
             Viewer::All => None,
             Viewer::Teams(t) => Some(t.clone()),
         },
+        health: health_metrics(&backend.health()),
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),
         _ => metrics::encode_openmetrics(&snap, metrics::counters()),
     })
+}
+
+/// The `Health` reply as the metrics carry it.
+pub fn health_metrics(h: &super::reply::HealthReply) -> Vec<metrics::DeviceHealth> {
+    h.devices
+        .iter()
+        .map(|d| {
+            let mut conditions: Vec<String> = d
+                .conditions
+                .iter()
+                .filter_map(|c| serde_json::to_value(c).ok())
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            if d.slowdown {
+                conditions.push("slowdown".into());
+            }
+            metrics::DeviceHealth {
+                device: d.uuid.clone(),
+                gpu: d.gpu_index,
+                in_service: d.in_service,
+                xids: d.xids.clone(),
+                quarantines: d.quarantines,
+                conditions,
+            }
+        })
+        .collect()
 }
 
 /// After a reconcile: bring `$GPUCTL_HPC_JOB_MAPPING_DIR` (when set) in line with the owners.

@@ -61,6 +61,10 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_ledger_active_seconds_total",
     "gpuctl_ledger_unknown_seconds_total",
     "gpuctl_device_leases",
+    "gpuctl_device_in_service",
+    "gpuctl_device_xid_total",
+    "gpuctl_device_quarantines_total",
+    "gpuctl_device_health_condition",
 ];
 
 type Labels = Vec<(String, String)>;
@@ -129,6 +133,25 @@ pub struct Snapshot {
     /// The teams whose user names the ledger counters may carry (`None`: every team's); the
     /// others' users are summed into `user=""`, like the other per-process labels.
     pub ledger_users: Option<std::collections::BTreeSet<String>>,
+    /// Device health from gpuctld's watcher (docs/health.md).
+    pub health: Vec<DeviceHealth>,
+}
+
+/// One device's health for the metrics.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceHealth {
+    /// `GPU-…` or `MIG-…` UUID.
+    pub device: String,
+    /// NVML index of the GPU (the parent's for a MIG device).
+    pub gpu: u32,
+    /// Takes new work.
+    pub in_service: bool,
+    /// XIDs seen, by code.
+    pub xids: BTreeMap<u32, u64>,
+    /// Times a fault took it out of service.
+    pub quarantines: u64,
+    /// Standing conditions (`remap-pending`, `lost`, …) and `slowdown`.
+    pub conditions: Vec<String>,
 }
 
 fn l(pairs: &[(&str, &str)]) -> Labels {
@@ -388,6 +411,7 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     );
     r.register("join", "Join calls by team and outcome", c.joins.clone());
     register_idle(&mut r, &s.idle);
+    register_health(&mut r, &s.health);
     ledger::register(&mut r, &|team: &str| {
         s.ledger_users.as_ref().is_none_or(|t| t.contains(team))
     });
@@ -406,6 +430,50 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         );
     }
     r
+}
+
+/// Device health: in service or not, XIDs by code, quarantines, standing conditions.
+fn register_health(r: &mut Registry, devices: &[DeviceHealth]) {
+    if devices.is_empty() {
+        return;
+    }
+    let up: Family<Labels, Gauge> = Family::default();
+    let xids: Family<Labels, Counter> = Family::default();
+    let quarantines: Family<Labels, Counter> = Family::default();
+    let conditions: Family<Labels, Gauge> = Family::default();
+    for d in devices {
+        let gpu = d.gpu.to_string();
+        let base = l(&[("gpu", &gpu), ("device", &d.device)]);
+        up.get_or_create(&base).set(i64::from(d.in_service));
+        quarantines.get_or_create(&base).inc_by(d.quarantines);
+        for (code, n) in &d.xids {
+            let mut k = base.clone();
+            k.push(("xid".into(), code.to_string()));
+            xids.get_or_create(&k).inc_by(*n);
+        }
+        for c in &d.conditions {
+            let mut k = base.clone();
+            k.push(("condition".into(), c.clone()));
+            conditions.get_or_create(&k).set(1);
+        }
+    }
+    r.register(
+        "device_in_service",
+        "1 while the device takes new work; 0 while a fault or an admin keeps it out",
+        up,
+    );
+    r.register("device_xid", "XID errors seen on the device, by code", xids);
+    r.register(
+        "device_quarantines",
+        "Times a fault took the device out of service",
+        quarantines,
+    );
+    r.register(
+        "device_health_condition",
+        "1 while the device shows the condition (lost, remap-failed, remap-pending, \
+         retired-pages-pending, slowdown)",
+        conditions,
+    );
 }
 
 /// The idle rules' holders: flagged ones (`gpuctl_idle_holder`), observed idle time of every

@@ -22,6 +22,7 @@ use nvml_wrapper_sys::bindings::{nvmlDevice_t, NvmlLib};
 use std::collections::btree_map::{BTreeMap, Entry};
 use std::path::{Path, PathBuf};
 
+pub mod health;
 pub(crate) mod raw;
 
 /// Environment variable naming the NVML library; wins over the policy's `nvml-library`.

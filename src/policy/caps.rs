@@ -50,6 +50,17 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
             p.host.drain_timeout.as_secs()
         ));
     }
+    if let Some(x) = p
+        .host
+        .health
+        .application_xids
+        .iter()
+        .find(|x| crate::health::fatal_name(**x).is_some())
+    {
+        return Err(format!(
+            "host.health.application-xids: XID {x} is fatal, never an application XID"
+        ));
+    }
     within!("teams", p.teams.len(), MAX_TEAMS)?;
     for (name, t) in &p.teams {
         if *name != t.name {

@@ -191,6 +191,10 @@ pub struct HostSettings {
     /// command, unit) from `Usage`, `Idle` and `Metrics`; others only their own teams'.
     #[serde(default)]
     pub admin_group: Option<String>,
+    /// `[host.health]`: which XIDs are the application's, what happens to jobs on a
+    /// quarantined device, idle resets (docs/health.md).
+    #[serde(default)]
+    pub health: crate::health::HealthSettings,
 }
 
 /// `[host] accounting`: when gpuctld keeps the GPU-hours ledger (docs/ledger.md).
@@ -216,6 +220,7 @@ impl Default for HostSettings {
             accounting: Accounting::Auto,
             outside: Outside::Closed,
             admin_group: None,
+            health: crate::health::HealthSettings::default(),
         }
     }
 }

@@ -74,6 +74,21 @@ pub struct HostPart {
     pub outside: Option<At<Outside>>,
     /// `admin-group`.
     pub admin_group: Option<At<String>>,
+    /// `[host.health]`, merged per key.
+    pub health: HealthPart,
+}
+
+/// `[host.health]` keys set in one file.
+#[derive(Debug, Clone, Default)]
+pub struct HealthPart {
+    /// `application-xids`.
+    pub application_xids: Option<At<Vec<u32>>>,
+    /// `on-fault`.
+    pub on_fault: Option<At<crate::health::OnFault>>,
+    /// `grace`.
+    pub grace: Option<At<Duration>>,
+    /// `reset-when-idle`.
+    pub reset_when_idle: Option<At<bool>>,
 }
 
 /// `[teams.NAME]` keys set in one file. An inner `None` is an explicit `"infinity"`: it removes a
@@ -199,7 +214,12 @@ const HOST_KEYS: &[&str] = &[
     "accounting",
     "outside",
     "admin-group",
+    "health",
 ];
+const HEALTH_KEYS: &[&str] = &["application-xids", "on-fault", "grace", "reset-when-idle"];
+/// The highest XID accepted in `application-xids`: the catalogue ends in the low hundreds,
+/// and a five-digit number is a typo.
+pub const MAX_XID: i64 = 9999;
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const PLACEMENT_KEYS: &[&str] = &["jobs-per-device", "gpus", "gpu-memory"];
 /// Most jobs one device may be set to take: far above MPS's 48 clients per server, so it never
@@ -536,7 +556,18 @@ impl<'a> Cx<'a> {
         }
         let keys: Vec<&str> = HOST_KEYS.iter().copied().chain(["mps-control"]).collect();
         self.check_keys(t, "host", &keys);
+        let health = match t.get_key_value("health") {
+            None => HealthPart::default(),
+            Some((k, item)) => match item.as_table_like() {
+                Some(h) => self.health(h),
+                None => {
+                    self.type_error(k, item, "host.health", "a table `[host.health]`");
+                    HealthPart::default()
+                }
+            },
+        };
         HostPart {
+            health,
             reconfigure: self.field(t, "host", "reconfigure", |i| {
                 let s = want_str(i)?;
                 match s {
@@ -586,6 +617,56 @@ impl<'a> Cx<'a> {
                         ),
                     )),
                 }
+            }),
+        }
+    }
+
+    fn health(&mut self, t: &dyn TableLike) -> HealthPart {
+        const P: &str = "host.health";
+        self.check_keys(t, P, HEALTH_KEYS);
+        HealthPart {
+            application_xids: self.field(t, P, "application-xids", |i| {
+                let v = list_of(i, Value::as_integer).ok_or_else(|| {
+                    (
+                        format!("expected a list of XID numbers, found {}", type_name(i)),
+                        Some("e.g. application-xids = [13, 31, 43, 45, 68, 109]".into()),
+                    )
+                })?;
+                if let Some(bad) = v.iter().find(|x| !(1..=MAX_XID).contains(*x)) {
+                    return Err((
+                        format!("{bad} is not an XID"),
+                        Some(format!("XIDs are numbers from 1 to {MAX_XID} (MAX_XID)")),
+                    ));
+                }
+                let v: Vec<u32> = v.into_iter().map(|x| x as u32).collect();
+                if let Some((x, name)) = v
+                    .iter()
+                    .find_map(|x| crate::health::fatal_name(*x).map(|n| (x, n)))
+                {
+                    return Err((
+                        format!("XID {x} ({name}) is fatal: it always quarantines the device"),
+                        Some("list only XIDs an application causes; see docs/health.md".into()),
+                    ));
+                }
+                no_dups(&v)?;
+                Ok(v)
+            }),
+            on_fault: self.field(t, P, "on-fault", |i| match want_str(i)? {
+                "keep" => Ok(crate::health::OnFault::Keep),
+                "stop" => Ok(crate::health::OnFault::Stop),
+                s => Err((
+                    format!("unknown on-fault action '{s}'"),
+                    Some("expected one of: keep, stop".into()),
+                )),
+            }),
+            grace: self.field(t, P, "grace", idle_duration),
+            reset_when_idle: self.field(t, P, "reset-when-idle", |i| {
+                i.as_bool().ok_or_else(|| {
+                    (
+                        format!("expected true or false, found {}", type_name(i)),
+                        None,
+                    )
+                })
             }),
         }
     }
@@ -1304,6 +1385,61 @@ mod tests {
         let loc = d[0].loc.as_ref().unwrap();
         assert_eq!((loc.line, loc.col), (3, 11));
         assert!(d[0].to_string().contains("closed, open"), "{}", d[0]);
+    }
+
+    #[test]
+    fn host_health_keys_parse_and_errors_are_located() {
+        let (f, d) = parse(
+            "version = 1\n[host.health]\napplication-xids = [13, 999]\non-fault = \"stop\"\n\
+             grace = \"2m\"\nreset-when-idle = true\n",
+        );
+        assert!(d.is_empty(), "{d:?}");
+        let h = f.unwrap().host.health;
+        assert_eq!(h.application_xids.unwrap().value, [13, 999]);
+        assert_eq!(h.on_fault.unwrap().value, crate::health::OnFault::Stop);
+        assert_eq!(h.grace.unwrap().value, Duration::from_secs(120));
+        assert!(h.reset_when_idle.unwrap().value);
+        for (text, key, col, says) in [
+            (
+                "application-xids = [13, 79]",
+                "host.health.application-xids",
+                20,
+                "fatal",
+            ),
+            (
+                "application-xids = [0]",
+                "host.health.application-xids",
+                20,
+                "not an XID",
+            ),
+            (
+                "application-xids = [13, 13]",
+                "host.health.application-xids",
+                20,
+                "twice",
+            ),
+            (
+                "on-fault = \"drain\"",
+                "host.health.on-fault",
+                12,
+                "keep, stop",
+            ),
+            (
+                "reset-when-idle = \"yes\"",
+                "host.health.reset-when-idle",
+                19,
+                "true or false",
+            ),
+            ("grace = \"soon\"", "host.health.grace", 9, ""),
+            ("on-falt = \"keep\"", "host.health.on-falt", 1, "on-fault"),
+        ] {
+            let (_, d) = parse(&format!("version = 1\n[host.health]\n{text}\n"));
+            assert_eq!(d.len(), 1, "{text}: {d:?}");
+            assert_eq!(d[0].key, key, "{text}");
+            let loc = d[0].loc.as_ref().unwrap();
+            assert_eq!((loc.line, loc.col), (3, col), "{text}");
+            assert!(d[0].to_string().contains(says), "{text}: {}", d[0]);
+        }
     }
 
     #[test]

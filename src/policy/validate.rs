@@ -49,6 +49,11 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut host.accounting, &f.host.accounting);
         overlay(&mut host.outside, &f.host.outside);
         overlay(&mut host.admin_group, &f.host.admin_group);
+        let (h, fh) = (&mut host.health, &f.host.health);
+        overlay(&mut h.application_xids, &fh.application_xids);
+        overlay(&mut h.on_fault, &fh.on_fault);
+        overlay(&mut h.grace, &fh.grace);
+        overlay(&mut h.reset_when_idle, &fh.reset_when_idle);
         overlay(&mut slurm.enabled, &f.slurm.enabled);
         overlay(&mut slurm.gres_file, &f.slurm.gres_file);
         overlay(&mut slurm.node_name, &f.slurm.node_name);
@@ -83,6 +88,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             accounting: value(&host.accounting).unwrap_or(defaults.accounting),
             outside: value(&host.outside).unwrap_or(defaults.outside),
             admin_group: value(&host.admin_group),
+            health: to_health(&host.health),
         },
         teams: teams
             .values()
@@ -91,6 +97,17 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         gpus: gpus.iter().filter_map(|g| to_assignment(g)).collect(),
         sources: fragments.iter().map(|f| f.file.clone()).collect(),
         slurm: to_slurm(&slurm),
+    }
+}
+
+fn to_health(h: &super::parse::HealthPart) -> crate::health::HealthSettings {
+    let d = crate::health::HealthSettings::default();
+    crate::health::HealthSettings {
+        application_xids: value(&h.application_xids)
+            .map_or(d.application_xids, |v| v.into_iter().collect()),
+        on_fault: value(&h.on_fault).unwrap_or(d.on_fault),
+        grace: value(&h.grace).unwrap_or(d.grace),
+        reset_when_idle: value(&h.reset_when_idle).unwrap_or(d.reset_when_idle),
     }
 }
 

@@ -8,7 +8,8 @@
 //!
 //! Modules: [`types`] (C ABI), [`model`] (reference profiles), [`state`] (state file),
 //! [`mig`] (placement and id rules), [`api`] (exported NVML functions), [`control`]
-//! (test controls: reset, reboot, processes, faults), [`usage`]
+//! (test controls: reset, reboot, processes, faults), [`health`] (events and health
+//! counters), [`usage`]
 //! (utilisation, power, temperature, graphics processes, GPM), `stubs` (every other symbol
 //! `nvml-wrapper-sys` resolves, answering `NVML_ERROR_NOT_SUPPORTED`).
 
@@ -20,6 +21,7 @@ compile_error!("fake-nvml encodes handles in 64-bit pointers");
 
 pub mod api;
 pub mod control;
+pub mod health;
 pub mod mig;
 pub mod model;
 pub mod state;

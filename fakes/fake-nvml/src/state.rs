@@ -50,6 +50,9 @@ pub struct State {
     /// Utilisation, power, temperature, graphics processes and GPM activity.
     #[serde(default)]
     pub usage: crate::usage::UsageModel,
+    /// Health counters and raised events (`crate::health`).
+    #[serde(default)]
+    pub health: crate::health::HealthModel,
 }
 
 /// MIG mode pair as `nvmlDeviceGetMigMode` reports it.

@@ -287,3 +287,68 @@ fn a_non_member_status_keeps_only_the_leases_of_teams_it_may_join() {
     crate::dbus_api::usage::redact_leases(&mut root, &Viewer::All);
     assert_eq!(root, all);
 }
+
+fn out_of_service(ids: &[&str]) -> BTreeMap<String, crate::health::OutOfService> {
+    ids.iter()
+        .map(|id| {
+            let o = crate::health::OutOfService {
+                reason: "XID 79 (GPU has fallen off the bus)".into(),
+                since: 1_764_783_000,
+                by: "gpuctld".into(),
+            };
+            (id.to_string(), o)
+        })
+        .collect()
+}
+
+#[test]
+fn an_out_of_service_device_is_never_placed_on_nor_made_visible() {
+    let v = view();
+    let s = share(&v, "train");
+    let t = team("train");
+    let all = JoinOptions {
+        gpus: Some(Gpus::All),
+        ..JoinOptions::default()
+    };
+    let none = HashMap::new();
+    let out = out_of_service(&["GPU-1"]);
+    let p = place_in_service(&t, &s, &[], &none, &all, &out).unwrap();
+    let env = placed_env("train", &BTreeMap::new(), &p, None);
+    assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-2");
+    assert!(
+        !p.allow.contains(&"/dev/nvidia1".to_string()),
+        "{:?}",
+        p.allow
+    );
+    // By position in the whole share (0 is GPU-1): refused with the reason, as "busy".
+    let at0 = JoinOptions {
+        device: Some("0".into()),
+        ..JoinOptions::default()
+    };
+    let e = place_in_service(&t, &s, &[], &none, &at0, &out).unwrap_err();
+    assert!(
+        e.busy && e.message.contains("GPU-1 since 1764783000 (XID 79"),
+        "{e:?}"
+    );
+    // Position 1 is still GPU-2, not shifted by the filter.
+    let at1 = JoinOptions {
+        device: Some("1".into()),
+        ..JoinOptions::default()
+    };
+    let p = place_in_service(&t, &s, &[], &none, &at1, &out).unwrap();
+    assert_eq!(p.devices[0].id, "GPU-2");
+    // Nothing left: "busy", so a --wait keeps waiting for the device to come back.
+    let e = place_in_service(
+        &t,
+        &s,
+        &[],
+        &none,
+        &JoinOptions::default(),
+        &out_of_service(&["GPU-1", "GPU-2"]),
+    )
+    .unwrap_err();
+    assert!(
+        e.busy && e.message.contains("no device in service"),
+        "{e:?}"
+    );
+}

@@ -1,0 +1,441 @@
+//! The health watcher at work (docs/health.md): a thread of its own waits on NVML's event set
+//! ([`crate::nvml::health`], up to `GPUCTL_HEALTH_INTERVAL_MS`) and reads every GPU's counters
+//! after each wait; the observations go to a task on the runtime that feeds them to the pure
+//! [`crate::health::Registry`] and carries out its effects: journal entries
+//! (`GPUCTL_ACTION=health-quarantine|health-xid|health-warn|health-drain|health-resume`,
+//! `GPUCTL_GPU`, `GPUCTL_REASON`, `GPUCTL_XID`, `GPUCTL_USER`), messages on the holders'
+//! terminals ([`crate::real::tty`]), the out-of-service set placement reads
+//! ([`crate::dbus_api::health`]) and the registry file under `/run/gpuctl` (through
+//! [`crate::files::write_atomic`]), so that a restart of gpuctld keeps a quarantine. A reboot
+//! clears it: the board is reset by then, and a fault that persists is seen again.
+
+use super::Shared;
+use crate::dbus_api::reply::{DeviceChangeReply, HealthReply};
+use crate::dbus_api::Backend;
+use crate::health::{Effect, GpuTopo, HealthError, MigDevice, Observation, Registry, Topology};
+use crate::nvml::health::{HealthWatch, Waited};
+use crate::observe::GpuState;
+use crate::paths::Root;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{info, warn};
+
+/// The registry file (host path).
+pub const REGISTRY_FILE: &str = "/run/gpuctl/health.json";
+/// Environment variable: ms between counter reads (events wake the watcher at once).
+pub const ENV_INTERVAL_MS: &str = "GPUCTL_HEALTH_INTERVAL_MS";
+/// Default time between counter reads: a wakeup per interval is the watcher's whole idle cost.
+pub const DEFAULT_INTERVAL: Duration = Duration::from_secs(30);
+/// Most events taken in one batch after a wait, so a storm still lets the counters be read.
+const MAX_BATCH: usize = 64;
+
+/// The interval from `$GPUCTL_HEALTH_INTERVAL_MS`, else [`DEFAULT_INTERVAL`] (at least 100 ms).
+pub fn interval_from_env() -> Duration {
+    std::env::var(ENV_INTERVAL_MS)
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map_or(DEFAULT_INTERVAL, Duration::from_millis)
+        .max(Duration::from_millis(100))
+}
+
+/// The registry and where it is kept; shared by the watcher task and the bus methods.
+pub struct HealthSide {
+    root: Root,
+    registry: Registry,
+    watcher_error: Option<String>,
+    watching: bool,
+}
+
+/// Shared handle.
+pub type SharedHealth = Arc<Mutex<HealthSide>>;
+
+impl HealthSide {
+    /// The registry as the last gpuctld left it (none, or unreadable: everything in service,
+    /// with a warning for the latter).
+    pub fn load(root: &Root) -> HealthSide {
+        let path = root.join(REGISTRY_FILE);
+        let registry = match std::fs::read(&path) {
+            Err(_) => Registry::default(),
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_else(|e| {
+                warn!(gpuctl_action = "health", "{}: ignored: {e}", path.display());
+                Registry::default()
+            }),
+        };
+        HealthSide {
+            root: root.clone(),
+            registry,
+            watcher_error: None,
+            watching: false,
+        }
+    }
+
+    fn save(&self) {
+        let path = self.root.join(REGISTRY_FILE);
+        let text = serde_json::to_string_pretty(&self.registry).unwrap_or_default() + "\n";
+        if let Err(e) = crate::files::write_atomic(&path, text.as_bytes()) {
+            warn!(
+                gpuctl_action = "health",
+                "cannot keep the health registry: {e}"
+            );
+        }
+    }
+
+    fn publish(&self, topo: &Topology) {
+        crate::dbus_api::health::publish(self.registry.out_of_service(topo));
+    }
+}
+
+/// The devices health decisions name, from the last reconcile's observation.
+pub fn topology(gpus: &[GpuState]) -> Topology {
+    Topology {
+        gpus: gpus
+            .iter()
+            .map(|g| GpuTopo {
+                index: g.index,
+                uuid: g.uuid.clone(),
+                mig: g
+                    .mig
+                    .iter()
+                    .flat_map(|m| m.instances.iter())
+                    .flat_map(|gi| {
+                        gi.compute.iter().map(|ci| MigDevice {
+                            gi: gi.id,
+                            ci: ci.id,
+                            uuid: ci.uuid.clone(),
+                        })
+                    })
+                    .filter(|m| m.uuid.starts_with("MIG-"))
+                    .collect(),
+            })
+            .collect(),
+    }
+}
+
+fn topology_of(shared: &Mutex<Shared>) -> Topology {
+    let sh = super::lock(shared);
+    sh.last_report
+        .as_ref()
+        .and_then(|r| r.view.as_ref())
+        .map(|v| topology(&v.gpus))
+        .unwrap_or_default()
+}
+
+fn settings_of(shared: &Mutex<Shared>) -> crate::health::HealthSettings {
+    super::lock(shared)
+        .policy
+        .as_ref()
+        .map(|p| p.host.health.clone())
+        .unwrap_or_default()
+}
+
+fn library_of(shared: &Mutex<Shared>) -> Option<PathBuf> {
+    let sh = super::lock(shared);
+    crate::nvml::library_path(
+        sh.policy
+            .as_ref()
+            .and_then(|p| p.host.nvml_library.as_deref()),
+    )
+}
+
+/// What the watcher thread sends: observations, or why it cannot read NVML (`Err`).
+type Batch = Result<Vec<Observation>, String>;
+
+/// Start the watcher thread; it runs for the life of the process.
+pub fn spawn_watcher(
+    shared: Arc<Mutex<Shared>>,
+    tx: mpsc::UnboundedSender<Batch>,
+    interval: Duration,
+) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .name("health".into())
+        // Loading and initialising NVML (and the fake's JSON state in a debug build) needs more
+        // than a small stack: 256 KiB overflowed in vm-tests 67. Untouched pages cost no RSS.
+        .stack_size(2 * 1024 * 1024)
+        .spawn(move || {
+            let ms = interval.as_millis().min(u32::MAX as u128) as u32;
+            let mut watch: Option<HealthWatch> = None;
+            loop {
+                let w = match &watch {
+                    Some(w) => w,
+                    None => match HealthWatch::open(library_of(&shared)) {
+                        Ok(w) => watch.insert(w),
+                        Err(e) => {
+                            if tx.send(Err(e.to_string())).is_err() {
+                                return;
+                            }
+                            std::thread::sleep(interval);
+                            continue;
+                        }
+                    },
+                };
+                let mut batch = Vec::new();
+                let mut lost = false;
+                let mut next = w.wait(ms);
+                loop {
+                    match next {
+                        Waited::Event(o) => batch.push(o),
+                        Waited::Timeout => break,
+                        Waited::Lost => {
+                            lost = true;
+                            break;
+                        }
+                        Waited::Failed(why) => {
+                            warn!(
+                                gpuctl_action = "health",
+                                "NVML event wait: {why}; reopening"
+                            );
+                            watch = None;
+                            std::thread::sleep(interval);
+                            break;
+                        }
+                    }
+                    if batch.len() >= MAX_BATCH {
+                        break;
+                    }
+                    next = w.wait(0);
+                }
+                let Some(w) = &watch else { continue };
+                batch.extend(w.counters());
+                if tx.send(Ok(batch)).is_err() {
+                    return;
+                }
+                if lost {
+                    // A lost GPU answers every wait at once: the interval paces the reads.
+                    std::thread::sleep(interval);
+                }
+            }
+        })
+        .map(|_| ())
+}
+
+/// Consume the watcher's batches until the runtime ends.
+pub async fn run(
+    root: Root,
+    backend: Arc<dyn Backend>,
+    sd: crate::systemd::Systemd,
+    shared: Arc<Mutex<Shared>>,
+    side: SharedHealth,
+    mut rx: mpsc::UnboundedReceiver<Batch>,
+) {
+    let mut said: Option<String> = None;
+    while let Some(batch) = rx.recv().await {
+        let obs = match batch {
+            Ok(o) => o,
+            Err(why) => {
+                if said.as_deref() != Some(why.as_str()) {
+                    warn!(gpuctl_action = "health", "health watcher: {why}");
+                }
+                let mut s = super::lock(&side);
+                s.watching = false;
+                s.watcher_error = Some(why.clone());
+                said = Some(why);
+                continue;
+            }
+        };
+        said = None;
+        let topo = topology_of(&shared);
+        let settings = settings_of(&shared);
+        let now = super::unix_now();
+        let effects = {
+            let mut s = super::lock(&side);
+            s.watching = true;
+            s.watcher_error = None;
+            let before = s.registry.clone();
+            let mut effects = Vec::new();
+            for o in &obs {
+                effects.extend(s.registry.observe(o, &topo, &settings, now));
+            }
+            if !topo.gpus.is_empty() {
+                s.registry.prune(&topo);
+            }
+            if s.registry != before {
+                s.save();
+            }
+            s.publish(&topo);
+            effects
+        };
+        for e in effects {
+            act(&root, &*backend, &sd, &topo, e).await;
+        }
+    }
+}
+
+/// The uids holding `device` (its processes and placement leases; a GPU's MIG devices'
+/// too), from a fresh usage collection and the member scopes' leases.
+async fn holders(
+    root: &Root,
+    backend: &dyn Backend,
+    sd: &crate::systemd::Systemd,
+    topo: &Topology,
+    device: &str,
+) -> Vec<u32> {
+    let mut ids = vec![device.to_string()];
+    if let Some(g) = topo.gpus.iter().find(|g| g.uuid == device) {
+        ids.extend(g.mig.iter().map(|m| m.uuid.clone()));
+    }
+    let mut uids = Vec::new();
+    if let Ok(u) = crate::dbus_api::usage::usage(backend, root).await {
+        for g in &u.gpus {
+            if ids.contains(&g.uuid) {
+                uids.extend(g.processes.iter().filter_map(|p| p.uid));
+            }
+            for m in g.mig_devices.iter().filter(|m| ids.contains(&m.uuid)) {
+                uids.extend(m.processes.iter().filter_map(|p| p.uid));
+            }
+        }
+    }
+    for l in crate::dbus_api::place::leases(sd, root)
+        .await
+        .unwrap_or_default()
+    {
+        if l.devices.iter().any(|d| ids.contains(d)) {
+            uids.push(l.uid);
+        }
+    }
+    uids.sort_unstable();
+    uids.dedup();
+    uids
+}
+
+async fn tell_all(root: &Root, uids: &[u32], text: &str) -> usize {
+    let (root, uids, text) = (root.clone(), uids.to_vec(), text.to_string());
+    tokio::task::spawn_blocking(move || {
+        uids.iter()
+            .map(|u| crate::real::tty::tell(&root, *u, &text).len())
+            .sum()
+    })
+    .await
+    .unwrap_or(0)
+}
+
+async fn act(
+    root: &Root,
+    backend: &dyn Backend,
+    sd: &crate::systemd::Systemd,
+    topo: &Topology,
+    e: Effect,
+) {
+    match e {
+        Effect::Quarantined {
+            device,
+            reason,
+            reset_when_idle,
+        } => {
+            let uids = holders(root, backend, sd, topo, &device).await;
+            let then = if reset_when_idle {
+                " It needs a GPU reset, done when nothing runs on it."
+            } else {
+                ""
+            };
+            let text = format!(
+                "GPU device {device} is out of service: {reason}. Running jobs on it may fail; \
+                 no new job is placed there.{then}"
+            );
+            let n = tell_all(root, &uids, &text).await;
+            warn!(
+                gpuctl_action = "health-quarantine",
+                gpuctl_gpu = %device,
+                gpuctl_reason = %reason,
+                "device {device} out of service: {reason}; told {} holder(s) on {n} terminal(s)",
+                uids.len()
+            );
+        }
+        Effect::ApplicationXid { device, code } => {
+            let uids = holders(root, backend, sd, topo, &device).await;
+            let text = format!(
+                "GPU device {device} reported XID {code}, an application error (a job on it \
+                 faulted); the device stays in service."
+            );
+            tell_all(root, &uids, &text).await;
+            info!(
+                gpuctl_action = "health-xid",
+                gpuctl_gpu = %device,
+                gpuctl_xid = code,
+                "application XID {code} on {device} (counted; the device stays in service)"
+            );
+        }
+        Effect::Warning { device, reason } => warn!(
+            gpuctl_action = "health-warn",
+            gpuctl_gpu = %device,
+            gpuctl_reason = %reason,
+            "device {device}: {reason}"
+        ),
+        e @ (Effect::Drained { .. } | Effect::Resumed { .. }) => journal_change(&e),
+    }
+}
+
+/// The journal entry of a drain or a resume, with who and why.
+fn journal_change(e: &Effect) {
+    match e {
+        Effect::Drained { device, reason, by } => warn!(
+            gpuctl_action = "health-drain",
+            gpuctl_gpu = %device,
+            gpuctl_reason = %reason,
+            gpuctl_user = %by,
+            "device {device} drained by {by}: {reason}"
+        ),
+        Effect::Resumed { device, reason, by } => info!(
+            gpuctl_action = "health-resume",
+            gpuctl_gpu = %device,
+            gpuctl_reason = %reason,
+            gpuctl_user = %by,
+            "device {device} back in service ({by}): {reason}"
+        ),
+        _ => {}
+    }
+}
+
+/// Publish the out-of-service set again over the latest topology (after a reconcile: a GPU
+/// that is out takes its new MIG devices with it).
+pub fn republish(side: &SharedHealth, shared: &Mutex<Shared>) {
+    let topo = topology_of(shared);
+    super::lock(side).publish(&topo);
+}
+
+/// `Health` for the bus.
+pub fn reply(side: &SharedHealth, shared: &Mutex<Shared>) -> HealthReply {
+    let topo = topology_of(shared);
+    let s = super::lock(side);
+    let mut r = HealthReply::from_registry(&s.registry, &topo);
+    r.watching = s.watching;
+    r.watcher_error = s.watcher_error.clone();
+    r
+}
+
+/// An admin's drain or resume, journalled, kept and published at once.
+pub fn change(
+    side: &SharedHealth,
+    shared: &Mutex<Shared>,
+    device: &str,
+    resume: bool,
+    reason: &str,
+    by: &str,
+) -> Result<DeviceChangeReply, HealthError> {
+    let topo = topology_of(shared);
+    let mut s = super::lock(side);
+    let e = if resume {
+        s.registry.resume(&topo, device, reason, by)?
+    } else {
+        s.registry
+            .drain(&topo, device, reason, by, super::unix_now())?
+    };
+    s.save();
+    s.publish(&topo);
+    let r = match &e {
+        Effect::Drained { device, reason, by } | Effect::Resumed { device, reason, by } => {
+            DeviceChangeReply {
+                device: device.clone(),
+                in_service: resume,
+                reason: reason.clone(),
+                by: by.clone(),
+            }
+        }
+        _ => DeviceChangeReply::default(),
+    };
+    drop(s);
+    // Journal only: an admin's change tells nobody's terminal (running jobs keep running).
+    journal_change(&e);
+    Ok(r)
+}

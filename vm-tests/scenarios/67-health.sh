@@ -1,0 +1,95 @@
+#!/bin/bash
+# 67: device health (docs/health.md). Three fake H100s whole for team train, one job per device.
+# alice holds GPU 1 (her terminal a script(1) pty), carol GPUs 0 and 2, and carol waits with
+# --wait. The fake raises XID 79 on GPU 1: within seconds gpuctl device list shows GPU 1 out of
+# service with the XID, the journal has the quarantine, alice's terminal has the message; when
+# alice's job ends carol's waiter does not get GPU 1, a new job is refused naming GPU 1 as out of
+# service, and the waiter gets GPU 2 when that frees. XID 13 on GPU 0 only counts. The quarantine
+# survives a gpuctld restart; a non-root drain is refused; `gpuctl device resume 1 --reason`
+# brings GPU 1 back (journalled with the reason) and the next job may land there.
+# vmtest: timeout=600
+# vmtest: group=daemon
+. lib/common.sh
+. lib/fake-hw.sh
+. lib/gpuctld.sh
+
+gpuctld_setup 3
+test_users
+# Counters every second (events wake the watcher at once either way).
+cat >>/etc/systemd/system/gpuctld.service.d/50-vmtest-nvml.conf <<'EOF2'
+Environment=GPUCTL_HEALTH_INTERVAL_MS=1000
+EOF2
+systemctl daemon-reload
+put_policy 67-health.toml <<'P'
+version = 1
+[teams.train]
+members = ["alice", "carol"]
+[teams.train.placement]
+jobs-per-device = 1
+[[gpu]]
+index = [0, 1, 2]
+owner = "train"
+P
+gpuctld_start
+check "gpuctld converged" wait_converged 60
+S=$FAKE_NVML_STATE
+raise() { # GPU XID: append an XID event under the fake's lock, as every NVML call takes it
+    flock "$S.lock" sh -c "jq '.health.events += [{gpu: $1, type: 8, data: $2}]' '$S' >'$S.new' && mv '$S.new' '$S'"
+}
+G0=$(gpu_uuid 0) G1=$(gpu_uuid 1) G2=$(gpu_uuid 2)
+d=$(mktemp -d)
+chmod 777 "$d"
+
+rm -f /tmp/alice-tty.log
+setpriv --reuid=alice --regid=alice --init-groups \
+    script -q -f -c 'sleep 400' /tmp/alice-tty.log </dev/null >/dev/null 2>&1 &
+su -s /bin/sh alice -c "gpuctl run --team train --device $G1 -- sleep 301" >/dev/null 2>&1 &
+su -s /bin/sh carol -c "gpuctl run --team train --device $G0 -- sleep 302" >/dev/null 2>&1 &
+su -s /bin/sh carol -c "gpuctl run --team train --device $G2 -- sleep 303" >/dev/null 2>&1 &
+wait_for 30 sh -c "test \$(systemctl list-units --plain --no-legend 'gpuctl-run-train-*.scope' | wc -l) = 3"
+su -s /bin/sh carol -c "gpuctl run --team train --wait=120s -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/waited.dev; sleep 60'" \
+    >"$d/wait.out" 2>&1 &
+queued() { gpuctld_journal GPUCTL_ACTION=queued | grep -q .; }
+wait_for 20 queued
+check "every device is held: carol's job waits" test ! -e "$d/waited.dev"
+
+t0=$(date +%s%N)
+raise 1 79
+check "GPU 1 is out of service within 15 s" wait_for 15 sh -c "gpuctl device list | grep '$G1' | grep -q 'OUT since .* by gpuctld: XID 79'"
+echo "BENCH XID 79 to out of service: $((($(date +%s%N) - t0) / 1000000)) ms"
+gpuctl device list | sed 's/^/    device| /'
+check "the journal has the quarantine with its device and reason" \
+    grep -q "device $G1 out of service: XID 79" <<<"$(gpuctld_journal GPUCTL_ACTION=health-quarantine GPUCTL_GPU="$G1")"
+check "alice was told on her terminal" wait_for 10 grep -q "$G1 is out of service: XID 79" /tmp/alice-tty.log
+
+systemctl kill -s KILL "$(systemctl list-units --plain --no-legend 'gpuctl-run-train-*.scope' | awk '{print $1}' |
+    while read -r u; do systemctl show -P Description "$u" | grep -q "$G1" && echo "$u"; done)"
+sleep 3
+check "with GPU 1 free but out of service the waiter still waits" test ! -e "$d/waited.dev"
+rc=0
+out=$(su -s /bin/sh alice -c "gpuctl run --team train -- true" 2>&1) || rc=$?
+echo "    new job: rc=$rc $out"
+check "a new job exits 8 (nothing free now)" test "$rc" = 8
+check "its message names GPU 1 out of service and why" grep -q "out of service: $G1 since [0-9]* (XID 79" <<<"$out"
+systemctl kill -s KILL "$(systemctl list-units --plain --no-legend 'gpuctl-run-train-*.scope' | awk '{print $1}' |
+    while read -r u; do systemctl show -P Description "$u" | grep -q "$G2" && echo "$u"; done)"
+wait_for 30 test -s "$d/waited.dev"
+check "the waiter got GPU 2, not GPU 1" test "$(cat "$d/waited.dev" 2>/dev/null)" = "$G2"
+
+raise 0 13
+check "XID 13 on GPU 0 is counted" wait_for 15 sh -c "gpuctl device list | grep '$G0' | grep -q '13×1'"
+check "and GPU 0 stays in service" sh -c "gpuctl device list | grep '$G0' | grep -q 'in service'"
+
+systemctl restart gpuctld.service
+check "gpuctld converged after a restart" wait_converged 60
+check "after a restart GPU 1 is still out of service" sh -c "gpuctl device list | grep '$G1' | grep -q 'OUT since'"
+check_not "a non-root drain is refused" su -s /bin/sh alice -c "gpuctl device drain 0 --reason test"
+out=$(gpuctl device resume 1 --reason "reseated the board" 2>&1)
+echo "    resume: $out"
+check "gpuctl device resume brings GPU 1 back" grep -q "$G1: back in service (reseated the board by" <<<"$out"
+check "the journal has the resume with the reason" journal_has "device $G1 back in service .*: reseated the board"
+out=$(su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
+check "a new job lands on GPU 1 again" test "$out" = "$G1"
+
+pkill -u alice -x script || true
+finish
