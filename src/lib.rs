@@ -34,6 +34,7 @@ pub mod idle;
 pub mod import;
 pub mod join;
 pub mod ledger;
+pub mod lending;
 pub mod metrics;
 pub mod names;
 pub mod nvml;

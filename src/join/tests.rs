@@ -48,6 +48,8 @@ fn team(name: &str, members: Vec<Member>) -> (crate::policy::TeamName, Team) {
             mps: None,
             idle: None,
             placement: Default::default(),
+            lend: None,
+            borrow: false,
             loc: None,
         },
     )

@@ -27,6 +27,8 @@ pub const MAX_SHARED_TEAMS: usize = 1024;
 pub const MAX_MIG_ENTRIES: usize = 16;
 /// Most compute instances in one `compute` split (a GI has at most 7 compute slices).
 pub const MAX_COMPUTE: usize = 8;
+/// Most calendar windows in one `[teams.NAME.lend] when` list.
+pub const MAX_WINDOWS: usize = 32;
 /// Most diagnostics reported for one load; the rest are counted in one line.
 pub const MAX_DIAGNOSTICS: usize = 500;
 
@@ -74,6 +76,16 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
         t.limits
             .memory_order(0)
             .map_err(|m| format!("teams.{name}.memory-high: {m}"))?;
+        if let Some(l) = &t.lend {
+            check_lend(p, name, l)?;
+        }
+    }
+    let h = p.host.fair_share_half_life;
+    if h.is_zero() || h > super::lend::MAX_HALF_LIFE {
+        return Err(format!(
+            "fair-share-half-life {} s is out of bounds (MAX_HALF_LIFE)",
+            h.as_secs()
+        ));
     }
     check_len(
         "[[gpu]] entries",
@@ -116,6 +128,36 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
     Ok(())
 }
 
+/// A read-back lend rule: durations within their bounds, borrowers that exist and are not the
+/// owner (windows re-parse as they are read).
+fn check_lend(p: &super::Policy, name: &TeamName, l: &super::LendRule) -> Result<(), String> {
+    use super::lend::MAX_LEND_GRACE;
+    use super::parse::MAX_IDLE_WINDOW;
+    if l.after.is_zero() || l.after > MAX_IDLE_WINDOW {
+        return Err(format!(
+            "teams.{name}.lend.after is out of bounds (MAX_IDLE_WINDOW)"
+        ));
+    }
+    if l.grace.is_zero() || l.grace > MAX_LEND_GRACE {
+        return Err(format!(
+            "teams.{name}.lend.grace is out of bounds (MAX_LEND_GRACE)"
+        ));
+    }
+    within!("windows", l.when.len(), MAX_WINDOWS)?;
+    if let super::LendTo::Teams(ts) = &l.to {
+        within!("teams", ts.len(), MAX_TEAMS)?;
+        if let Some(t) = ts
+            .iter()
+            .find(|t| *t == name || !p.teams.contains_key(t.as_ref()))
+        {
+            return Err(format!(
+                "teams.{name}.lend.to: {t:?} is the owner or unknown"
+            ));
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,10 +187,40 @@ mod tests {
                 mps: None,
                 idle: None,
                 placement: Default::default(),
+                lend: None,
+                borrow: false,
                 loc: None,
             },
         );
         assert!(check_policy(&p).unwrap_err().contains("below the floor"));
+        let a: TeamName = "a".parse().unwrap();
+        let t = p.teams.get_mut(&a).unwrap();
+        t.limits.memory_max = None;
+        t.lend = Some(crate::policy::LendRule {
+            to: crate::policy::LendTo::Teams(vec![a.clone()]),
+            after: std::time::Duration::from_secs(60),
+            grace: std::time::Duration::from_secs(60),
+            when: vec![],
+        });
+        assert!(
+            check_policy(&p).unwrap_err().contains("lend.to"),
+            "lends to itself"
+        );
+        fn lend<'p>(
+            p: &'p mut crate::policy::Policy,
+            a: &TeamName,
+        ) -> &'p mut crate::policy::LendRule {
+            p.teams.get_mut(a).unwrap().lend.as_mut().unwrap()
+        }
+        lend(&mut p, &a).to = crate::policy::LendTo::All;
+        assert_eq!(check_policy(&p), Ok(()));
+        lend(&mut p, &a).grace = std::time::Duration::ZERO;
+        assert!(check_policy(&p).unwrap_err().contains("MAX_LEND_GRACE"));
+        p.teams.get_mut(&a).unwrap().lend = None;
+        p.host.fair_share_half_life = std::time::Duration::ZERO;
+        assert!(check_policy(&p).unwrap_err().contains("MAX_HALF_LIFE"));
+        p.host.fair_share_half_life = crate::policy::lend::DEFAULT_HALF_LIFE;
+        p.teams.get_mut(&a).unwrap().limits.memory_max = Some(crate::policy::Size::Bytes(0));
 
         // A name is a `TeamName` inside a policy: a copy edited to hold a slice-nesting name
         // does not even deserialise, so nothing downstream sees it.

@@ -17,6 +17,7 @@ use std::time::Duration;
 
 pub mod caps;
 pub mod inplace;
+pub mod lend;
 pub mod load;
 pub mod parse;
 pub mod validate;
@@ -24,6 +25,7 @@ pub mod validate;
 pub use crate::names::{valid_team_name, BadTeamName, TeamName};
 pub use crate::settings::value::{escape_controls, Loc, Size};
 pub use crate::settings::Limits;
+pub use lend::{LendRule, LendTo, Window};
 pub use load::{load, load_files, LoadOutcome, Rejected};
 
 /// How bad a diagnostic is.
@@ -195,6 +197,14 @@ pub struct HostSettings {
     /// quarantined device, idle resets (docs/health.md).
     #[serde(default)]
     pub health: crate::health::HealthSettings,
+    /// `fair-share-half-life`: how fast past usage stops counting in the `--wait` queue's
+    /// order ([`crate::lending::fair_order`]).
+    #[serde(default = "default_half_life")]
+    pub fair_share_half_life: Duration,
+}
+
+fn default_half_life() -> Duration {
+    lend::DEFAULT_HALF_LIFE
 }
 
 /// `[host] accounting`: when gpuctld keeps the GPU-hours ledger (docs/ledger.md).
@@ -221,6 +231,7 @@ impl Default for HostSettings {
             outside: Outside::Closed,
             admin_group: None,
             health: crate::health::HealthSettings::default(),
+            fair_share_half_life: lend::DEFAULT_HALF_LIFE,
         }
     }
 }
@@ -242,6 +253,12 @@ pub struct Team {
     /// `[teams.NAME.placement]`: how jobs are placed on the share's devices.
     #[serde(default)]
     pub placement: PlacementSettings,
+    /// `[teams.NAME.lend]`: which of its idle devices other teams may borrow; `None`: none.
+    #[serde(default)]
+    pub lend: Option<LendRule>,
+    /// `borrow`: its members' jobs borrow without `--borrow` when its own share is full.
+    #[serde(default)]
+    pub borrow: bool,
     /// Where the team was (last) defined.
     pub loc: Option<Loc>,
 }

@@ -8,6 +8,7 @@
 //! not owned twice, a MIG geometry fits) happen in [`super::validate`].
 
 use super::caps::{self, within};
+use super::lend::{Window, MAX_HALF_LIFE, MAX_LEND_GRACE, WINDOW_HELP};
 use super::{
     valid_team_name, Accounting, Diagnostic, IdleAction, Loc, Member, Outside, Reconfigure,
     Selector, Size,
@@ -74,6 +75,8 @@ pub struct HostPart {
     pub outside: Option<At<Outside>>,
     /// `admin-group`.
     pub admin_group: Option<At<String>>,
+    /// `fair-share-half-life`.
+    pub fair_share_half_life: Option<At<Duration>>,
     /// `[host.health]`, merged per key.
     pub health: HealthPart,
 }
@@ -110,6 +113,34 @@ pub struct TeamPart {
     pub idle: Option<IdlePart>,
     /// `[teams.NAME.placement]`, when present in this file.
     pub placement: Option<PlacementPart>,
+    /// `[teams.NAME.lend]`, when present in this file.
+    pub lend: Option<LendPart>,
+    /// `borrow`.
+    pub borrow: Option<At<bool>>,
+}
+
+/// `[teams.NAME.lend]` keys set in one file (merged per key, like `mps`).
+#[derive(Debug, Clone)]
+pub struct LendPart {
+    /// Where the table is.
+    pub loc: Loc,
+    /// `to`: `"all"` or team names, each where it was written.
+    pub to: Option<At<LendToPart>>,
+    /// `after`.
+    pub after: Option<At<Duration>>,
+    /// `grace`.
+    pub grace: Option<At<Duration>>,
+    /// `when`: calendar windows.
+    pub when: Option<At<Vec<Window>>>,
+}
+
+/// `to` as written: the team names are checked against the merged policy.
+#[derive(Debug, Clone)]
+pub enum LendToPart {
+    /// `"all"`.
+    All,
+    /// Team names.
+    Teams(Vec<At<String>>),
 }
 
 /// `[teams.NAME.placement]` keys set in one file (merged per key, like `mps`).
@@ -215,6 +246,7 @@ const HOST_KEYS: &[&str] = &[
     "outside",
     "admin-group",
     "health",
+    "fair-share-half-life",
 ];
 const HEALTH_KEYS: &[&str] = &["application-xids", "on-fault", "grace", "reset-when-idle"];
 /// The highest XID accepted in `application-xids`: the catalogue ends in the low hundreds,
@@ -222,6 +254,7 @@ const HEALTH_KEYS: &[&str] = &["application-xids", "on-fault", "grace", "reset-w
 pub const MAX_XID: i64 = 9999;
 const MPS_KEYS: &[&str] = &["active-thread-percentage", "pinned-memory-limit", "user"];
 const PLACEMENT_KEYS: &[&str] = &["jobs-per-device", "gpus", "gpu-memory"];
+const LEND_KEYS: &[&str] = &["to", "after", "grace", "when"];
 /// Most jobs one device may be set to take: far above MPS's 48 clients per server, so it never
 /// binds a real setting, and it keeps the lease counts small numbers.
 pub const MAX_JOBS_PER_DEVICE: u64 = 1024;
@@ -618,6 +651,9 @@ impl<'a> Cx<'a> {
                     )),
                 }
             }),
+            fair_share_half_life: self.field(t, "host", "fair-share-half-life", |i| {
+                positive_duration(i, MAX_HALF_LIFE, "MAX_HALF_LIFE", "a half-life")
+            }),
         }
     }
 
@@ -747,7 +783,7 @@ impl<'a> Cx<'a> {
         let keys: Vec<&str> = ["members"]
             .iter()
             .chain(LIMIT_KEYS)
-            .chain(&["mps", "idle", "placement"])
+            .chain(&["mps", "idle", "placement", "lend", "borrow"])
             .copied()
             .collect();
         self.check_keys(t, &path, &keys);
@@ -794,6 +830,24 @@ impl<'a> Cx<'a> {
                     }
                 },
             },
+            lend: match t.get_key_value("lend") {
+                None => None,
+                Some((lk, li)) => match li.as_table_like() {
+                    Some(lt) => Some(self.lend(&join(p, "lend"), lt, span(lk, li))),
+                    None => {
+                        self.type_error(lk, li, &join(p, "lend"), "a table `[teams.NAME.lend]`");
+                        None
+                    }
+                },
+            },
+            borrow: self.field(t, p, "borrow", |i| {
+                i.as_bool().ok_or_else(|| {
+                    (
+                        format!("expected true or false, found {}", type_name(i)),
+                        None,
+                    )
+                })
+            }),
         };
         Some(team)
     }
@@ -860,6 +914,98 @@ impl<'a> Cx<'a> {
                     "a job's GPU memory must be a positive size".into(),
                     Some(SIZE_HELP_BYTES.into()),
                 )),
+            }),
+        }
+    }
+
+    fn lend(&mut self, path: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> LendPart {
+        self.check_keys(t, path, LEND_KEYS);
+        let to = match t.get_key_value("to") {
+            None => None,
+            Some((k, item)) => {
+                let key = join(path, "to");
+                let help = Some("to = \"all\" or a list of team names, e.g. [\"interns\"]".into());
+                match (item.as_str(), item.as_array()) {
+                    (Some("all"), _) => Some(LendToPart::All),
+                    (_, Some(arr)) if arr.len() > caps::MAX_TEAMS => {
+                        let m = over_cap("teams", arr.len(), caps::MAX_TEAMS, "MAX_TEAMS");
+                        self.error(span(k, item), &key, m, None);
+                        None
+                    }
+                    (_, Some(arr)) if arr.is_empty() => {
+                        self.error(span(k, item), &key, "lends to no team".into(), help);
+                        None
+                    }
+                    (_, Some(arr)) => {
+                        let mut out: Vec<At<String>> = Vec::new();
+                        let mut ok = true;
+                        for v in arr.iter() {
+                            match v.as_str() {
+                                Some(s) if out.iter().any(|o| o.value == s) => {
+                                    let m = format!("team '{s}' is listed twice");
+                                    self.error(v.span(), &key, m, None);
+                                    ok = false;
+                                }
+                                Some(s) => out.push(At {
+                                    value: s.to_string(),
+                                    loc: self.loc(v.span()),
+                                }),
+                                None => {
+                                    let m = "expected a team name".into();
+                                    self.error(v.span(), &key, m, help.clone());
+                                    ok = false;
+                                }
+                            }
+                        }
+                        ok.then_some(LendToPart::Teams(out))
+                    }
+                    (Some(s), None) => {
+                        let m = format!("'{s}' is neither \"all\" nor a list of teams");
+                        self.error(span(k, item), &key, m, help);
+                        None
+                    }
+                    _ => {
+                        self.type_error(k, item, &key, "\"all\" or a list of team names");
+                        None
+                    }
+                }
+                .map(|value| At {
+                    value,
+                    loc: self.loc(span(k, item)),
+                })
+            }
+        };
+        LendPart {
+            loc: self.loc(sp),
+            to,
+            after: self.field(t, path, "after", |i| {
+                positive_duration(i, MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW", "the idle time")
+            }),
+            grace: self.field(t, path, "grace", |i| {
+                positive_duration(i, MAX_LEND_GRACE, "MAX_LEND_GRACE", "a borrower's grace")
+            }),
+            when: self.field(t, path, "when", |i| {
+                let help = Some(WINDOW_HELP.to_string());
+                let texts = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
+                    (
+                        format!(
+                            "expected a window or a list of windows, found {}",
+                            type_name(i)
+                        ),
+                        help.clone(),
+                    )
+                })?;
+                within!("windows", texts.len(), MAX_WINDOWS).map_err(|m| (m, None))?;
+                if texts.is_empty() {
+                    return Err((
+                        "no window: nothing would ever be lent".into(),
+                        Some("remove `when` to lend at any time, or remove the lend table".into()),
+                    ));
+                }
+                texts
+                    .iter()
+                    .map(|w| Window::parse(w).map_err(|m| (m, help.clone())))
+                    .collect()
             }),
         }
     }
@@ -1186,6 +1332,23 @@ pub const MAX_IDLE_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
 /// An idle window: a duration of at most [`MAX_IDLE_WINDOW`].
 fn idle_duration(i: &Item) -> Result<Duration, Fail> {
     duration_item(i, MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW")
+}
+
+/// A duration more than 0 and at most `max` (named `max_name` in the error); `what` names it.
+fn positive_duration(
+    i: &Item,
+    max: Duration,
+    max_name: &str,
+    what: &str,
+) -> Result<Duration, Fail> {
+    let d = duration_item(i, max, max_name)?;
+    if d.is_zero() {
+        return Err((
+            format!("{what} must be longer than 0"),
+            Some(DURATION_HELP.into()),
+        ));
+    }
+    Ok(d)
 }
 
 /// A percentage written `"5%"` (a string; a bare number would be ambiguous between a share and

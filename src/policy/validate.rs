@@ -12,11 +12,12 @@
 //! MIG profiles are checked against every catalog model a selector could match.
 
 use super::parse::{
-    suggest, At, Fragment, GpuPart, HostPart, IdlePart, MpsPart, SlurmPart, TeamPart, UsagePart,
+    suggest, At, Fragment, GpuPart, HostPart, IdlePart, LendPart, LendToPart, MpsPart, SlurmPart,
+    TeamPart, UsagePart,
 };
 use super::{
-    Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Loc, Member, MigSpec, MpsSettings,
-    PlacementSettings, Policy, Selector, Size, SlurmSettings, Team, TeamName,
+    Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, LendRule, LendTo, Loc, Member,
+    MigSpec, MpsSettings, PlacementSettings, Policy, Selector, Size, SlurmSettings, Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -54,6 +55,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         overlay(&mut h.on_fault, &fh.on_fault);
         overlay(&mut h.grace, &fh.grace);
         overlay(&mut h.reset_when_idle, &fh.reset_when_idle);
+        overlay(&mut host.fair_share_half_life, &f.host.fair_share_half_life);
         overlay(&mut slurm.enabled, &f.slurm.enabled);
         overlay(&mut slurm.gres_file, &f.slurm.gres_file);
         overlay(&mut slurm.node_name, &f.slurm.node_name);
@@ -71,6 +73,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
 
     check_drain(&host, diags);
     check_teams(&teams, &gpus, &teams_of_bad_gpus, diags);
+    check_lending(&teams, &gpus, diags);
     for g in &gpus {
         check_refs(g, &teams, diags);
         if let UsagePart::Mig(m) = &g.usage {
@@ -89,6 +92,8 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
             outside: value(&host.outside).unwrap_or(defaults.outside),
             admin_group: value(&host.admin_group),
             health: to_health(&host.health),
+            fair_share_half_life: value(&host.fair_share_half_life)
+                .unwrap_or(defaults.fair_share_half_life),
         },
         teams: teams
             .values()
@@ -156,6 +161,14 @@ fn overlay_team(base: &mut TeamPart, top: &TeamPart) {
         overlay(&mut b.gpus, &p.gpus);
         overlay(&mut b.gpu_memory, &p.gpu_memory);
     });
+    overlay(&mut base.borrow, &top.borrow);
+    overlay_table(&mut base.lend, &top.lend, |b, l| {
+        b.loc = l.loc.clone();
+        overlay(&mut b.to, &l.to);
+        overlay(&mut b.after, &l.after);
+        overlay(&mut b.grace, &l.grace);
+        overlay(&mut b.when, &l.when);
+    });
     overlay_table(&mut base.idle, &top.idle, |b, i| {
         b.loc = i.loc.clone();
         overlay(&mut b.after, &i.after);
@@ -210,8 +223,112 @@ fn to_team(t: &TeamPart) -> Option<Team> {
                 gpu_memory: value(&p.gpu_memory),
             })
             .unwrap_or_default(),
+        lend: t.lend.as_ref().and_then(to_lend),
+        borrow: value(&t.borrow).unwrap_or(false),
         loc: Some(t.loc.clone()),
     })
+}
+
+/// The merged lend table as a rule; `None` when `to` is missing (reported by
+/// [`check_lending`]).
+fn to_lend(l: &LendPart) -> Option<LendRule> {
+    let to = match &l.to.as_ref()?.value {
+        LendToPart::All => LendTo::All,
+        LendToPart::Teams(ts) => {
+            LendTo::Teams(ts.iter().map(|t| named(&t.value)).collect::<Option<_>>()?)
+        }
+    };
+    Some(LendRule {
+        to,
+        after: value(&l.after).unwrap_or(LendRule::DEFAULT_AFTER),
+        grace: value(&l.grace).unwrap_or(LendRule::DEFAULT_GRACE),
+        when: value(&l.when).unwrap_or_default(),
+    })
+}
+
+/// `[teams.NAME.lend]` and `borrow` against the merged teams: `to` is required and names
+/// other, defined teams; a team whose every device runs MPS has nothing to lend; a team that
+/// borrows by default and that nobody lends to is told so.
+fn check_lending(
+    teams: &BTreeMap<String, TeamPart>,
+    gpus: &[&GpuPart],
+    diags: &mut Vec<Diagnostic>,
+) {
+    let mut lent_to: BTreeSet<&str> = BTreeSet::new();
+    let mut lends_to_all = false;
+    for t in teams.values() {
+        let Some(l) = &t.lend else { continue };
+        let key = format!("teams.{}.lend", t.name);
+        match l.to.as_ref().map(|a| &a.value) {
+            None => diags.push(error(
+                &l.loc,
+                &key,
+                "missing `to`: which teams may borrow".into(),
+                Some("e.g. to = [\"interns\"], or to = \"all\"".into()),
+            )),
+            Some(LendToPart::All) => lends_to_all = true,
+            Some(LendToPart::Teams(ts)) => {
+                for r in ts {
+                    lent_to.insert(&r.value);
+                    if r.value == t.name {
+                        diags.push(error(
+                            &r.loc,
+                            &format!("{key}.to"),
+                            format!("team '{}' lends to itself", t.name),
+                            Some(
+                                "a team's own jobs use its devices anyway; list other teams".into(),
+                            ),
+                        ));
+                    } else if !teams.contains_key(&r.value) {
+                        let help = format!(
+                            "defined teams: {}",
+                            teams.keys().cloned().collect::<Vec<_>>().join(", ")
+                        );
+                        diags.push(error(
+                            &r.loc,
+                            &format!("{key}.to"),
+                            format!("unknown team '{}'", r.value),
+                            Some(suggest(&r.value, teams.keys().map(String::as_str), help)),
+                        ));
+                    }
+                }
+            }
+        }
+        // MPS serves every device of a team with [mps], and a device shared through MPS is
+        // never lent: its clients share one server and its memory.
+        let whole_shared = gpus.iter().any(
+            |g| matches!(&g.usage, UsagePart::Shared(ts) if ts.iter().any(|x| x.value == t.name)),
+        );
+        if t.mps.is_some() || whole_shared {
+            let why = if t.mps.is_some() {
+                "the team runs MPS on its devices, and a device shared through MPS is never lent"
+            } else {
+                "some of its GPUs are `shared` with other teams, and a shared GPU is never lent"
+            };
+            diags.push(warning(
+                &l.loc,
+                &key,
+                format!("team '{}' lends less than it may seem: {why}", t.name),
+                Some("docs/policy.md, \"Lending idle devices\"".into()),
+            ));
+        }
+    }
+    for t in teams.values() {
+        let Some(b) = t.borrow.as_ref().filter(|b| b.value) else {
+            continue;
+        };
+        if !lends_to_all && !lent_to.contains(t.name.as_str()) {
+            diags.push(warning(
+                &b.loc,
+                &format!("teams.{}.borrow", t.name),
+                format!(
+                    "no team lends to '{}': its jobs have nothing to borrow",
+                    t.name
+                ),
+                Some("add it to a [teams.NAME.lend] `to` list".into()),
+            ));
+        }
+    }
 }
 
 fn to_assignment(g: &GpuPart) -> Option<GpuAssignment> {

@@ -95,6 +95,8 @@ fn team(name: &str, mps: bool) -> Team {
         mps: mps.then(MpsSettings::default),
         idle: None,
         placement: Default::default(),
+        lend: None,
+        borrow: false,
         loc: None,
     }
 }

@@ -22,6 +22,8 @@ pub fn team(name: &str) -> Team {
         mps: None,
         idle: None,
         placement: Default::default(),
+        lend: None,
+        borrow: false,
         loc: None,
     }
 }

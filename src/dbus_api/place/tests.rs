@@ -79,6 +79,8 @@ fn team(name: &str) -> Team {
         mps: None,
         idle: None,
         placement: PlacementSettings::default(),
+        lend: None,
+        borrow: false,
         loc: None,
     }
 }
