@@ -640,7 +640,7 @@ mod tests {
             gpu_memory: None,
         };
         assert_eq!(
-            holders(&[l.clone()], &["MIG-a", "MIG-b"], "t"),
+            holders(std::slice::from_ref(&l), &["MIG-a", "MIG-b"], "t"),
             "MIG-a: bob (gpuctl-run-t-9.scope) since 1970-01-01T00:00:00Z"
         );
         assert_eq!(
@@ -860,7 +860,7 @@ mod serve_tests {
                 without.remove(k);
                 let r2 = serve(&share, &without, None, jpd);
                 let mut expect = r.clone();
-                expect.remove(k);
+                let _unserved = expect.remove(k);
                 prop_assert_eq!(r2, expect);
             }
             // The first request that a free device can serve is served: nobody ahead of the
