@@ -262,7 +262,35 @@ struct RefFile {
     gpus: BTreeMap<String, GpuModel>,
 }
 
-const REFERENCE_JSON: &str = include_str!("../data/gpu-profiles.json");
+/// A static, not a const: one copy at one address, the one parsed and then released.
+static REFERENCE_JSON: &str = include_str!("../data/gpu-profiles.json");
+
+/// Hand the pages of `bytes`, static read-only data read for the last time, back to the kernel
+/// (`MADV_PAGEOUT`). The reference JSON is a few hundred kB of the binary, parsed once; without
+/// this its pages stay in a long-running gpuctld's resident set for nothing. Contents never
+/// change: a later read faults the same bytes back from the binary. A kernel without
+/// `MADV_PAGEOUT` (before 5.4) refuses the hint, which changes nothing.
+fn release_pages(bytes: &'static [u8]) {
+    #[cfg(target_os = "linux")]
+    {
+        use nix::libc;
+        // SAFETY: sysconf reads a constant of the system.
+        let page = match unsafe { libc::sysconf(libc::_SC_PAGESIZE) } {
+            p if p > 0 => p as usize,
+            _ => return,
+        };
+        let (at, len) = (bytes.as_ptr() as usize, bytes.len());
+        let (start, end) = (at.next_multiple_of(page), (at + len) / page * page);
+        if end > start {
+            // SAFETY: whole pages inside a static's bytes, which nothing writes; MADV_PAGEOUT
+            // only reclaims them (it never changes what a later read sees), and its result is
+            // a hint's.
+            unsafe {
+                libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_PAGEOUT);
+            }
+        }
+    }
+}
 
 impl Catalog {
     /// The compiled-in catalog.
@@ -271,6 +299,7 @@ impl Catalog {
         CATALOG.get_or_init(|| {
             let file: RefFile = serde_json::from_str(REFERENCE_JSON)
                 .expect("data/gpu-profiles.json is compiled in and checked by tests");
+            release_pages(REFERENCE_JSON.as_bytes());
             let mut models: Vec<GpuModel> = file
                 .gpus
                 .into_iter()
@@ -337,6 +366,32 @@ impl Catalog {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Once parsed, the reference text's pages are out of the process's resident set
+    /// (`/proc/self/pagemap`'s "present" bit), save a few a neighbour's read may map back.
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_reference_text_leaves_the_resident_set_once_parsed() {
+        use std::io::{Read, Seek, SeekFrom};
+        assert!(!Catalog::get().models().is_empty());
+        let page = 4096;
+        let at = REFERENCE_JSON.as_ptr() as usize;
+        let (first, last) = (at / page + 1, (at + REFERENCE_JSON.len()) / page);
+        let mut map = std::fs::File::open("/proc/self/pagemap").unwrap();
+        map.seek(SeekFrom::Start(first as u64 * 8)).unwrap();
+        let mut raw = vec![0u8; (last - first) * 8];
+        map.read_exact(&mut raw).unwrap();
+        let present = raw
+            .chunks(8)
+            .filter(|e| u64::from_le_bytes((*e).try_into().unwrap()) >> 63 == 1)
+            .count();
+        let pages = last - first;
+        assert!(pages > 50, "{pages} pages");
+        assert!(
+            present * 5 < pages,
+            "{present} of the reference text's {pages} pages still resident"
+        );
+    }
 
     #[test]
     fn every_sim_name_resolves_to_its_own_model_and_every_model_has_one() {

@@ -1,6 +1,7 @@
 //! `gpuctld`: the agent daemon. All logic lives in the library's `daemon` module.
 use anyhow::Context;
-use clap::Parser;
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::PathBuf;
 
 /// The environment gpuctld reads, shown by `--help` and kept equal to gpuctld(8)'s ENVIRONMENT
@@ -25,24 +26,123 @@ Environment:
   DBUS_SYSTEM_BUS_ADDRESS  the system bus
                            [default: unix:path=/var/run/dbus/system_bus_socket]";
 
-/// Keep this host's GPUs, MPS daemons and team slices matching the gpuctl policy.
-#[derive(Debug, Parser)]
-#[command(name = "gpuctld", version, after_help = ENVIRONMENT)]
+/// `--help`: clap's layout, which tests/man_gpuctld.rs and tests/docs.rs read.
+const HELP: &str = "\
+Keep this host's GPUs, MPS daemons and team slices matching the gpuctl policy
+
+Usage: gpuctld [OPTIONS]
+
+Options:
+      --log-level <FILTER>  Log filter (`info`, `debug`, `gpuctl=trace`); overrides GPUCTL_LOG
+      --root <DIR>          Resolve every host path under DIR (tests) [default: /]
+      --drift-secs <SECS>   Seconds between drift checks [default: 300]
+  -h, --help                Print help
+  -V, --version             Print version
+";
+
+const USAGE: &str = "Usage: gpuctld [OPTIONS]";
+
+/// gpuctld's options. Parsed by hand: three options do not need clap, whose parser would be
+/// paged in at every start and then sit in the daemon's idle resident set (docs/performance.md).
+#[derive(Debug, PartialEq)]
 struct Args {
-    /// Log filter (`info`, `debug`, `gpuctl=trace`); overrides GPUCTL_LOG.
-    #[arg(long, value_name = "FILTER")]
     log_level: Option<String>,
-    /// Resolve every host path under DIR (tests).
-    #[arg(long, value_name = "DIR", default_value = "/")]
     root: PathBuf,
-    /// Seconds between drift checks.
-    #[arg(long, value_name = "SECS", default_value_t = 300)]
     drift_secs: u64,
+}
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq)]
+enum Parsed {
+    Run(Args),
+    Help,
+    Version,
+}
+
+/// Parse `argv` (without the program name) as clap did: `--opt VALUE` or `--opt=VALUE`, each
+/// at most once; the error text is clap's, for exit status 2.
+fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Parsed, String> {
+    let mut args = Args {
+        log_level: None,
+        root: PathBuf::from("/"),
+        drift_secs: 300,
+    };
+    let mut seen: Vec<&str> = Vec::new();
+    let mut it = argv.into_iter();
+    while let Some(arg) = it.next() {
+        let text = arg.to_string_lossy().into_owned();
+        let (name, inline) = match text.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (text.clone(), None),
+        };
+        let (flag, value_name) = match name.as_str() {
+            "-h" | "--help" if inline.is_none() => return Ok(Parsed::Help),
+            "-V" | "--version" if inline.is_none() => return Ok(Parsed::Version),
+            "--log-level" => ("--log-level", "FILTER"),
+            "--root" => ("--root", "DIR"),
+            "--drift-secs" => ("--drift-secs", "SECS"),
+            _ => {
+                return Err(format!(
+                    "error: unexpected argument '{text}' found\n\n{USAGE}\n\n\
+                     For more information, try '--help'."
+                ))
+            }
+        };
+        if seen.contains(&flag) {
+            return Err(format!(
+                "error: the argument '{flag} <{value_name}>' cannot be used multiple times\n\n\
+                 {USAGE}\n\nFor more information, try '--help'."
+            ));
+        }
+        seen.push(flag);
+        // The value: after `=`, else the next argument (kept as bytes for --root).
+        let value: OsString = match inline {
+            Some(v) => arg
+                .as_bytes()
+                .get(flag.len() + 1..)
+                .map(|b| OsString::from_vec(b.to_vec()))
+                .unwrap_or_else(|| v.into()),
+            None => it.next().ok_or_else(|| {
+                format!(
+                    "error: a value is required for '{flag} <{value_name}>' but none was \
+                     supplied\n\nFor more information, try '--help'."
+                )
+            })?,
+        };
+        match flag {
+            "--log-level" => args.log_level = Some(value.to_string_lossy().into_owned()),
+            "--root" => args.root = PathBuf::from(value),
+            _ => {
+                let v = value.to_string_lossy();
+                args.drift_secs = v.parse().map_err(|e| {
+                    format!(
+                        "error: invalid value '{v}' for '{flag} <{value_name}>': {e}\n\n\
+                         For more information, try '--help'."
+                    )
+                })?;
+            }
+        }
+    }
+    Ok(Parsed::Run(args))
 }
 
 fn main() -> anyhow::Result<()> {
     one_malloc_arena();
-    let args = Args::parse();
+    let args = match parse(std::env::args_os().skip(1)) {
+        Ok(Parsed::Run(a)) => a,
+        Ok(Parsed::Help) => {
+            println!("{HELP}\n{ENVIRONMENT}");
+            return Ok(());
+        }
+        Ok(Parsed::Version) => {
+            println!("gpuctld {}", env!("CARGO_PKG_VERSION"));
+            return Ok(());
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            std::process::exit(2);
+        }
+    };
     gpuctl::daemon::logging::init(args.log_level.as_deref())?;
     let opts = gpuctl::daemon::Options {
         root: gpuctl::paths::Root::new(args.root),
@@ -71,5 +171,67 @@ fn one_malloc_arena() {
     // SAFETY: mallopt only sets an allocator parameter; called before any other thread exists.
     unsafe {
         nix::libc::mallopt(nix::libc::M_ARENA_MAX, 1);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Parsed, String> {
+        parse(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn options_as_clap_took_them() {
+        assert_eq!(
+            p(&[]),
+            Ok(Parsed::Run(Args {
+                log_level: None,
+                root: "/".into(),
+                drift_secs: 300
+            }))
+        );
+        assert_eq!(
+            p(&[
+                "--root",
+                "/tmp/r",
+                "--drift-secs=5",
+                "--log-level=info,gpuctl=debug"
+            ]),
+            Ok(Parsed::Run(Args {
+                log_level: Some("info,gpuctl=debug".into()),
+                root: "/tmp/r".into(),
+                drift_secs: 5
+            }))
+        );
+        assert_eq!(
+            p(&["--root=/a=b"]).map(|r| match r {
+                Parsed::Run(a) => a.root,
+                _ => PathBuf::new(),
+            }),
+            Ok(PathBuf::from("/a=b"))
+        );
+        assert_eq!(p(&["-h"]), Ok(Parsed::Help));
+        assert_eq!(p(&["--drift-secs", "1", "--version"]), Ok(Parsed::Version));
+    }
+
+    #[test]
+    fn bad_command_lines_are_refused_in_claps_words() {
+        let e = p(&["--bogus"]).unwrap_err();
+        assert!(
+            e.starts_with("error: unexpected argument '--bogus' found"),
+            "{e}"
+        );
+        let e = p(&["--drift-secs", "x"]).unwrap_err();
+        assert!(
+            e.starts_with("error: invalid value 'x' for '--drift-secs <SECS>'"),
+            "{e}"
+        );
+        let e = p(&["--root"]).unwrap_err();
+        assert!(e.contains("a value is required for '--root <DIR>'"), "{e}");
+        let e = p(&["--root", "/a", "--root=/b"]).unwrap_err();
+        assert!(e.contains("cannot be used multiple times"), "{e}");
+        assert!(p(&["--help=x"]).is_err());
     }
 }
