@@ -424,7 +424,8 @@ pub async fn join(
 ) -> Result<(HashMap<String, String>, String), JoinError> {
     let (backend, sd, jobs, root) = (cx.backend, cx.sd, cx.jobs, cx.root);
     let team = &check_team_name(team)?;
-    let opts = JoinOptions::parse(options).map_err(|e| JoinError::PlacementRefused(e.to_string()))?;
+    let opts =
+        JoinOptions::parse(options).map_err(|e| JoinError::PlacementRefused(e.to_string()))?;
     let bc = bus_caller(conn, hdr).await?;
     let uid = bc.caller.uid;
     let grant = match authorize(backend, &bc.caller, team).await {

@@ -302,7 +302,8 @@ pub fn place_in_service(
         returning: false,
     };
     let mut r = serve_in_service(team, share, leases, load, &[me], &[opts.gpu_memory], out);
-    r.pop().unwrap_or_else(|| unreachable!("one answer per request"))
+    r.pop()
+        .unwrap_or_else(|| unreachable!("one answer per request"))
 }
 
 /// What the share gives each request of `team`'s queue now, in serving order
@@ -338,7 +339,12 @@ pub fn serve_in_service(
     }
     let why = gone
         .iter()
-        .map(|d| format!("{} since {} ({})", d.id, out[&d.id].since, out[&d.id].reason))
+        .map(|d| {
+            format!(
+                "{} since {} ({})",
+                d.id, out[&d.id].since, out[&d.id].reason
+            )
+        })
         .collect::<Vec<_>>()
         .join("; ");
     let out_msg = |m: String| Refused {

@@ -128,11 +128,14 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
     Ok(())
 }
 
+/// The longest idle window (`after`, `grace`, a lend rule's `after`): a month. Longer is a typo
+/// (`"15d"` for `"15m"`) more often than a rule, and it bounds the idle tracker's arithmetic.
+pub const MAX_IDLE_WINDOW: std::time::Duration = std::time::Duration::from_secs(30 * 24 * 3600);
+
 /// A read-back lend rule: durations within their bounds, borrowers that exist and are not the
 /// owner (windows re-parse as they are read).
 fn check_lend(p: &super::Policy, name: &TeamName, l: &super::LendRule) -> Result<(), String> {
     use super::lend::MAX_LEND_GRACE;
-    use super::parse::MAX_IDLE_WINDOW;
     if l.after.is_zero() || l.after > MAX_IDLE_WINDOW {
         return Err(format!(
             "teams.{name}.lend.after is out of bounds (MAX_IDLE_WINDOW)"

@@ -979,7 +979,7 @@ impl<'a> Cx<'a> {
             loc: self.loc(sp),
             to,
             after: self.field(t, path, "after", |i| {
-                positive_duration(i, MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW", "the idle time")
+                positive_duration(i, caps::MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW", "the idle time")
             }),
             grace: self.field(t, path, "grace", |i| {
                 positive_duration(i, MAX_LEND_GRACE, "MAX_LEND_GRACE", "a borrower's grace")
@@ -1327,11 +1327,9 @@ const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \
 
 /// The longest idle window (`after`, `grace`): a month. Longer is a typo (`"15d"` for
 /// `"15m"`) more often than a rule, and it bounds the idle tracker's arithmetic.
-pub const MAX_IDLE_WINDOW: Duration = Duration::from_secs(30 * 24 * 3600);
-
-/// An idle window: a duration of at most [`MAX_IDLE_WINDOW`].
+/// An idle window: a duration of at most [`caps::MAX_IDLE_WINDOW`].
 fn idle_duration(i: &Item) -> Result<Duration, Fail> {
-    duration_item(i, MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW")
+    duration_item(i, caps::MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW")
 }
 
 /// A duration more than 0 and at most `max` (named `max_name` in the error); `what` names it.
