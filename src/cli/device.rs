@@ -50,24 +50,10 @@ pub enum DeviceAction {
     },
 }
 
-/// A unix time as UTC `YYYY-MM-DD HH:MM`.
+/// A unix time as UTC `YYYY-MM-DD HH:MM`: the leases' civil date ([`crate::placement::utc`])
+/// to the minute.
 pub fn when(t: u64) -> String {
-    let (days, secs) = ((t / 86_400) as i64, t % 86_400);
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02} {:02}:{:02}",
-        secs / 3600,
-        (secs % 3600) / 60
-    )
+    crate::placement::utc(t)[..16].replace('T', " ")
 }
 
 /// One line per device's state: `in service`, or `OUT since … by …: reason`.
