@@ -46,9 +46,15 @@ setpriv --reuid=alice --regid=alice --init-groups \
 su -s /bin/sh alice -c "gpuctl run --team train --device $G1 -- sleep 301" >/dev/null 2>&1 &
 su -s /bin/sh carol -c "gpuctl run --team train --device $G0 -- sleep 302" >/dev/null 2>&1 &
 su -s /bin/sh carol -c "gpuctl run --team train --device $G2 -- sleep 303" >/dev/null 2>&1 &
-wait_for 30 sh -c "test \$(systemctl list-units --plain --no-legend 'gpuctl-run-train-*.scope' | wc -l) = 3"
+wait_for 30 sh -c "test \$(systemctl list-units --plain --no-legend 'gpuctl-run-*.scope' | wc -l) = 3"
 su -s /bin/sh carol -c "gpuctl run --team train --wait=120s -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/waited.dev; sleep 60'" \
     >"$d/wait.out" 2>&1 &
+# The scope holding device $1: root's gpuctl status names it (a scope's own name and
+# description are opaque).
+scope_on() {
+    gpuctl status | sed -nE "s#^  train $1: .* (gpuctl-run-[0-9a-f]+\.scope) since .*#\1#p" | head -1
+}
+# shellcheck disable=SC2317 # called through wait_for
 queued() { gpuctld_journal GPUCTL_ACTION=queued | grep -q .; }
 wait_for 20 queued
 check "every device is held: carol's job waits" test ! -e "$d/waited.dev"
@@ -62,8 +68,7 @@ check "the journal has the quarantine with its device and reason" \
     grep -q "device $G1 out of service: XID 79" <<<"$(gpuctld_journal GPUCTL_ACTION=health-quarantine GPUCTL_GPU="$G1")"
 check "alice was told on her terminal" wait_for 10 grep -q "$G1 is out of service: XID 79" /tmp/alice-tty.log
 
-systemctl kill -s KILL "$(systemctl list-units --plain --no-legend 'gpuctl-run-train-*.scope' | awk '{print $1}' |
-    while read -r u; do systemctl show -P Description "$u" | grep -q "$G1" && echo "$u"; done)"
+systemctl kill -s KILL "$(scope_on "$G1")"
 sleep 3
 check "with GPU 1 free but out of service the waiter still waits" test ! -e "$d/waited.dev"
 rc=0
@@ -71,8 +76,7 @@ out=$(su -s /bin/sh alice -c "gpuctl run --team train -- true" 2>&1) || rc=$?
 echo "    new job: rc=$rc $out"
 check "a new job exits 8 (nothing free now)" test "$rc" = 8
 check "its message names GPU 1 out of service and why" grep -q "out of service: $G1 since [0-9]* (XID 79" <<<"$out"
-systemctl kill -s KILL "$(systemctl list-units --plain --no-legend 'gpuctl-run-train-*.scope' | awk '{print $1}' |
-    while read -r u; do systemctl show -P Description "$u" | grep -q "$G2" && echo "$u"; done)"
+systemctl kill -s KILL "$(scope_on "$G2")"
 wait_for 30 test -s "$d/waited.dev"
 check "the waiter got GPU 2, not GPU 1" test "$(cat "$d/waited.dev" 2>/dev/null)" = "$G2"
 
