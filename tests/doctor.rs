@@ -53,6 +53,12 @@ fn ready_root(root: &Path) {
         "",
     );
     write(root, "/proc/sys/kernel/osrelease", "6.1.0-test\n");
+    // /proc mounted with hidepid=invisible, as docs/monitoring.md recommends.
+    write(
+        root,
+        "/proc/self/mounts",
+        "proc /proc proc rw,nosuid,nodev,noexec,relatime,hidepid=invisible 0 0\n",
+    );
     write(
         root,
         "/boot/config-6.1.0-test",
