@@ -83,7 +83,10 @@ for _ in 1 2 3; do
     [ "$ms" -gt "$smax" ] && smax=$ms
 done
 wait
-fsecs=$((($(date +%s%N) - fstart) / 1000000000 + 1))
+# The budget refills only while bob draws: from the flood's start to its last call (the newest
+# count file), not to the end of carol's status calls after it.
+flood_end=$(stat -c %Y $out/count-* | sort -n | tail -n 1)
+fsecs=$((flood_end - fstart / 1000000000 + 1))
 rlimited=$(cat $out/read-* | grep -c 'LimitsExceeded\|too many calls')
 # Usage and Idle draw from bob's read budget (set above); cached Metrics do not. More draws than
 # the budget can refill in the flood's time must have been refused.
