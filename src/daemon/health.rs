@@ -220,7 +220,24 @@ pub async fn run(
     mut rx: mpsc::UnboundedReceiver<Batch>,
 ) {
     let mut said: Option<String> = None;
-    while let Some(batch) = rx.recv().await {
+    loop {
+        // With `on-fault = "stop"` a quarantine's grace ends between batches: sleep until the
+        // first one due instead of polling (a policy change is seen at the next batch).
+        let next = super::lock(&side).registry.next_stop(&settings_of(&shared));
+        let batch = match next {
+            Some(at) => {
+                let wait = Duration::from_secs((at + 1).saturating_sub(super::unix_now()));
+                tokio::select! {
+                    b = rx.recv() => b,
+                    _ = tokio::time::sleep(wait) => {
+                        stop_due(&root, &*backend, &sd, &shared, &side).await;
+                        continue;
+                    }
+                }
+            }
+            None => rx.recv().await,
+        };
+        let Some(batch) = batch else { break };
         let obs = match batch {
             Ok(o) => o,
             Err(why) => {
@@ -257,9 +274,86 @@ pub async fn run(
             effects
         };
         for e in effects {
-            act(&root, &*backend, &sd, &topo, e).await;
+            act(&root, &*backend, &sd, &topo, &settings, e).await;
         }
+        stop_due(&root, &*backend, &sd, &shared, &side).await;
     }
+}
+
+/// `on-fault = "stop"`: stop the jobs (member scopes) on every device whose grace is over, tell
+/// their holders, and record it so that no restart stops them twice. Processes outside every
+/// lease (a service started in the slice) are not gpuctl's jobs: the journal names the device
+/// and they keep running.
+async fn stop_due(
+    root: &Root,
+    backend: &dyn Backend,
+    sd: &crate::systemd::Systemd,
+    shared: &Mutex<Shared>,
+    side: &SharedHealth,
+) {
+    let settings = settings_of(shared);
+    // Whole seconds: a quarantine at 10.9 s is `since` 10, so the grace is counted from 11 and
+    // a stop is at most a second late, never early.
+    let due = super::lock(side)
+        .registry
+        .stops_due(&settings, super::unix_now().saturating_sub(1));
+    if due.is_empty() {
+        return;
+    }
+    let topo = topology_of(shared);
+    let leases = crate::dbus_api::place::leases(sd, root)
+        .await
+        .unwrap_or_default();
+    for device in due {
+        let ids = device_and_mig(&topo, &device);
+        let on: Vec<&crate::placement::Lease> = leases
+            .iter()
+            .filter(|l| l.devices.iter().any(|d| ids.contains(d)))
+            .collect();
+        let uids = holders(root, backend, sd, &topo, &device).await;
+        let text = format!(
+            "GPU device {device} is out of service and its grace of {} s is over \
+             (on-fault = \"stop\"): gpuctl stops the jobs on it now.",
+            settings.grace.as_secs()
+        );
+        tell_all(root, &uids, &text).await;
+        let mut stopped = Vec::new();
+        for l in &on {
+            match sd.stop_unit(&l.unit).await {
+                Ok(()) => stopped.push(l.unit.as_str()),
+                Err(e) => warn!(
+                    gpuctl_action = "health-stop",
+                    gpuctl_gpu = %device,
+                    gpuctl_unit = %l.unit,
+                    "cannot stop {} on out-of-service device {device}: {e}",
+                    l.unit
+                ),
+            }
+        }
+        warn!(
+            gpuctl_action = "health-stop",
+            gpuctl_gpu = %device,
+            "device {device}: grace over (on-fault = stop): stopped {} job(s){}",
+            stopped.len(),
+            if stopped.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", stopped.join(", "))
+            }
+        );
+        let mut s = super::lock(side);
+        s.registry.mark_stopped(&device);
+        s.save();
+    }
+}
+
+/// `device` and, for a GPU, its MIG devices: a GPU's fault is every MIG device's.
+fn device_and_mig(topo: &Topology, device: &str) -> Vec<String> {
+    let mut ids = vec![device.to_string()];
+    if let Some(g) = topo.gpus.iter().find(|g| g.uuid == device) {
+        ids.extend(g.mig.iter().map(|m| m.uuid.clone()));
+    }
+    ids
 }
 
 /// The uids holding `device` (its processes and placement leases; a GPU's MIG devices'
@@ -271,10 +365,7 @@ async fn holders(
     topo: &Topology,
     device: &str,
 ) -> Vec<u32> {
-    let mut ids = vec![device.to_string()];
-    if let Some(g) = topo.gpus.iter().find(|g| g.uuid == device) {
-        ids.extend(g.mig.iter().map(|m| m.uuid.clone()));
-    }
+    let ids = device_and_mig(topo, device);
     let mut uids = Vec::new();
     if let Ok(u) = crate::dbus_api::usage::usage(backend, root).await {
         for g in &u.gpus {
@@ -315,6 +406,7 @@ async fn act(
     backend: &dyn Backend,
     sd: &crate::systemd::Systemd,
     topo: &Topology,
+    settings: &crate::health::HealthSettings,
     e: Effect,
 ) {
     match e {
@@ -329,9 +421,17 @@ async fn act(
             } else {
                 ""
             };
+            let jobs = if settings.on_fault == crate::health::OnFault::Stop {
+                format!(
+                    "Jobs on it are stopped in {} s (on-fault = \"stop\")",
+                    settings.grace.as_secs()
+                )
+            } else {
+                "Running jobs on it may fail".to_string()
+            };
             let text = format!(
-                "GPU device {device} is out of service: {reason}. Running jobs on it may fail; \
-                 no new job is placed there.{then}"
+                "GPU device {device} is out of service: {reason}. {jobs}; no new job is placed \
+                 there.{then}"
             );
             let n = tell_all(root, &uids, &text).await;
             warn!(

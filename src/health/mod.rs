@@ -751,6 +751,26 @@ impl Registry {
             .collect()
     }
 
+    /// When the next stop falls due (seconds since the epoch): the watcher sleeps until then
+    /// rather than polling, so an idle host wakes nobody.
+    pub fn next_stop(&self, settings: &HealthSettings) -> Option<u64> {
+        if settings.on_fault != OnFault::Stop {
+            return None;
+        }
+        self.devices
+            .values()
+            .filter_map(|d| match &d.service {
+                Service::Out {
+                    by: Actor::Watcher,
+                    since,
+                    stopped: false,
+                    ..
+                } => Some(since.saturating_add(settings.grace.as_secs())),
+                _ => None,
+            })
+            .min()
+    }
+
     /// Records that the holders of `device` were stopped.
     pub fn mark_stopped(&mut self, device: &str) {
         if let Some(Service::Out { stopped, .. }) =

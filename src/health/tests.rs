@@ -221,10 +221,16 @@ fn stop_after_grace_once() {
     };
     let mut r = Registry::default();
     r.observe(&xid("GPU-0", 79), &topo(), &s, 100);
+    // An admin's drain is planned maintenance: its holders are never stopped.
+    r.drain(&topo(), "GPU-1", "maintenance", "root", 50)
+        .unwrap();
+    assert_eq!(r.next_stop(&s), Some(160));
     assert!(r.stops_due(&s, 159).is_empty());
     assert_eq!(r.stops_due(&s, 160), ["GPU-0"]);
     r.mark_stopped("GPU-0");
     assert!(r.stops_due(&s, 500).is_empty());
+    assert_eq!(r.next_stop(&s), None);
+    assert_eq!(r.next_stop(&HealthSettings::default()), None);
     assert!(r.stops_due(&HealthSettings::default(), 500).is_empty());
 }
 

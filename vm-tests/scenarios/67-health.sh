@@ -95,5 +95,37 @@ check "the journal has the resume with the reason" journal_has "device $G1 back 
 out=$(su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
 check "a new job lands on GPU 1 again" test "$out" = "$G1"
 
+# on-fault = "stop": a job on a device a fault takes out is told at once and stopped after its
+# grace, not before; the quarantine's own journal time is the start of the grace.
+put_policy 67-health.toml <<'P'
+version = 1
+[host.health]
+on-fault = "stop"
+grace = "4s"
+[teams.train]
+members = ["alice", "carol"]
+[teams.train.placement]
+jobs-per-device = 1
+[[gpu]]
+index = [0, 1, 2]
+owner = "train"
+P
+reload_wait
+su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sleep 304" >/dev/null 2>&1 &
+wait_for 30 sh -c "gpuctl status | grep -q '^  train $G1: .*gpuctl-run-'"
+s1=$(scope_on "$G1") s0=$(scope_on "$G0")
+echo "    GPU 1: ${s1:-none}, GPU 0: ${s0:-none}"
+raise 1 79
+check "GPU 1 is out of service again" wait_for 15 sh -c "gpuctl device list | grep '$G1' | grep -q 'OUT since'"
+check "alice is told her job will be stopped" wait_for 10 grep -q "Jobs on it are stopped in 4 s" /tmp/alice-tty.log
+check "the job on GPU 1 is stopped" wait_for 30 sh -c "! systemctl is-active -q '$s1'"
+# The quarantine and the stop, each with its journal time in microseconds.
+jtime() { journalctl -u gpuctld.service -o json --since "@${VMTEST_SCENARIO_START:-0}" "GPUCTL_ACTION=$1" "GPUCTL_GPU=$G1" | tail -n1 | jq -r .__REALTIME_TIMESTAMP; }
+q=$(jtime health-quarantine) st=$(jtime health-stop)
+echo "    quarantine $q, stop $st: $(((${st:-0} - ${q:-0}) / 1000)) ms"
+check "the stop came after the 4 s grace" test "$((${st:-0} - ${q:-0}))" -ge 4000000
+check "the journal names the stopped job" journal_has "device $G1: grace over (on-fault = stop): stopped 1 job(s): $s1"
+check "carol's job on GPU 0, in service, still runs" systemctl is-active -q "${s0:-none}"
+
 pkill -u alice -x script || true
 finish
