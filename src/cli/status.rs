@@ -102,6 +102,12 @@ pub fn render(s: &StatusReply) -> String {
             g.teams.join(","),
             g.mig.as_deref().unwrap_or("not supported")
         ));
+        for d in &g.out_of_service {
+            o.push_str(&format!(
+                "    OUT OF SERVICE {} since {} (unix) by {}: {}\n",
+                d.device, d.since, d.by, d.reason
+            ));
+        }
     }
     o
 }
@@ -233,7 +239,10 @@ mod tests {
                 "tasks_current": 3, "wanted": {"memory_max": 268435456, "tasks_max": 128,
                     "device_allow": []}},
                 "mps": [{"unit": "gpuctl-mps@infer-0.service", "active_state": "active"}]}},
-            "gpus": [{"index": 0, "node": "/dev/nvidia0", "teams": ["infer"], "mig": null}],
+            "gpus": [{"index": 0, "node": "/dev/nvidia0", "teams": ["infer"], "mig": null},
+                {"index": 1, "node": "/dev/nvidia1", "teams": ["infer"], "mig": null,
+                 "out_of_service": [{"device": "GPU-1", "reason": "XID 79 (GPU has fallen off the bus)",
+                    "since": 9, "by": "gpuctld"}]}],
         }))
         .unwrap());
         assert!(
@@ -248,7 +257,14 @@ mod tests {
             ),
             "{s}"
         );
-        assert!(s.contains("  0 /dev/nvidia0: teams [infer], MIG not supported\n"));
+        assert!(s.contains("  0 /dev/nvidia0: teams [infer], MIG not supported\n  1 "));
+        assert!(
+            s.contains(
+                "  1 /dev/nvidia1: teams [infer], MIG not supported\n    OUT OF SERVICE GPU-1 \
+                 since 9 (unix) by gpuctld: XID 79 (GPU has fallen off the bus)\n"
+            ),
+            "{s}"
+        );
         assert!(s.contains("leases:\n  none\n"), "{s}");
         assert!(
             !s.contains("waiting"),

@@ -671,10 +671,31 @@ pub async fn status_text_changed(conn: &Connection) {
 }
 
 /// The GPUs of `Status`: each with the teams it serves and its MIG state in words.
-pub fn gpu_statuses(view: &reply::HostView, policy: Option<&Policy>) -> Vec<GpuStatus> {
+pub fn gpu_statuses(
+    view: &reply::HostView,
+    policy: Option<&Policy>,
+    out: &std::collections::BTreeMap<String, crate::health::OutOfService>,
+) -> Vec<GpuStatus> {
     view.gpus
         .iter()
         .map(|g| GpuStatus {
+            out_of_service: std::iter::once(g.uuid.as_str())
+                .chain(
+                    g.mig
+                        .iter()
+                        .flat_map(|m| &m.instances)
+                        .flat_map(|gi| &gi.compute)
+                        .map(|ci| ci.uuid.as_str()),
+                )
+                .filter_map(|d| {
+                    out.get(d).map(|o| reply::v1::DeviceOutStatus {
+                        device: d.to_string(),
+                        reason: o.reason.clone(),
+                        since: o.since,
+                        by: o.by.clone(),
+                    })
+                })
+                .collect(),
             index: g.index,
             uuid: g.uuid.clone(),
             name: g.name.clone(),
@@ -712,6 +733,8 @@ pub struct LiveStatus {
     pub units: std::collections::BTreeMap<String, crate::systemd::client::UnitState>,
     /// The live placement leases.
     pub leases: Vec<crate::placement::Lease>,
+    /// The devices out of service, by UUID.
+    pub out_of_service: std::collections::BTreeMap<String, crate::health::OutOfService>,
 }
 
 /// Read what `Status` shows live: the slices and MPS units of the policy's teams in the last
@@ -734,6 +757,7 @@ pub async fn live_status(sh: &AgentState, sd: &Systemd, root: &Root) -> LiveStat
         }
     }
     live.leases = place::leases(sd, root).await.unwrap_or_default();
+    live.out_of_service = health::out_of_service();
     live
 }
 
@@ -800,7 +824,7 @@ pub fn status_reply(sh: AgentState, live: &LiveStatus) -> StatusReply {
         }
     }
     let gpus = view
-        .map(|v| gpu_statuses(v, sh.policy.as_ref()))
+        .map(|v| gpu_statuses(v, sh.policy.as_ref(), &live.out_of_service))
         .unwrap_or_default();
     StatusReply {
         leases: live
@@ -858,5 +882,56 @@ mod tests {
         assert_eq!(mig_words(&g(0), None).unwrap(), "on, 0 instance(s)");
         let whole = GpuState { mig: None, ..g(2) };
         assert_eq!(mig_words(&whole, Some(&p)), None);
+    }
+
+    #[test]
+    fn status_marks_a_gpu_or_its_mig_device_out_of_service() {
+        let gpus: Vec<GpuState> = serde_json::from_value(serde_json::json!([
+            {"index": 0, "uuid": "GPU-0", "name": "H100", "model": null, "minor": 0,
+             "memory_mib": 1, "mig": null, "processes": []},
+            {"index": 1, "uuid": "GPU-1", "name": "H100", "model": null, "minor": 1,
+             "memory_mib": 1, "processes": [],
+             "mig": {"current": true, "pending": true, "instances": [
+                {"id": 1, "profile_id": 9, "profile": "3g.40gb",
+                 "placement": {"start": 0, "size": 4}, "owner": null, "compute": [
+                    {"id": 0, "profile_id": 2, "profile": "3g.40gb",
+                     "placement": {"start": 0, "size": 3}, "uuid": "MIG-a", "processes": []}]}]}},
+            {"index": 2, "uuid": "GPU-2", "name": "H100", "model": null, "minor": 2,
+             "memory_mib": 1, "mig": null, "processes": []}
+        ]))
+        .unwrap();
+        let view = reply::HostView {
+            teams: Default::default(),
+            gpus,
+        };
+        let why = |r: &str| crate::health::OutOfService {
+            reason: r.into(),
+            since: 7,
+            by: "gpuctld".into(),
+        };
+        let out = [
+            ("GPU-0".to_string(), why("XID 79")),
+            ("MIG-a".to_string(), why("XID 94")),
+            ("MIG-gone".to_string(), why("XID 94")),
+        ]
+        .into_iter()
+        .collect();
+        let st = gpu_statuses(&view, None, &out);
+        let marks: Vec<Vec<(&str, &str)>> = st
+            .iter()
+            .map(|g| {
+                g.out_of_service
+                    .iter()
+                    .map(|d| (d.device.as_str(), d.reason.as_str()))
+                    .collect()
+            })
+            .collect();
+        assert_eq!(
+            marks,
+            [vec![("GPU-0", "XID 79")], vec![("MIG-a", "XID 94")], vec![]]
+        );
+        // Nothing out: the reply's JSON is as before (no empty list).
+        let json = serde_json::to_value(&st[2]).unwrap();
+        assert!(json.get("out_of_service").is_none(), "{json}");
     }
 }

@@ -412,6 +412,22 @@ pub struct GpuStatus {
     pub teams: Vec<String>,
     /// UUID.
     pub uuid: String,
+    /// The GPU, or MIG devices of it, out of service (docs/health.md); absent when none is.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub out_of_service: Vec<DeviceOutStatus>,
+}
+
+/// A device that takes no new work, and why (`Status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceOutStatus {
+    /// GPU or MIG UUID.
+    pub device: String,
+    /// Why.
+    pub reason: String,
+    /// Since when, Unix seconds.
+    pub since: u64,
+    /// Who took it out (`gpuctld` for a fault, else the admin).
+    pub by: String,
 }
 
 /// One entry of `Teams`: a team the caller may use and what it gives.
@@ -648,8 +664,9 @@ pub mod v1 {
     pub const VERSION: u32 = 1;
 
     // `Status`.
-    pub use super::{GpuRef, GpuStatus, LastReconcile, MigInstance, MpsUnitStatus, SliceStatus};
+    pub use super::{DeviceOutStatus, GpuRef, GpuStatus, LastReconcile, MigInstance};
     pub use super::{LeaseStatus, QueuedRequest, StatusReply, TeamStatus};
+    pub use super::{MpsUnitStatus, SliceStatus};
     // `Plan`, `Apply`, `Reload`.
     pub use super::{ReportReply, RunReport};
     // `Teams` (an array of them).
