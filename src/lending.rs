@@ -15,8 +15,9 @@
 //!   between teams, one borrowing job per device: never two teams on one device;
 //! - the owner first: while a request of a team waits, none of its devices is lent, and an owner
 //!   request that finds none of its own devices free takes back loans, the most recently started
-//!   first, as many as it needs; the devices of a reclaim are kept for the request it was made
-//!   for. A borrower is stopped ([`Decision::Stop`]) only once its notice is `grace` old;
+//!   first, as many as it needs; of a reclaim's devices, as many as the request it was made for
+//!   can use are kept for it, and that request is served before the fair order. A borrower is
+//!   stopped ([`Decision::Stop`]) only once its notice is `grace` old;
 //! - waiting requests are served in fair order ([`fair_order`]: least recent usage first, ties
 //!   by arrival); a request that cannot be served now does not hold back a later one that a
 //!   free device can serve, but a request passed over [`MAX_PASSED_OVER`] times goes first and
@@ -583,7 +584,8 @@ impl<'a> Cx<'a> {
 pub fn decide(s: &Snapshot) -> Vec<Decision> {
     let mut cx = Cx::new(s);
     let mut out = Vec::new();
-    let waiting_tickets: HashSet<Ticket> = s.waiting.iter().map(|w| w.ticket).collect();
+    let waiting_tickets: HashMap<Ticket, &Waiter> =
+        s.waiting.iter().map(|w| (w.ticket, w)).collect();
     let lease_of: HashMap<&str, &Held> = s.leases.iter().map(|l| (l.unit.as_str(), l)).collect();
 
     // Reclaims in flight: stop the borrowers whose grace is over; keep their devices for the
@@ -609,8 +611,18 @@ pub fn decide(s: &Snapshot) -> Vec<Decision> {
             .filter_map(|d| cx.index.get(d.as_str()).copied())
             .collect();
         match r.why {
-            Why::Owner(t) if waiting_tickets.contains(&t) => {
-                for &d in &devs {
+            Why::Owner(t) if waiting_tickets.contains_key(&t) => {
+                // Only as many as the request can use: the rest of a larger loan is free for
+                // the others.
+                let w = waiting_tickets[&t];
+                let named = cx.named(w);
+                let usable: Vec<usize> = devs
+                    .iter()
+                    .copied()
+                    .filter(|&d| cx.usable(w, d, named))
+                    .take(cx.need(w))
+                    .collect();
+                for d in usable {
                     cx.reserved[d] = Some(t);
                 }
             }
@@ -649,7 +661,13 @@ pub fn decide(s: &Snapshot) -> Vec<Decision> {
     }
 
     // Pass 1: every request on its own team's share, in fair order.
-    let order = fair_order(&s.waiting, &s.usage);
+    // A request a reclaim is in flight for had its turn already: it goes first, so that the
+    // devices kept for it that it does not take are free before the others are served.
+    let mut order = fair_order(&s.waiting, &s.usage);
+    order.sort_by_key(|&wi| {
+        let t = s.waiting[wi].ticket;
+        !s.reclaims.iter().any(|r| r.why == Why::Owner(t))
+    });
     let mut placed = vec![false; s.waiting.len()];
     // The devices of each placement, for the passed-over counts.
     let mut placements: Vec<Vec<usize>> = Vec::new();
