@@ -203,6 +203,7 @@ fn teams_json() {
                 t,
                 &gpuctl::dbus_api::place::share(&view, name),
                 &leases,
+                &Default::default(),
             ),
         }
     };

@@ -65,7 +65,9 @@ pub fn render(list: &[TeamInfo]) -> String {
         ));
         for d in &t.share {
             let cap = d.capacity.map_or("no cap".to_string(), |c| c.to_string());
-            let state = if d.capacity.is_some_and(|c| d.leases.len() as u32 >= c) {
+            let state = if d.out_of_service.is_some() {
+                "out"
+            } else if d.capacity.is_some_and(|c| d.leases.len() as u32 >= c) {
                 "held"
             } else {
                 "free"
@@ -76,6 +78,14 @@ pub fn render(list: &[TeamInfo]) -> String {
                 d.id,
                 d.leases.len()
             ));
+            if let Some(o) = &d.out_of_service {
+                s.push_str(&format!(
+                    "      OUT OF SERVICE since {} by {}: {} (no new job lands here)\n",
+                    crate::placement::utc(o.since),
+                    o.by,
+                    o.reason
+                ));
+            }
             for l in &d.leases {
                 s.push_str(&format!(
                     "      {} {} since {}\n",
@@ -141,10 +151,20 @@ mod tests {
                     "unit": "gpuctl-run-interns-9.scope", "team": "interns", "user": "bob",
                     "uid": 1001, "pid": 9, "devices": ["MIG-a"], "since": 0}]},
                 {"index": 1, "id": "MIG-b", "mig": true, "capacity": 1, "leases": []},
+                {"index": 2, "id": "MIG-c", "mig": true, "capacity": 1, "leases": [],
+                 "out_of_service": {"device": "MIG-c", "reason": "XID 94", "since": 60,
+                    "by": "gpuctld"}},
             ],
         }]);
         let list: Vec<TeamInfo> = serde_json::from_value(v).unwrap();
         let s = render(&list);
+        assert!(
+            s.contains(
+                "  [2] MIG-c out (0/1)\n      OUT OF SERVICE since 1970-01-01T00:01:00Z by \
+                 gpuctld: XID 94 (no new job lands here)\n"
+            ),
+            "{s}"
+        );
         assert!(s.contains("  [0] MIG-a held (1/1)\n      bob gpuctl-run-interns-9.scope since 1970-01-01T00:00:00Z\n"), "{s}");
         assert!(s.contains("  [1] MIG-b free (0/1)\n"), "{s}");
     }

@@ -225,7 +225,12 @@ pub async fn teams(
                 mps: t.mps.clone(),
                 members: t.members.iter().map(ToString::to_string).collect(),
                 share: match (view, &leases) {
-                    (Some(v), Some(l)) => place::holds(t, &place::share(v, &name), l),
+                    (Some(v), Some(l)) => place::holds(
+                        t,
+                        &place::share(v, &name),
+                        l,
+                        &super::health::out_of_service(),
+                    ),
                     _ => Vec::new(),
                 },
                 team: name,

@@ -194,6 +194,7 @@ pub fn holds(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
+    out: &BTreeMap<String, crate::health::OutOfService>,
 ) -> Vec<super::reply::DeviceHold> {
     if !team.placement.enabled() {
         return Vec::new();
@@ -215,6 +216,12 @@ pub fn holds(
                 .filter(|l| l.team == *team.name && l.devices.contains(&d.id))
                 .map(super::reply::LeaseStatus::from)
                 .collect(),
+            out_of_service: out.get(&d.id).map(|o| super::reply::DeviceOutStatus {
+                device: d.id.clone(),
+                reason: o.reason.clone(),
+                since: o.since,
+                by: o.by.clone(),
+            }),
         })
         .collect()
 }

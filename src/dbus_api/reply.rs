@@ -469,6 +469,9 @@ pub struct DeviceHold {
     pub capacity: Option<u32>,
     /// The leases on it.
     pub leases: Vec<LeaseStatus>,
+    /// Why it takes no new job, when it is out of service (docs/health.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service: Option<DeviceOutStatus>,
 }
 
 /// `Health`: every device's health as gpuctld's watcher and the admins left it (`gpuctl

@@ -64,6 +64,8 @@ raise 1 79
 check "GPU 1 is out of service within 15 s" wait_for 15 sh -c "gpuctl device list | grep '$G1' | grep -q 'OUT since .* by gpuctld: XID 79'"
 echo "BENCH XID 79 to out of service: $((($(date +%s%N) - t0) / 1000000)) ms"
 gpuctl device list | sed 's/^/    device| /'
+check "gpuctl teams shows GPU 1 out in train's share" \
+    sh -c "gpuctl teams | grep -A1 '\] $G1 out ' | grep -q 'OUT OF SERVICE since .* by gpuctld: XID 79'"
 check "gpuctl status marks GPU 1 out of service with the XID" \
     sh -c "gpuctl status | grep -q '^    OUT OF SERVICE $G1 since [0-9]* (unix) by gpuctld: XID 79'"
 check "the journal has the quarantine with its device and reason" \
