@@ -45,6 +45,9 @@ pub const RUN_DIR: &str = "/run/gpuctl";
 /// The placement leases' detail, one root-only file per live member scope (mode 0700:
 /// `systemctl` shows every local user a scope's properties, so the detail is not kept there).
 pub const LEASE_DIR: &str = "/run/gpuctl/leases";
+/// gpuctld's health registry: every quarantine and drain (docs/health.md); kept over a restart
+/// of gpuctld, not over a reboot.
+pub const HEALTH_REGISTRY: &str = "/run/gpuctl/health.json";
 /// Where the NVIDIA driver lists MIG capability minors.
 pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
 

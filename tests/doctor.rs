@@ -312,6 +312,58 @@ fn tampered_profile_table_names_each_difference() {
     );
 }
 
+#[test]
+fn sick_gpus_are_named_with_what_a_reset_clears_and_what_gpuctld_holds_out() {
+    let mut st = fake_state();
+    st["health"] = json!({"gpus": {
+        "0": {"remap_pending": true},
+        "1": {"lost": true},
+        "2": {"ecc_disabled": true, "remap_failed": true}
+    }});
+    let h = Host::new(&st);
+    // gpuctld took a MIG device of GPU 0 out (its registry, as the daemon writes it).
+    let mig = observe(&h.state())[0].mig.as_ref().unwrap().instances[0].compute[0]
+        .uuid
+        .clone();
+    write(
+        &h.root(),
+        "run/gpuctl/health.json",
+        &json!({"devices": {mig.clone(): {"service": gpuctl::health::Service::Out {
+            reason: "XID 94".into(),
+            since: 0,
+            by: gpuctl::health::Actor::Watcher,
+            reset_when_idle: false,
+            stopped: false,
+        }}}})
+        .to_string(),
+    );
+    let (code, out, err) = h.doctor(&[]);
+    assert_eq!(code, 1, "{out}{err}");
+    let line = |id: &str| {
+        out.lines()
+            .find(|l| l.split_whitespace().nth(1) == Some(&format!("{id}:")[..]))
+            .unwrap_or_else(|| panic!("no {id}: {out}"))
+            .to_string()
+    };
+    assert_eq!(
+        line("gpu0.health"),
+        format!(
+            "WARN gpu0.health: row remap pending yes, failed no; retired pages pending not \
+             available; uncorrectable ECC 0; {mig} out of service since 1970-01-01T00:00:00Z \
+             (by gpuctld): XID 94"
+        )
+    );
+    assert_eq!(
+        line("gpu1.health"),
+        "FAIL gpu1.health: the GPU is lost (NVML: GPU is lost)"
+    );
+    assert_eq!(
+        line("gpu2.health"),
+        "FAIL gpu2.health: row remap pending no, failed yes; retired pages pending not \
+         available; uncorrectable ECC not available"
+    );
+}
+
 /// gpuctl's own NVML observation of the host in `state`.
 fn observe(state: &Path) -> Vec<gpuctl::observe::GpuState> {
     std::env::set_var("FAKE_NVML_STATE", state);

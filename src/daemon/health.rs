@@ -22,8 +22,7 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
-/// The registry file (host path).
-pub const REGISTRY_FILE: &str = "/run/gpuctl/health.json";
+use crate::paths::HEALTH_REGISTRY as REGISTRY_FILE;
 /// Environment variable: ms between counter reads (events wake the watcher at once).
 pub const ENV_INTERVAL_MS: &str = "GPUCTL_HEALTH_INTERVAL_MS";
 /// Default time between counter reads: a wakeup per interval is the watcher's whole idle cost.

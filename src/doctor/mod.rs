@@ -195,10 +195,111 @@ pub fn run(opts: &Options) -> Report {
     for g in gpus {
         gpu_checks(g, &mut out);
     }
+    if !gpus.is_empty() {
+        health_checks(root, opts.nvml_library.clone(), gpus, &mut out);
+    }
     Report {
         checks: out,
         driver,
     }
+}
+
+/// `gpuN.health`: the counters that show a dying GPU, read now, and whether gpuctld holds it
+/// (or a MIG device of it) out of service (its registry, docs/health.md).
+fn health_checks(root: &Root, lib: Option<PathBuf>, gpus: &[GpuRead], out: &mut Vec<Check>) {
+    let registry: crate::health::Registry = std::fs::read(root.join(crate::paths::HEALTH_REGISTRY))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let observed = match crate::nvml::health::HealthWatch::open(lib) {
+        Ok(w) => w.counters(),
+        Err(e) => {
+            push(
+                out,
+                "health",
+                Status::Warn,
+                format!("cannot read the health counters: {e}"),
+            );
+            return;
+        }
+    };
+    for g in gpus {
+        let obs = observed.iter().find(|o| match o {
+            crate::health::Observation::Counters { gpu, .. }
+            | crate::health::Observation::Lost { gpu } => *gpu == g.uuid,
+            _ => false,
+        });
+        let mut out_lines: Vec<String> = registry
+            .devices
+            .iter()
+            .filter(|(uuid, _)| {
+                **uuid == g.uuid
+                    || g.mig
+                        .iter()
+                        .flat_map(|m| &m.instances)
+                        .flat_map(|gi| &gi.compute)
+                        .any(|ci| ci.uuid == **uuid)
+            })
+            .filter_map(|(uuid, d)| match &d.service {
+                crate::health::Service::Out {
+                    reason, since, by, ..
+                } => Some(format!(
+                    "{uuid} out of service since {} (by {by}): {reason}",
+                    crate::placement::utc(*since)
+                )),
+                crate::health::Service::InService => None,
+            })
+            .collect();
+        let (status, mut summary) = health_summary(obs);
+        let status = if out_lines.is_empty() {
+            status
+        } else {
+            status.max(Status::Warn)
+        };
+        out_lines.insert(0, std::mem::take(&mut summary));
+        push(
+            out,
+            format!("gpu{}.health", g.index),
+            status,
+            out_lines.join("; "),
+        );
+    }
+}
+
+/// One GPU's counters in a sentence: FAIL for a lost GPU or failed row remapping (the board
+/// needs service), WARN for what a reset clears or an uncorrectable ECC count; a counter the
+/// model does not report is "not available", never a made-up zero.
+fn health_summary(obs: Option<&crate::health::Observation>) -> (Status, String) {
+    use crate::health::Observation;
+    let c = match obs {
+        Some(Observation::Counters { counters, .. }) => counters,
+        Some(Observation::Lost { .. }) => {
+            return (Status::Fail, "the GPU is lost (NVML: GPU is lost)".into());
+        }
+        _ => return (Status::Warn, "no health counters read".into()),
+    };
+    let na = "not available";
+    let yes_no = |v: Option<bool>| v.map_or(na, |b| if b { "yes" } else { "no" });
+    let ecc = c.ecc_uncorrected.map_or(na.to_string(), |n| n.to_string());
+    let status = if c.remap_failed == Some(true) {
+        Status::Fail
+    } else if c.remap_pending == Some(true)
+        || c.retired_pages_pending == Some(true)
+        || c.ecc_uncorrected.is_some_and(|n| n > 0)
+    {
+        Status::Warn
+    } else {
+        Status::Ok
+    };
+    (
+        status,
+        format!(
+            "row remap pending {}, failed {}; retired pages pending {}; uncorrectable ECC {ecc}",
+            yes_no(c.remap_pending),
+            yes_no(c.remap_failed),
+            yes_no(c.retired_pages_pending)
+        ),
+    )
 }
 
 fn diff_checks(prefix: &str, diffs: Vec<Difference>, out: &mut Vec<Check>) {
