@@ -343,6 +343,7 @@ fn to_assignment(g: &GpuPart) -> Option<GpuAssignment> {
         },
         loc: Some(g.loc.clone()),
         key: g.key.clone(),
+        layouts: None,
     })
 }
 
@@ -1497,6 +1498,7 @@ mod tests {
                 }]),
                 loc: None,
                 key: "gpu[0]".into(),
+                layouts: None,
             }],
             sources: vec![],
             slurm: Default::default(),
