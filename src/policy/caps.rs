@@ -29,6 +29,8 @@ pub const MAX_MIG_ENTRIES: usize = 16;
 pub const MAX_COMPUTE: usize = 8;
 /// Most calendar windows in one `[teams.NAME.lend] when` list.
 pub const MAX_WINDOWS: usize = 32;
+/// Most `[[gpu.layout]]` tables in one `[[gpu]]` entry.
+pub const MAX_LAYOUTS: usize = 16;
 /// Most diagnostics reported for one load; the rest are counted in one line.
 pub const MAX_DIAGNOSTICS: usize = 500;
 

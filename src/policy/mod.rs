@@ -416,6 +416,11 @@ pub struct GpuAssignment {
     pub layouts: Option<Layouts>,
 }
 
+/// `reslice.after` unless set: as long as a lender's `after`.
+pub const DEFAULT_RESLICE_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+/// `reslice.hold` unless set.
+pub const DEFAULT_RESLICE_HOLD: std::time::Duration = std::time::Duration::from_secs(1800);
+
 /// The layout of a `[[gpu]]` entry's own use: the one a GPU takes unless demand or the
 /// calendar picks another.
 pub const DEFAULT_LAYOUT: &str = "default";

@@ -196,13 +196,9 @@ fn the_calendar_switches_only_when_nothing_waits_for_the_current_layout() {
         ("night", &Cause::Calendar)
     );
 
+    // An interns request waits: the slices it may use stay, though they are idle.
     let mut waiting = at_night.clone();
-    // An interns request waits (its slices are busy elsewhere... here: it names a 1g slice).
-    waiting.gpus[0]
-        .now
-        .iter_mut()
-        .for_each(|h| h.idle_since_ms = None);
-    waiting.waiting = vec![waiter(1, "interns", None)];
+    waiting.waiting = vec![waiter(1, "interns", Some("1g.10gb"))];
     assert_eq!(choose(&waiting), vec![]);
 
     let noon = snap(vec![g()], vec![]);
@@ -348,7 +344,12 @@ proptest! {
             let all: Vec<Unit> = sw.keep.iter().chain(&sw.destroy).cloned().collect();
             let now: Vec<Unit> = g.now.iter().map(|h| h.unit.clone()).collect();
             prop_assert_eq!(shape(&all), shape(&now));
-            for h in g.now.iter().filter(|h| pinned(h, g.after, s.now_ms)) {
+            // Busy, or idle for less than `after`: written out here, not `pinned`.
+            let in_use = |h: &&Held| {
+                h.idle_since_ms
+                    .is_none_or(|t| s.now_ms - t < g.after.as_millis() as u64)
+            };
+            for h in g.now.iter().filter(in_use) {
                 prop_assert!(sw.keep.contains(&h.unit), "{} destroys pinned {:?}", sw, h);
             }
         }
