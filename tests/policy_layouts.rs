@@ -143,3 +143,62 @@ fn every_layout_is_checked_as_the_entry_is_at_its_own_keys() {
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n\n"));
 }
+
+#[test]
+fn plan_lists_each_gpus_layouts_and_says_they_are_not_switched_yet() {
+    let (p, d) = load(&format!(
+        "{NIGHT}[[gpu.layout]]\nname = \"train-whole\"\nowner = \"train\"\n"
+    ));
+    let p = p.unwrap_or_else(|| panic!("{d:?}"));
+    let obs = gpuctl::sim::build("h100-80gb*2").unwrap();
+    assert_eq!(
+        gpuctl::cli::plan::render_layouts(&p, &obs),
+        "\nLayouts (not switched by gpuctld yet: each GPU keeps its default, planned above)\n  \
+         gpu[0] (gpu 1): reslice after 600 s, hold 1800 s\n    \
+         default: MIG 7x1g.10gb → interns\n    \
+         night: MIG 2x3g.40gb → train · preferred Mon..Fri 20:00..08:00\n    \
+         train-whole: whole GPU, owned by train\n"
+    );
+    let (plain, _) = load("");
+    assert_eq!(gpuctl::cli::plan::render_layouts(&plain.unwrap(), &obs), "");
+}
+
+#[test]
+fn the_host_check_fits_every_layout_on_the_real_model() {
+    // 3g.20gb is an A100-40GB profile: an index entry is checked offline against every model,
+    // and on the host against the H100 it names.
+    let (p, d) = load(
+        "[[gpu.layout]]\nname = \"small\"\nmig = [{ profile = \"3g.20gb\", owner = \"train\" }]\n",
+    );
+    let p = p.unwrap_or_else(|| panic!("{d:?}"));
+    let obs = gpuctl::sim::build("h100-80gb*2").unwrap();
+    let errs: Vec<String> = gpuctl::policy::validate::check_against_host(&p, &obs)
+        .iter()
+        .map(|d| d.to_string())
+        .collect();
+    assert!(
+        errs.iter().any(
+            |e| e.contains("error: gpu[0].layout[0].mig: gpu 1 (H100") && e.contains("3g.20gb")
+        ),
+        "{errs:#?}"
+    );
+}
+
+#[test]
+fn the_last_good_copy_keeps_the_layouts_and_its_recheck_covers_them() {
+    let (p, d) = load(&format!("{NIGHT}[gpu.reslice]\nafter = \"5m\"\n"));
+    let p = p.unwrap_or_else(|| panic!("{d:?}"));
+    let back: gpuctl::policy::Policy =
+        serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+    assert_eq!(back.gpus, p.gpus);
+    assert_eq!(gpuctl::policy::caps::check_policy(&back), Ok(()));
+    let mut bad = back.clone();
+    let ls = bad.gpus[0].layouts.as_mut().unwrap();
+    ls.other[0].usage = GpuUse::Owned("nobody".parse().unwrap());
+    assert!(gpuctl::policy::caps::check_policy(&bad)
+        .unwrap_err()
+        .contains("unknown team"));
+    let mut bad = back;
+    bad.gpus[0].layouts.as_mut().unwrap().hold = Duration::ZERO;
+    assert!(gpuctl::policy::caps::check_policy(&bad).is_err());
+}
