@@ -420,13 +420,11 @@ fn fewest(g: &Gpu, l: &Layout, pin: impl Fn(&Held) -> bool) -> Option<Diff> {
         if !ok {
             continue;
         }
-        let Some(profiles) = rest
+        // A profile this model lacks: the layout cannot be taken here at all.
+        let profiles = rest
             .iter()
             .map(|(p, _, _)| g.model.gi_profile(p))
-            .collect::<Option<Vec<_>>>()
-        else {
-            return None;
-        };
+            .collect::<Option<Vec<_>>>()?;
         let Ok(at) = geometry::fit(g.model, &profiles, &fixed) else {
             continue;
         };
