@@ -8,6 +8,7 @@
 //! - [`nvml`]: the NVML backend; [`real`]: the real host (NVML + files under the root);
 //! - [`sim`]: simulated hosts built from the reference data, for offline plans and tests;
 //! - [`geometry`]: the exact MIG placement search shared by validation and the planner;
+//!   [`reslice`]: which allowed layout a GPU switches to for the work that waits (pure);
 //! - [`systemd`], [`daemon`], [`dbus_api`]: the systemd client, the `gpuctld` runtime and its
 //!   bus interface;
 //! - [`cdi`]: the per-team CDI spec for container engines (`gpuctl.io/team=<team>`); [`docker`]:
@@ -46,6 +47,7 @@ pub mod policy;
 pub mod profiles;
 pub mod ratelimit;
 pub mod real;
+pub mod reslice;
 pub mod settings;
 pub mod sim;
 pub mod slurm;

@@ -15,7 +15,7 @@ use crate::paths::Root;
 use crate::plan::{self, desired, Action, Desired, Plan};
 use crate::policy::{self, GpuUse, Policy};
 use crate::real::RealHost;
-use crate::settings::value::human_bytes;
+use crate::settings::value::{human_bytes, human_duration};
 use crate::sim::SimHost;
 use crate::systemd::client::BlockingSystemd;
 use anyhow::Context;
@@ -278,11 +278,54 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&j)?);
     } else {
         print!("{}", render(&obs, &d, &pl));
+        print!("{}", render_layouts(&p, &obs));
         if let Some(r) = &idle {
             print!("{}", render_idle(r));
         }
     }
     Ok(exit::OK)
+}
+
+/// The layouts each GPU's entry allows (`[[gpu.layout]]`), after the plan; nothing when no
+/// entry has any. gpuctld does not switch yet, so the plan above is the default layout's.
+pub fn render_layouts(p: &Policy, obs: &Observed) -> String {
+    let mut out = String::new();
+    for a in &p.gpus {
+        let Some(ls) = &a.layouts else { continue };
+        if out.is_empty() {
+            out.push_str(
+                "\nLayouts (not switched by gpuctld yet: each GPU keeps its default, planned above)\n",
+            );
+        }
+        let gpus: Vec<String> = obs
+            .gpus
+            .iter()
+            .filter(|g| a.selector.matches(g))
+            .map(|g| g.index.to_string())
+            .collect();
+        let _ = writeln!(
+            out,
+            "  {} (gpu {}): reslice after {}, hold {}",
+            a.key,
+            if gpus.is_empty() {
+                "-".into()
+            } else {
+                gpus.join(", ")
+            },
+            human_duration(ls.after),
+            human_duration(ls.hold)
+        );
+        for l in ls.all(&a.usage) {
+            let when: Vec<String> = l.when.iter().map(|w| w.to_string()).collect();
+            let pref = if when.is_empty() {
+                String::new()
+            } else {
+                format!(" · preferred {}", when.join(", "))
+            };
+            let _ = writeln!(out, "    {}: {}{pref}", l.name, usage_line(&l.usage));
+        }
+    }
+    out
 }
 
 /// Run `gpuctl apply`: exit 0 when the host converged, 1 when changes remain blocked, 2 when

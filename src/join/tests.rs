@@ -356,6 +356,7 @@ fn device_less_teams_are_joinable_and_missing_devices_are_named() {
         usage: GpuUse::Owned(name.clone()),
         loc: None,
         key: "gpu[0]".into(),
+        layouts: None,
     });
     let e = check_devices(&empty, &p, &name).unwrap_err();
     assert!(matches!(e, Refusal::NoDevices { .. }));

@@ -29,6 +29,8 @@ pub const MAX_MIG_ENTRIES: usize = 16;
 pub const MAX_COMPUTE: usize = 8;
 /// Most calendar windows in one `[teams.NAME.lend] when` list.
 pub const MAX_WINDOWS: usize = 32;
+/// Most `[[gpu.layout]]` tables in one `[[gpu]]` entry.
+pub const MAX_LAYOUTS: usize = 16;
 /// Most diagnostics reported for one load; the rest are counted in one line.
 pub const MAX_DIAGNOSTICS: usize = 500;
 
@@ -104,25 +106,46 @@ pub fn check_policy(p: &super::Policy) -> Result<(), String> {
             }
             Selector::Model(_) | Selector::All => {}
         }
-        let teams: Vec<&TeamName> = match &g.usage {
-            GpuUse::Owned(t) => vec![t],
-            GpuUse::Shared(ts) => {
-                within!("teams", ts.len(), MAX_SHARED_TEAMS)?;
-                ts.iter().collect()
-            }
-            GpuUse::Mig(ms) => {
-                within!("MIG entries", ms.len(), MAX_MIG_ENTRIES)?;
-                if ms
-                    .iter()
-                    .any(|m| m.count == 0 || m.count > 7 || m.compute.len() > MAX_COMPUTE)
-                {
-                    return Err("a MIG entry is out of bounds".into());
+        let uses: Vec<&GpuUse> = match &g.layouts {
+            None => vec![&g.usage],
+            Some(ls) => {
+                within!("layouts", ls.other.len(), MAX_LAYOUTS)?;
+                let bad = |d: std::time::Duration| d.is_zero() || d > MAX_IDLE_WINDOW;
+                if bad(ls.after) || bad(ls.hold) {
+                    return Err(format!(
+                        "{}.reslice is out of bounds (MAX_IDLE_WINDOW)",
+                        g.key
+                    ));
                 }
-                ms.iter().map(|m| &m.owner).collect()
+                for l in &ls.other {
+                    within!("windows", l.when.len(), MAX_WINDOWS)?;
+                }
+                std::iter::once(&g.usage)
+                    .chain(ls.other.iter().map(|l| &l.usage))
+                    .collect()
             }
         };
-        if let Some(t) = teams.iter().find(|t| !p.teams.contains_key(t.as_ref())) {
-            return Err(format!("unknown team {t:?}"));
+        for usage in uses {
+            let teams: Vec<&TeamName> = match usage {
+                GpuUse::Owned(t) => vec![t],
+                GpuUse::Shared(ts) => {
+                    within!("teams", ts.len(), MAX_SHARED_TEAMS)?;
+                    ts.iter().collect()
+                }
+                GpuUse::Mig(ms) => {
+                    within!("MIG entries", ms.len(), MAX_MIG_ENTRIES)?;
+                    if ms
+                        .iter()
+                        .any(|m| m.count == 0 || m.count > 7 || m.compute.len() > MAX_COMPUTE)
+                    {
+                        return Err("a MIG entry is out of bounds".into());
+                    }
+                    ms.iter().map(|m| &m.owner).collect()
+                }
+            };
+            if let Some(t) = teams.iter().find(|t| !p.teams.contains_key(t.as_ref())) {
+                return Err(format!("unknown team {t:?}"));
+            }
         }
     }
     Ok(())

@@ -410,6 +410,54 @@ pub struct GpuAssignment {
     pub loc: Option<Loc>,
     /// Key path of the entry in its own file (`gpu[0]`).
     pub key: String,
+    /// `[[gpu.layout]]` and `[gpu.reslice]`: other layouts the GPUs may take, besides `usage`
+    /// (the default). Validated and shown; gpuctld does not switch between them yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layouts: Option<Layouts>,
+}
+
+/// `reslice.after` unless set: as long as a lender's `after`.
+pub const DEFAULT_RESLICE_AFTER: std::time::Duration = std::time::Duration::from_secs(600);
+/// `reslice.hold` unless set.
+pub const DEFAULT_RESLICE_HOLD: std::time::Duration = std::time::Duration::from_secs(1800);
+
+/// The layout of a `[[gpu]]` entry's own use: the one a GPU takes unless demand or the
+/// calendar picks another.
+pub const DEFAULT_LAYOUT: &str = "default";
+
+/// One more layout a GPU may take (`[[gpu.layout]]`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Layout {
+    /// `name`, unique within the entry (`default` is the entry's own use).
+    pub name: String,
+    /// `owner`, `shared` or `mig`, as in the entry itself.
+    pub usage: GpuUse,
+    /// `when`: calendar windows in which this layout is preferred; empty: taken only for demand.
+    pub when: Vec<Window>,
+}
+
+/// The layouts a `[[gpu]]` entry allows besides its own use, and when a GPU may switch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Layouts {
+    /// The other layouts, in file order (the first open window wins a calendar preference).
+    pub other: Vec<Layout>,
+    /// `reslice.after`: how long every instance a switch destroys must have been idle.
+    pub after: std::time::Duration,
+    /// `reslice.hold`: the least time a GPU stays in a layout before it switches again.
+    pub hold: std::time::Duration,
+}
+
+impl Layouts {
+    /// Every layout the entry allows, the default (`usage`) first.
+    pub fn all(&self, usage: &GpuUse) -> Vec<Layout> {
+        std::iter::once(Layout {
+            name: DEFAULT_LAYOUT.to_string(),
+            usage: usage.clone(),
+            when: Vec::new(),
+        })
+        .chain(self.other.iter().cloned())
+        .collect()
+    }
 }
 
 #[cfg(test)]

@@ -199,6 +199,36 @@ pub struct GpuPart {
     pub selector: At<Selector>,
     /// What the GPUs are for.
     pub usage: UsagePart,
+    /// `[[gpu.layout]]`: the other layouts the GPUs may take, those that parsed.
+    pub layouts: Vec<LayoutPart>,
+    /// `[gpu.reslice]`.
+    pub reslice: Option<ReslicePart>,
+}
+
+/// One `[[gpu.layout]]`.
+#[derive(Debug, Clone)]
+pub struct LayoutPart {
+    /// `gpu[N].layout[M]`.
+    pub key: String,
+    /// Where it starts.
+    pub loc: Loc,
+    /// `name`.
+    pub name: At<String>,
+    /// `owner`, `shared` or `mig`, as in the entry.
+    pub usage: UsagePart,
+    /// `when`.
+    pub when: Option<At<Vec<Window>>>,
+}
+
+/// `[gpu.reslice]`.
+#[derive(Debug, Clone)]
+pub struct ReslicePart {
+    /// Where the table starts.
+    pub loc: Loc,
+    /// `after`.
+    pub after: Option<At<Duration>>,
+    /// `hold`.
+    pub hold: Option<At<Duration>>,
 }
 
 /// The use of a `[[gpu]]` entry, with locations of team references.
@@ -268,6 +298,8 @@ const IDLE_KEYS: &[&str] = &[
 ];
 const SELECTOR_KEYS: &[&str] = &["index", "uuid", "model", "all"];
 const USE_KEYS: &[&str] = &["owner", "shared", "mig"];
+const LAYOUT_KEYS: &[&str] = &["name", "when"];
+const RESLICE_KEYS: &[&str] = &["after", "hold"];
 const MIG_KEYS: &[&str] = &["profile", "owner", "count", "compute"];
 
 /// Parse one file. `file` is the host path used in diagnostics. Returns `None` when the file is
@@ -1061,9 +1093,31 @@ impl<'a> Cx<'a> {
     }
 
     fn gpu(&mut self, key: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> Option<GpuPart> {
-        let allowed: Vec<&str> = SELECTOR_KEYS.iter().chain(USE_KEYS).copied().collect();
+        let allowed: Vec<&str> = SELECTOR_KEYS
+            .iter()
+            .chain(USE_KEYS)
+            .chain(&["layout", "reslice"])
+            .copied()
+            .collect();
         self.check_keys(t, key, &allowed);
         let loc = self.loc(sp.clone());
+        let layouts = self.layouts(key, t);
+        let reslice = match t.get_key_value("reslice") {
+            None => None,
+            Some((k, item)) => match item.as_table_like() {
+                Some(rt) => Some(self.reslice(&join(key, "reslice"), rt, span(k, item))),
+                None => {
+                    let rkey = join(key, "reslice");
+                    self.type_error(
+                        k,
+                        item,
+                        &rkey,
+                        "a table { after = \"10m\", hold = \"30m\" }",
+                    );
+                    None
+                }
+            },
+        };
 
         let selector = self
             .one_of(
@@ -1115,7 +1169,109 @@ impl<'a> Cx<'a> {
             loc,
             selector: selector?,
             usage: usage?,
+            layouts,
+            reslice,
         })
+    }
+
+    /// `[[gpu.layout]]` of entry `key`: those that parse (the others' errors are reported).
+    fn layouts(&mut self, key: &str, t: &dyn TableLike) -> Vec<LayoutPart> {
+        let Some((k, item)) = t.get_key_value("layout") else {
+            return Vec::new();
+        };
+        let lkey = join(key, "layout");
+        let Some(elems) = tables_of(item) else {
+            self.type_error(
+                k,
+                item,
+                &lkey,
+                "[[gpu.layout]] tables { name, mig | owner | shared }",
+            );
+            return Vec::new();
+        };
+        if let Err(m) = within!("layouts", elems.len(), MAX_LAYOUTS) {
+            self.error(span(k, item), &lkey, m, None);
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        for (i, (lt, sp)) in elems.into_iter().enumerate() {
+            if let Some(l) = self.layout(&format!("{lkey}[{i}]"), lt, sp.or_else(|| k.span())) {
+                out.push(l);
+            }
+        }
+        out
+    }
+
+    fn layout(
+        &mut self,
+        key: &str,
+        t: &dyn TableLike,
+        sp: Option<Range<usize>>,
+    ) -> Option<LayoutPart> {
+        let allowed: Vec<&str> = LAYOUT_KEYS.iter().chain(USE_KEYS).copied().collect();
+        self.check_keys(t, key, &allowed);
+        let loc = self.loc(sp.clone());
+        if !t.contains_key("name") {
+            self.error(
+                sp.clone(),
+                key,
+                "missing name".into(),
+                Some("e.g. name = \"night\"".into()),
+            );
+        }
+        let name = self.field(t, key, "name", |i| {
+            let s = want_str(i)?;
+            if s == crate::policy::DEFAULT_LAYOUT {
+                return Err((
+                    "`default` names the entry's own use".into(),
+                    Some("give this layout another name, e.g. \"night\"".into()),
+                ));
+            }
+            if s.is_empty()
+                || s.len() > 64
+                || !s
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err((
+                    format!("{} is not a layout name", crate::settings::value::quote(s)),
+                    Some("letters, digits, '-' and '_', at most 64, e.g. \"night\"".into()),
+                ));
+            }
+            Ok(s.to_string())
+        });
+        let usage = self
+            .one_of(
+                t,
+                key,
+                sp,
+                USE_KEYS,
+                "uses",
+                "the layout says nothing about what the GPUs are for",
+                "set exactly one of: owner = \"team\", shared = [\"a\", \"b\"], mig = [...]",
+            )
+            .and_then(|one| self.usage(t, key, one));
+        let when = self.field(t, key, "when", windows);
+        Some(LayoutPart {
+            key: key.to_string(),
+            loc,
+            name: name?,
+            usage: usage?,
+            when,
+        })
+    }
+
+    fn reslice(&mut self, path: &str, t: &dyn TableLike, sp: Option<Range<usize>>) -> ReslicePart {
+        self.check_keys(t, path, RESLICE_KEYS);
+        ReslicePart {
+            loc: self.loc(sp),
+            after: self.field(t, path, "after", |i| {
+                positive_duration(i, caps::MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW", "the idle time")
+            }),
+            hold: self.field(t, path, "hold", |i| {
+                positive_duration(i, caps::MAX_IDLE_WINDOW, "MAX_IDLE_WINDOW", "the hold time")
+            }),
+        }
     }
 
     /// The one key of `keys` that `t` sets. None set is an error at the entry (`none`, with
@@ -1321,6 +1477,31 @@ impl<'a> Cx<'a> {
             compute,
         })
     }
+}
+
+/// A layout's `when`: a window or a list of windows, at least one.
+fn windows(i: &Item) -> Result<Vec<Window>, Fail> {
+    let help = Some(WINDOW_HELP.to_string());
+    let texts = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
+        (
+            format!(
+                "expected a window or a list of windows, found {}",
+                type_name(i)
+            ),
+            help.clone(),
+        )
+    })?;
+    within!("windows", texts.len(), MAX_WINDOWS).map_err(|m| (m, None))?;
+    if texts.is_empty() {
+        return Err((
+            "no window: the layout would never be preferred".into(),
+            Some("remove `when` to take this layout only for waiting work".into()),
+        ));
+    }
+    texts
+        .iter()
+        .map(|w| Window::parse(w).map_err(|m| (m, help.clone())))
+        .collect()
 }
 
 const MODEL_HELP: &str = "a glob over the NVML name or the simulate name, e.g. \"*H100*\"";

@@ -16,8 +16,9 @@ use super::parse::{
     TeamPart, UsagePart,
 };
 use super::{
-    Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, LendRule, LendTo, Loc, Member,
-    MigSpec, MpsSettings, PlacementSettings, Policy, Selector, Size, SlurmSettings, Team, TeamName,
+    Diagnostic, GpuAssignment, GpuUse, HostSettings, IdleRule, Layout, Layouts, LendRule, LendTo,
+    Loc, Member, MigSpec, MpsSettings, PlacementSettings, Policy, Selector, Size, SlurmSettings,
+    Team, TeamName,
 };
 use crate::geometry::{fit, fit_compute};
 use crate::observe::{GpuState, Observed};
@@ -79,6 +80,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         if let UsagePart::Mig(m) = &g.usage {
             check_mig_static(g, m, diags);
         }
+        check_layouts(g, &teams, diags);
     }
     check_overlaps_static(&gpus, diags);
 
@@ -331,19 +333,94 @@ fn check_lending(
     }
 }
 
+fn to_use(u: &UsagePart) -> Option<GpuUse> {
+    Some(match u {
+        UsagePart::Owned(t) => GpuUse::Owned(named(&t.value)?),
+        UsagePart::Shared(ts) => {
+            GpuUse::Shared(ts.iter().map(|t| named(&t.value)).collect::<Option<_>>()?)
+        }
+        UsagePart::Mig(ms) => GpuUse::Mig(mig_specs(ms)?),
+    })
+}
+
 fn to_assignment(g: &GpuPart) -> Option<GpuAssignment> {
+    let layouts = if g.layouts.is_empty() {
+        None
+    } else {
+        Some(Layouts {
+            other: g
+                .layouts
+                .iter()
+                .map(|l| {
+                    Some(Layout {
+                        name: l.name.value.clone(),
+                        usage: to_use(&l.usage)?,
+                        when: l.when.as_ref().map(|w| w.value.clone()).unwrap_or_default(),
+                    })
+                })
+                .collect::<Option<_>>()?,
+            after: (g.reslice.as_ref())
+                .and_then(|r| value(&r.after))
+                .unwrap_or(super::DEFAULT_RESLICE_AFTER),
+            hold: (g.reslice.as_ref())
+                .and_then(|r| value(&r.hold))
+                .unwrap_or(super::DEFAULT_RESLICE_HOLD),
+        })
+    };
     Some(GpuAssignment {
         selector: g.selector.value.clone(),
-        usage: match &g.usage {
-            UsagePart::Owned(t) => GpuUse::Owned(named(&t.value)?),
-            UsagePart::Shared(ts) => {
-                GpuUse::Shared(ts.iter().map(|t| named(&t.value)).collect::<Option<_>>()?)
-            }
-            UsagePart::Mig(ms) => GpuUse::Mig(mig_specs(ms)?),
-        },
+        usage: to_use(&g.usage)?,
         loc: Some(g.loc.clone()),
         key: g.key.clone(),
+        layouts,
     })
+}
+
+/// Every layout of `g` checked as the entry itself is (owners, MIG geometry); names unique;
+/// `reslice` only with layouts; and a warning that gpuctld does not switch yet.
+fn check_layouts(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Vec<Diagnostic>) {
+    if let (Some(r), true) = (&g.reslice, g.layouts.is_empty()) {
+        diags.push(error(
+            &r.loc,
+            &format!("{}.reslice", g.key),
+            "`reslice` without any [[gpu.layout]]: there is no other layout to switch to".into(),
+            Some("add a [[gpu.layout]] with a name and a use, or remove reslice".into()),
+        ));
+    }
+    let mut names: BTreeSet<&str> = BTreeSet::new();
+    for l in &g.layouts {
+        if !names.insert(l.name.value.as_str()) {
+            diags.push(error(
+                &l.name.loc,
+                &format!("{}.name", l.key),
+                format!("layout '{}' is named twice in this entry", l.name.value),
+                Some("give each layout its own name".into()),
+            ));
+        }
+        // The same checks as the entry's own use, at the layout's keys.
+        let as_entry = GpuPart {
+            key: l.key.clone(),
+            loc: l.loc.clone(),
+            selector: g.selector.clone(),
+            usage: l.usage.clone(),
+            layouts: Vec::new(),
+            reslice: None,
+        };
+        check_refs(&as_entry, teams, diags);
+        if let UsagePart::Mig(m) = &l.usage {
+            check_mig_static(&as_entry, m, diags);
+        }
+    }
+    if let Some(first) = g.layouts.first() {
+        diags.push(warning(
+            &first.loc,
+            &format!("{}.layout", g.key),
+            "gpuctld does not switch layouts yet: these GPUs keep the entry's own (default) \
+             layout; the other layouts are checked and shown by `gpuctl plan`"
+                .into(),
+            Some("docs/policy.md, \"Layouts a GPU may take\"".into()),
+        ));
+    }
 }
 
 fn team_refs(g: &GpuPart) -> Vec<&At<String>> {
@@ -362,7 +439,15 @@ fn check_teams(
 ) {
     let mut used: BTreeSet<&str> = gpus
         .iter()
-        .flat_map(|g| team_refs(g))
+        .flat_map(|g| {
+            team_refs(g)
+                .into_iter()
+                .chain(g.layouts.iter().flat_map(|l| match &l.usage {
+                    UsagePart::Owned(t) => vec![t],
+                    UsagePart::Shared(ts) => ts.iter().collect(),
+                    UsagePart::Mig(ms) => ms.iter().map(|m| &m.owner).collect(),
+                }))
+        })
         .map(|t| t.value.as_str())
         .collect();
     used.extend(teams_of_bad_gpus);
@@ -1117,45 +1202,55 @@ pub fn check_against_host(policy: &Policy, observed: &Observed) -> Vec<Diagnosti
                 Some(host_gpus()),
             ));
         }
-        let GpuUse::Mig(specs) = &a.usage else {
-            continue;
-        };
-        // Group identical problems across GPUs of one entry.
-        let found = matched.iter().flat_map(|g| {
-            let problems: Vec<(String, Option<String>)> = match model_of(g) {
-                None => vec![(
-                    format!("unknown GPU model '{}', so MIG cannot be planned", g.name),
-                    Some(format!(
-                        "known models: {}",
-                        Catalog::get()
-                            .models()
-                            .iter()
-                            .map(|m| m.nvml_name.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )),
-                )],
-                Some(_) if g.mig.is_none() => vec![(
-                    "this GPU has no MIG".into(),
-                    Some("use owner = \"team\" or shared = [...] for GPUs without MIG".into()),
-                )],
-                Some(m) => check_mig_on_model(m, specs)
-                    .into_iter()
-                    .map(|(f, msg, help)| match f {
-                        Field::Profile(i) | Field::Compute(i) => (format!("mig[{i}]: {msg}"), help),
-                        Field::Entry => (msg, help),
-                    })
-                    .collect(),
+        let uses = std::iter::once((a.key.clone(), &a.usage)).chain(
+            a.layouts
+                .iter()
+                .flat_map(|ls| ls.other.iter().enumerate())
+                .map(|(i, l)| (format!("{}.layout[{i}]", a.key), &l.usage)),
+        );
+        for (ukey, usage) in uses {
+            let GpuUse::Mig(specs) = usage else {
+                continue;
             };
-            problems.into_iter().map(move |(msg, help)| (msg, help, *g))
-        });
-        for (msg, help, gs) in group(found) {
-            // `gpu 0` or `gpus 2,3`, as a selector of these indices says it.
-            let gpus = Selector::Index(gs.iter().map(|g| g.index).collect()).describe();
-            let names: BTreeSet<&str> = gs.iter().map(|g| short_name(&g.name)).collect();
-            let names = names.into_iter().collect::<Vec<_>>().join(", ");
-            let key = format!("{}.mig", a.key);
-            out.push(error(loc, &key, format!("{gpus} ({names}): {msg}"), help));
+            // Group identical problems across GPUs of one entry.
+            let found = matched.iter().flat_map(|g| {
+                let problems: Vec<(String, Option<String>)> = match model_of(g) {
+                    None => vec![(
+                        format!("unknown GPU model '{}', so MIG cannot be planned", g.name),
+                        Some(format!(
+                            "known models: {}",
+                            Catalog::get()
+                                .models()
+                                .iter()
+                                .map(|m| m.nvml_name.as_str())
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        )),
+                    )],
+                    Some(_) if g.mig.is_none() => vec![(
+                        "this GPU has no MIG".into(),
+                        Some("use owner = \"team\" or shared = [...] for GPUs without MIG".into()),
+                    )],
+                    Some(m) => check_mig_on_model(m, specs)
+                        .into_iter()
+                        .map(|(f, msg, help)| match f {
+                            Field::Profile(i) | Field::Compute(i) => {
+                                (format!("mig[{i}]: {msg}"), help)
+                            }
+                            Field::Entry => (msg, help),
+                        })
+                        .collect(),
+                };
+                problems.into_iter().map(move |(msg, help)| (msg, help, *g))
+            });
+            for (msg, help, gs) in group(found) {
+                // `gpu 0` or `gpus 2,3`, as a selector of these indices says it.
+                let gpus = Selector::Index(gs.iter().map(|g| g.index).collect()).describe();
+                let names: BTreeSet<&str> = gs.iter().map(|g| short_name(&g.name)).collect();
+                let names = names.into_iter().collect::<Vec<_>>().join(", ");
+                let key = format!("{ukey}.mig");
+                out.push(error(loc, &key, format!("{gpus} ({names}): {msg}"), help));
+            }
         }
     }
 
@@ -1497,6 +1592,7 @@ mod tests {
                 }]),
                 loc: None,
                 key: "gpu[0]".into(),
+                layouts: None,
             }],
             sources: vec![],
             slurm: Default::default(),

@@ -121,6 +121,7 @@ fn owned(index: u32, team: &str) -> GpuAssignment {
         usage: GpuUse::Owned(team.parse().unwrap()),
         loc: None,
         key: format!("gpu[{index}]"),
+        layouts: None,
     }
 }
 

@@ -57,6 +57,7 @@ pub fn assign(selector: Selector, usage: GpuUse) -> GpuAssignment {
         usage,
         loc: None,
         key: "gpu[0]".into(),
+        layouts: None,
     }
 }
 
