@@ -218,6 +218,7 @@ fn full_snapshot() -> Snapshot {
             devices: vec!["GPU-aaaa".into()],
             since: 0,
             gpu_memory: None,
+            borrowed_from: None,
         }]),
         ledger_users: None,
         health: vec![
