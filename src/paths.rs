@@ -45,6 +45,10 @@ pub const RUN_DIR: &str = "/run/gpuctl";
 /// The placement leases' detail, one root-only file per live member scope (mode 0700:
 /// `systemctl` shows every local user a scope's properties, so the detail is not kept there).
 pub const LEASE_DIR: &str = "/run/gpuctl/leases";
+/// Loans being taken back ([`crate::dbus_api::lend`]), one record per borrower's scope: a
+/// gpuctld restart keeps each reclaim's notice time, so a borrower's grace neither restarts
+/// nor is cut short.
+pub const RECLAIM_DIR: &str = "/run/gpuctl/reclaims";
 /// Where the NVIDIA driver lists MIG capability minors.
 pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
 
