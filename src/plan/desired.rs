@@ -47,12 +47,12 @@ impl Desired {
 }
 
 /// The loans slice's spec: the union of the lending teams' device lists; `None` while no team
-/// lends.
+/// lends. A team that runs MPS lends nothing (its devices are all MPS-shared).
 fn loans(policy: &Policy, teams: &BTreeMap<TeamName, TeamView>) -> Option<SliceSpec> {
     let lenders: Vec<&TeamView> = policy
         .teams
         .values()
-        .filter(|t| t.lend.is_some())
+        .filter(|t| t.lend.is_some() && t.mps.is_none())
         .filter_map(|t| teams.get(&t.name))
         .collect();
     (!lenders.is_empty()).then(|| SliceSpec {
