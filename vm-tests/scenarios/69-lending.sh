@@ -41,6 +41,7 @@ check "gpu-loans.slice is active and closed" \
     test "$(systemctl show -P ActiveState gpu-loans.slice) $(systemctl show -P DevicePolicy gpu-loans.slice)" = "active closed"
 check "in the loans slice train's GPU opens (ENXIO)" test "$(probe gpu-loans.slice /dev/nvidia1)" = ENXIO
 check "... and interns' own GPU does not (EPERM)" test "$(probe gpu-loans.slice /dev/nvidia0)" = EPERM
+check "interns' slice does not open train's GPU (EPERM)" test "$(probe gpu-interns.slice /dev/nvidia1)" = EPERM
 check "an interns job cannot open train's GPU (EPERM)" test "$(probe_in interns bob /dev/nvidia1)" = EPERM
 check "... and opens its own (ENXIO)" test "$(probe_in interns bob /dev/nvidia0)" = ENXIO
 
