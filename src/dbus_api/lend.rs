@@ -147,14 +147,14 @@ pub fn local_time(epoch_secs: i64) -> LocalTime {
 /// The host zone's offset east of UTC at `epoch_secs` (`tm_gmtoff`, daylight saving time
 /// included).
 fn utc_offset(epoch_secs: i64) -> Option<i64> {
-    let t: nix::libc::time_t = epoch_secs.try_into().ok()?;
+    let t: nix::libc::time_t = epoch_secs;
     // SAFETY: `tm` is plain data that localtime_r fills; both pointers are valid for the call.
     let mut tm: nix::libc::tm = unsafe { std::mem::zeroed() };
     let ok = unsafe {
         tzset();
         !nix::libc::localtime_r(&t, &mut tm).is_null()
     };
-    ok.then_some(i64::from(tm.tm_gmtoff))
+    ok.then_some(tm.tm_gmtoff)
 }
 
 #[cfg(test)]
