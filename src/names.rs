@@ -76,6 +76,11 @@ impl PartialEq<String> for TeamName {
     }
 }
 
+/// The slice borrowed jobs run in (`gpu-loans.slice`): its own slice, because cgroup device
+/// filters are hierarchical and a team slice cannot open another team's device. Policy
+/// validation refuses it as a team name.
+pub const LOANS: &str = "loans";
+
 /// A string that is not a team name (kept whole; callers decide how much of it to show).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid team name {0:?}")]

@@ -48,6 +48,10 @@ pub const LEASE_DIR: &str = "/run/gpuctl/leases";
 /// gpuctld's health registry: every quarantine and drain (docs/health.md); kept over a restart
 /// of gpuctld, not over a reboot.
 pub const HEALTH_REGISTRY: &str = "/run/gpuctl/health.json";
+/// Loans being taken back ([`crate::dbus_api::lend`]), one record per borrower's scope: a
+/// gpuctld restart keeps each reclaim's notice time, so a borrower's grace neither restarts
+/// nor is cut short.
+pub const RECLAIM_DIR: &str = "/run/gpuctl/reclaims";
 /// Where the NVIDIA driver lists MIG capability minors.
 pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
 

@@ -366,6 +366,10 @@ pub struct Lease {
     /// The job's MPS pinned device memory limit in bytes, where one was set.
     #[serde(default)]
     pub gpu_memory: Option<u64>,
+    /// The team whose lent device a borrowed job holds (it runs in the loans slice and is
+    /// taken back when that team needs the device); `None` for a job on its own share.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed_from: Option<String>,
 }
 
 impl Lease {
@@ -413,6 +417,7 @@ impl Lease {
             devices,
             since,
             gpu_memory,
+            borrowed_from: None,
         })
     }
 }
@@ -638,6 +643,7 @@ mod tests {
             devices: vec!["MIG-a".into()],
             since: 0,
             gpu_memory: None,
+            borrowed_from: None,
         };
         assert_eq!(
             holders(std::slice::from_ref(&l), &["MIG-a", "MIG-b"], "t"),
@@ -671,6 +677,7 @@ mod tests {
             devices: vec!["MIG-a".into()],
             since: 1_764_783_110,
             gpu_memory: Some(2 << 30),
+            borrowed_from: None,
         };
         let r = l.record();
         assert!(r.ends_with("}\n") && r.lines().count() == 1, "{r}");
@@ -681,6 +688,16 @@ mod tests {
             ..l.clone()
         };
         assert_eq!(Lease::from_record(&two.unit, &two.record()), Some(two));
+        // A borrowed job's lender survives its record; an own-share record does not name the
+        // key at all, so it reads the same as before lending existed.
+        assert!(!r.contains("borrowed_from"), "{r}");
+        let borrowed = Lease {
+            borrowed_from: Some("train".into()),
+            ..l.clone()
+        };
+        let br = borrowed.record();
+        assert!(br.contains(r#""borrowed_from":"train""#), "{br}");
+        assert_eq!(Lease::from_record(&l.unit, &br), Some(borrowed));
         // Another scope's record, a record without devices, and anything else are none.
         assert_eq!(Lease::from_record("gpuctl-run-0.scope", &r), None);
         let none = Lease {
@@ -709,6 +726,7 @@ mod tests {
                 devices: vec!["MIG-a".into()],
                 since: 1_764_783_110,
                 gpu_memory: Some(2 << 30),
+                borrowed_from: None,
             })
         );
         let two = "gpuctl: bob (uid 1, pid 2) in team t on GPU-1,GPU-2 since @3";

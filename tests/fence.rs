@@ -8,10 +8,11 @@ mod common;
 use common::{apply, assign, policy, team};
 use gpuctl::observe::{GpuProcess, Major, SliceSpec};
 use gpuctl::plan::{plan, ActionKind, Phase};
-use gpuctl::policy::{GpuUse, Outside, Policy, Reconfigure, Selector, TeamName};
+use gpuctl::policy::{GpuUse, LendRule, LendTo, Outside, Policy, Reconfigure, Selector, TeamName};
 use gpuctl::sim::SimHost;
 use proptest::prelude::*;
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 const TEAMS: [&str; 3] = ["a", "b", "c"];
 
@@ -294,4 +295,92 @@ fn a_removed_teams_slice_loses_its_devices_before_another_gets_them() {
         k => panic!("{k:?}"),
     }
     assert!(pl.actions[w].reason.contains("no longer in the policy"));
+}
+
+/// Train owns GPU 1 and (with `lends`) lends it to interns, who own GPU 0.
+fn lending(lends: bool) -> Policy {
+    let mut train = team("train");
+    train.lend = lends.then(|| LendRule {
+        to: LendTo::Teams(vec!["interns".parse().unwrap()]),
+        after: Duration::from_secs(1),
+        grace: Duration::from_secs(5),
+        when: vec![],
+    });
+    policy(
+        vec![train, team("interns")],
+        vec![owned(1, "train"), owned(0, "interns")],
+        Reconfigure::WhenIdle,
+    )
+}
+
+fn owned(gpu: u32, t: &str) -> gpuctl::policy::GpuAssignment {
+    assign(
+        Selector::Index(vec![gpu]),
+        GpuUse::Owned(t.parse().unwrap()),
+    )
+}
+
+#[test]
+fn the_loans_slice_allows_the_lent_devices_and_loses_them_before_anyone_gains_them() {
+    let loans: TeamName = "loans".parse().unwrap();
+    let mut host = SimHost::from_spec("h100-80gb*2").unwrap();
+    let p = lending(true);
+    let (_, rest) = apply(&p, &mut host);
+    assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
+    let allow = &host.state.slices[&loans].device_allow;
+    assert!(allow.contains("/dev/nvidia1"), "{allow:?}");
+    assert!(
+        !allow.contains("/dev/nvidia0"),
+        "the borrower's own device: {allow:?}"
+    );
+    // The fence does not take the lent devices back at the next reconcile: nothing to do.
+    let again = plan(&p, &host.state);
+    assert!(again.actions.is_empty(), "{:#?}", again.actions);
+
+    // Train gives GPU 1 up to interns (and keeps GPU 0): the loans slice follows, withdrawn
+    // in the fence phase, before interns' slice is granted it.
+    let p = Policy {
+        gpus: vec![owned(0, "train"), owned(1, "interns")],
+        ..p
+    };
+    let pl = plan(&p, &host.state);
+    let kinds: Vec<String> = pl
+        .actions
+        .iter()
+        .map(|a| format!("[{}] {}", a.phase, a.kind))
+        .collect();
+    let w = kinds
+        .iter()
+        .position(|k| k == "[fence] set gpu-loans.slice")
+        .unwrap_or_else(|| panic!("{kinds:#?}"));
+    let g = kinds
+        .iter()
+        .position(|k| k == "[slices] set gpu-interns.slice")
+        .unwrap_or_else(|| panic!("{kinds:#?}"));
+    assert!(w < g, "{kinds:#?}");
+    let (_, rest) = apply(&p, &mut host);
+    assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
+    let allow = &host.state.slices[&loans].device_allow;
+    assert!(
+        allow.contains("/dev/nvidia0") && !allow.contains("/dev/nvidia1"),
+        "{allow:?}"
+    );
+
+    // Nobody lends any more: the slice loses its devices first, then goes.
+    let p = Policy {
+        teams: lending(false).teams,
+        ..p
+    };
+    let (first, rest) = apply(&p, &mut host);
+    assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
+    let kinds: Vec<String> = first
+        .actions
+        .iter()
+        .map(|a| format!("[{}] {}", a.phase, a.kind))
+        .collect();
+    assert!(
+        kinds.contains(&"[fence] set gpu-loans.slice".to_string()),
+        "{kinds:#?}"
+    );
+    assert!(!host.state.slices.contains_key(&loans), "{kinds:#?}");
 }

@@ -81,6 +81,7 @@ fn leases(view: &HostView) -> Vec<Lease> {
             devices: vec![view.gpus[1].uuid.clone()],
             since: AT - 600,
             gpu_memory: Some(8 << 30),
+            borrowed_from: None,
         },
         Lease {
             unit: "gpuctl-run-interns-5150.scope".into(),
@@ -91,6 +92,7 @@ fn leases(view: &HostView) -> Vec<Lease> {
             devices: vec![mig_uuids(view, "interns")[0].clone()],
             since: AT - 60,
             gpu_memory: None,
+            borrowed_from: None,
         },
     ]
 }

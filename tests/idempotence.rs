@@ -6,10 +6,11 @@ mod common;
 use common::*;
 use gpuctl::apply::{execute, GpuEffector, OwnerLabels};
 use gpuctl::plan::plan;
-use gpuctl::policy::{GpuUse, MigSpec, Reconfigure, Selector};
+use gpuctl::policy::{GpuUse, LendRule, LendTo, MigSpec, Reconfigure, Selector, Team};
 use gpuctl::profiles::Catalog;
 use gpuctl::sim::SimHost;
 use proptest::prelude::*;
+use std::time::Duration;
 
 const TEAMS: [&str; 3] = ["alpha", "beta", "gamma"];
 
@@ -56,7 +57,7 @@ fn host_strategy() -> impl Strategy<Value = Vec<(usize, bool, Existing, Use)>> {
 proptest! {
     #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
     #[test]
-    fn apply_then_plan_is_empty(gpus in host_strategy(), reconf in 0..3u8, mps in any::<[bool; 3]>()) {
+    fn apply_then_plan_is_empty(gpus in host_strategy(), reconf in 0..3u8, mps in any::<[bool; 3]>(), lends in any::<[bool; 3]>()) {
         let spec: Vec<&str> = gpus
             .iter()
             .map(|g| Catalog::get().models()[g.0].sim_name())
@@ -122,7 +123,10 @@ proptest! {
             assignments.push(assign(Selector::Index(vec![i as u32]), usage));
         }
         let reconfigure = [Reconfigure::WhenIdle, Reconfigure::Drain, Reconfigure::Never][reconf as usize];
-        let teams = TEAMS.iter().zip(mps).map(|(t, m)| if m { mps_team(t) } else { team(t) }).collect();
+        let teams = TEAMS.iter().zip(mps).zip(lends).map(|((t, m), l)| {
+            let t = if m { mps_team(t) } else { team(t) };
+            Team { lend: l.then(|| LendRule { to: LendTo::All, after: Duration::from_secs(1), grace: Duration::from_secs(5), when: vec![] }), ..t }
+        }).collect();
         let p = policy(teams, assignments, reconfigure);
 
         // What exists before gpuctl runs: under `never` all of it must survive.
@@ -134,6 +138,15 @@ proptest! {
         prop_assert!(report.failed.is_empty(), "failures: {:#?}\nplan: {:#?}", report.failed, first);
         let again = plan(&p, &h.state);
         prop_assert!(again.actions.is_empty(), "re-plan not empty: {:#?}\nfirst: {:#?}", again.actions, first);
+        // The loans slice allows exactly the devices of the teams that lend (and run no MPS).
+        let lent: std::collections::BTreeSet<String> = TEAMS.iter().zip(mps).zip(lends)
+            .filter(|((_, m), l)| *l && !*m)
+            .filter_map(|((t, _), _)| h.state.slices.get(*t))
+            .flat_map(|s| s.device_allow.iter().cloned())
+            .collect();
+        let loans = h.state.slices.get("loans").map(|s| s.device_allow.clone());
+        let lender = TEAMS.iter().zip(mps).zip(lends).any(|((_, m), l)| l && !m);
+        prop_assert_eq!(loans, lender.then_some(lent));
         let procs_left = h.state.gpus.iter().any(|g| !g.processes.is_empty()
             || g.mig.iter().flat_map(|m| &m.instances).any(|gi| gi.compute.iter().any(|c| !c.processes.is_empty())));
         let never = reconfigure == Reconfigure::Never;

@@ -218,6 +218,7 @@ fn full_snapshot() -> Snapshot {
             devices: vec!["GPU-aaaa".into()],
             since: 0,
             gpu_memory: None,
+            borrowed_from: None,
         }]),
         ledger_users: None,
         health: vec![
@@ -586,11 +587,15 @@ fn a_gpu_two_teams_share_is_one_device_series() {
         ..Default::default()
     };
     let text = metrics::encode_prometheus_text(&s, metrics::counters());
+    // Sorted: a metric family's series come out in hash order.
     let lines = |name: &str, device: &str| -> Vec<&str> {
-        text.lines()
+        let mut v: Vec<&str> = text
+            .lines()
             .filter(|l| l.starts_with(&format!("{name}{{")))
             .filter(|l| l.contains(&format!("device=\"{device}\"")))
-            .collect()
+            .collect();
+        v.sort_unstable();
+        v
     };
     for name in [
         "gpuctl_device_memory_used_bytes",

@@ -277,6 +277,11 @@ impl CoreReconciler {
                     .teams
                     .iter()
                     .map(|(t, v)| (t.to_string(), v.slice.clone()))
+                    .chain(
+                        d.loans
+                            .iter()
+                            .map(|l| (crate::names::LOANS.into(), l.clone())),
+                    )
                     .collect(),
                 fences: d
                     .fences

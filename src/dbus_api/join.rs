@@ -517,6 +517,7 @@ pub async fn join(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
+            borrowed_from: None,
         };
         let env = place::placed_env(team, &env, &p, lease.gpu_memory);
         (env, Some(p.allow), Some(lease))

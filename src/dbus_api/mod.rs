@@ -57,6 +57,7 @@ mod collector;
 pub mod health;
 pub mod join;
 pub mod ledger;
+pub mod lend;
 pub mod place;
 pub mod queue;
 pub mod reply;

@@ -175,12 +175,20 @@ pub async fn leases(
         .filter(|l| {
             let events = root.join(format!(
                 "/sys/fs/cgroup/{}/{}/cgroup.events",
-                crate::systemd::props::slice_cgroup(&l.team),
+                crate::systemd::props::slice_cgroup(lease_slice(l)),
                 l.unit
             ));
             std::fs::read_to_string(events).map_or(true, |t| populated(&t))
         })
         .collect())
+}
+
+/// The slice a lease's scope runs in: its team's, or the loans slice for a borrowed job.
+pub fn lease_slice(l: &Lease) -> &str {
+    match l.borrowed_from {
+        Some(_) => crate::names::LOANS,
+        None => &l.team,
+    }
 }
 
 /// Whether `cgroup.events` text says the cgroup still has processes (unreadable: assume so).

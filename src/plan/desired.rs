@@ -28,6 +28,40 @@ pub struct Desired {
     /// The fences of the slices outside the team shares, by slice; `None`: not planned (the
     /// majors are unknown).
     pub fences: Option<BTreeMap<String, crate::observe::Fence>>,
+    /// The loans slice (`gpu-loans.slice`, [`crate::names::LOANS`]) while a team lends: it
+    /// allows every device of every lending team's slice, and each borrowed job's scope
+    /// narrows itself to its one lent device. No limits of its own: not a team, so no env
+    /// file, CDI spec or MPS daemon either.
+    pub loans: Option<SliceSpec>,
+}
+
+impl Desired {
+    /// The slice wanted under `team`'s name: a team's, or the loans slice.
+    pub fn slice(&self, team: &str) -> Option<&SliceSpec> {
+        match self.teams.get(team) {
+            Some(t) => Some(&t.slice),
+            None if team == crate::names::LOANS => self.loans.as_ref(),
+            None => None,
+        }
+    }
+}
+
+/// The loans slice's spec: the union of the lending teams' device lists; `None` while no team
+/// lends. A team that runs MPS lends nothing (its devices are all MPS-shared).
+fn loans(policy: &Policy, teams: &BTreeMap<TeamName, TeamView>) -> Option<SliceSpec> {
+    let lenders: Vec<&TeamView> = policy
+        .teams
+        .values()
+        .filter(|t| t.lend.is_some() && t.mps.is_none())
+        .filter_map(|t| teams.get(&t.name))
+        .collect();
+    (!lenders.is_empty()).then(|| SliceSpec {
+        device_allow: lenders
+            .iter()
+            .flat_map(|t| t.slice.device_allow.iter().cloned())
+            .collect(),
+        ..SliceSpec::default()
+    })
 }
 
 /// One GPU the policy names.
@@ -191,6 +225,7 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
         .collect();
     Desired {
         gpus,
+        loans: loans(policy, &teams),
         teams,
         blocked,
         fences: super::fence::desired(policy.host.outside, observed.majors.as_deref()),

@@ -149,21 +149,21 @@ pub(super) fn diff(
     let mut withdrawn = BTreeMap::new();
     for (team, have) in &observed.slices {
         let none = BTreeSet::new();
-        let want = d.teams.get(team).map_or(&none, |t| &t.slice.device_allow);
+        let want = d.slice(team).map_or(&none, |s| &s.device_allow);
         let lost: Vec<&str> = have.device_allow.difference(want).map(|s| &**s).collect();
         if lost.is_empty() {
             continue;
         }
         // The policy's limits with the devices it keeps: a slice that only loses devices is at its
         // target after this one call (the slices phase then leaves it alone).
-        let limits = d.teams.get(team).map_or(have, |t| &t.slice);
+        let limits = d.slice(team).unwrap_or(have);
         let spec = SliceSpec {
             device_allow: have.device_allow.intersection(want).cloned().collect(),
             ..limits.clone()
         };
         // An in-policy team's line is the drift line of the slices phase (`DeviceAllow +…`), so
         // a hand-added device reads the same whichever phase takes it away.
-        let reason = if d.teams.contains_key(team) {
+        let reason = if d.slice(team).is_some() {
             format!(
                 "gpu-{team}.slice (team {team}) differs from the policy: {}; withdrawn before \
                  any slice is granted a device",

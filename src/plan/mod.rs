@@ -478,13 +478,40 @@ pub fn diff(d: &Desired, observed: &Observed) -> Plan {
             ),
         }
     }
+    if let Some(want) = &d.loans {
+        let team: TeamName = crate::names::LOANS.parse().expect("a team name");
+        match observed.slices.get(&team) {
+            Some(s) if s == want => {}
+            Some(_) if withdrawn.get(&team) == Some(want) => {}
+            have => push(
+                &mut actions,
+                Phase::Slices,
+                ActionKind::SetSlice {
+                    team,
+                    spec: want.clone(),
+                },
+                match have {
+                    Some(h) => format!(
+                        "gpu-{}.slice (borrowed jobs) differs from the lending teams' devices: {}",
+                        crate::names::LOANS,
+                        slice_drift(h, want)
+                    ),
+                    None => "a team lends devices and borrowed jobs have no slice yet".into(),
+                },
+            ),
+        }
+    }
     for team in observed.slices.keys() {
-        if !d.teams.contains_key(team) {
+        if d.slice(team).is_none() {
             push(
                 &mut actions,
                 Phase::Slices,
                 ActionKind::RemoveSlice { team: team.clone() },
-                format!("team {team} is no longer in the policy"),
+                if &**team == crate::names::LOANS {
+                    "no team lends devices any more".into()
+                } else {
+                    format!("team {team} is no longer in the policy")
+                },
             );
         }
     }

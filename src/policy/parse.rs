@@ -808,6 +808,14 @@ impl<'a> Cx<'a> {
                 Some(help),
             );
         }
+        if name == crate::names::LOANS {
+            self.error(
+                k.span(),
+                &path,
+                format!("team name '{name}' is reserved: borrowed jobs run in gpu-{name}.slice"),
+                Some("choose another name for this team".into()),
+            );
+        }
         let Some(t) = item.as_table_like() else {
             self.type_error(k, item, &path, "a table `[teams.NAME]`");
             return None;
@@ -1672,6 +1680,20 @@ mod tests {
             assert_eq!(d[0].key, "host.admin-group");
             assert_eq!(d[0].loc.as_ref().unwrap().line, 3, "{bad}");
         }
+    }
+
+    #[test]
+    fn the_loans_slice_name_is_no_team_name() {
+        let (_, d) = parse("version = 1\n[teams.train]\nmembers = [\"a\"]\n[teams.loans]\n");
+        assert_eq!(d.len(), 1, "{d:?}");
+        let loc = d[0].loc.as_ref().unwrap();
+        assert_eq!(
+            (loc.line, loc.col, d[0].key.as_str()),
+            (4, 8, "teams.loans")
+        );
+        assert!(d[0].message.contains("reserved"), "{}", d[0]);
+        let (_, d) = parse("version = 1\n[teams.loans_team]\nmembers = [\"a\"]\n");
+        assert!(d.is_empty(), "{d:?}");
     }
 
     #[test]

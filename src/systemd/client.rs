@@ -287,6 +287,15 @@ impl Systemd {
             .await
     }
 
+    /// Send `signal` to every process of a unit (a borrower's notice: SIGTERM now, the stop
+    /// after its grace), without stopping it.
+    pub async fn kill_unit(&self, name: &str, signal: i32) -> Result<(), SystemdError> {
+        self.mgr
+            .kill_unit(name, "all", signal)
+            .await
+            .map_err(bus(name, "KillUnit"))
+    }
+
     /// Stop a unit and wait for the job at most `limit` (a drain: the unit's own stop timeout
     /// may be longer than the manager's default job wait).
     pub async fn stop_unit_within(&self, name: &str, limit: Duration) -> Result<(), SystemdError> {

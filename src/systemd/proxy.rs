@@ -41,6 +41,8 @@ pub trait Manager {
     fn start_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     /// Queue a stop job; returns the job path.
     fn stop_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
+    /// Send `signal` to the unit's processes; `whom` is `main`, `control` or `all`.
+    fn kill_unit(&self, name: &str, whom: &str, signal: i32) -> zbus::Result<()>;
     /// Queue a restart job; returns the job path.
     fn restart_unit(&self, name: &str, mode: &str) -> zbus::Result<OwnedObjectPath>;
     /// Change unit properties; `runtime` selects `/run/systemd/system.control` over `/etc`.

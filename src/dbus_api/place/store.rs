@@ -96,6 +96,7 @@ mod tests {
             devices: vec!["MIG-a".into()],
             since: 1,
             gpu_memory: None,
+            borrowed_from: None,
         }
     }
 

@@ -95,6 +95,7 @@ fn lease(team: &str, user: &str, devices: &[&str]) -> Lease {
         devices: devices.iter().map(|d| d.to_string()).collect(),
         since: 1_764_783_110,
         gpu_memory: None,
+        borrowed_from: None,
     }
 }
 
