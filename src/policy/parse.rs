@@ -1025,27 +1025,11 @@ impl<'a> Cx<'a> {
                 positive_duration(i, MAX_LEND_GRACE, "MAX_LEND_GRACE", "a borrower's grace")
             }),
             when: self.field(t, path, "when", |i| {
-                let help = Some(WINDOW_HELP.to_string());
-                let texts = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
-                    (
-                        format!(
-                            "expected a window or a list of windows, found {}",
-                            type_name(i)
-                        ),
-                        help.clone(),
-                    )
-                })?;
-                within!("windows", texts.len(), MAX_WINDOWS).map_err(|m| (m, None))?;
-                if texts.is_empty() {
-                    return Err((
-                        "no window: nothing would ever be lent".into(),
-                        Some("remove `when` to lend at any time, or remove the lend table".into()),
-                    ));
-                }
-                texts
-                    .iter()
-                    .map(|w| Window::parse(w).map_err(|m| (m, help.clone())))
-                    .collect()
+                windows(
+                    i,
+                    "no window: nothing would ever be lent",
+                    "remove `when` to lend at any time, or remove the lend table",
+                )
             }),
         }
     }
@@ -1259,7 +1243,13 @@ impl<'a> Cx<'a> {
                 "set exactly one of: owner = \"team\", shared = [\"a\", \"b\"], mig = [...]",
             )
             .and_then(|one| self.usage(t, key, one));
-        let when = self.field(t, key, "when", windows);
+        let when = self.field(t, key, "when", |i| {
+            windows(
+                i,
+                "no window: the layout would never be preferred",
+                "remove `when` to take this layout only for waiting work",
+            )
+        });
         Some(LayoutPart {
             key: key.to_string(),
             loc,
@@ -1487,8 +1477,9 @@ impl<'a> Cx<'a> {
     }
 }
 
-/// A layout's `when`: a window or a list of windows, at least one.
-fn windows(i: &Item) -> Result<Vec<Window>, Fail> {
+/// A `when`: a window or a list of windows, at least one (`empty` and `empty_help` say what no
+/// window would mean there).
+fn windows(i: &Item, empty: &str, empty_help: &str) -> Result<Vec<Window>, Fail> {
     let help = Some(WINDOW_HELP.to_string());
     let texts = list_of(i, |v| v.as_str().map(str::to_string)).ok_or_else(|| {
         (
@@ -1501,10 +1492,7 @@ fn windows(i: &Item) -> Result<Vec<Window>, Fail> {
     })?;
     within!("windows", texts.len(), MAX_WINDOWS).map_err(|m| (m, None))?;
     if texts.is_empty() {
-        return Err((
-            "no window: the layout would never be preferred".into(),
-            Some("remove `when` to take this layout only for waiting work".into()),
-        ));
+        return Err((empty.into(), Some(empty_help.into())));
     }
     texts
         .iter()
