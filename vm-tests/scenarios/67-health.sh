@@ -20,8 +20,13 @@ cat >>/etc/systemd/system/gpuctld.service.d/50-vmtest-nvml.conf <<'EOF2'
 Environment=GPUCTL_HEALTH_INTERVAL_MS=1000
 EOF2
 systemctl daemon-reload
-put_policy 67-health.toml <<'P'
+# policy [HEALTH-TOML]: train holds the three GPUs, one job per device; HEALTH-TOML goes under
+# [host.health].
+policy() {
+    put_policy 67-health.toml <<P
 version = 1
+[host.health]
+${1:-}
 [teams.train]
 members = ["alice", "carol"]
 [teams.train.placement]
@@ -30,6 +35,8 @@ jobs-per-device = 1
 index = [0, 1, 2]
 owner = "train"
 P
+}
+policy
 gpuctld_start
 check "gpuctld converged" wait_converged 60
 S=$FAKE_NVML_STATE
@@ -101,19 +108,8 @@ check "a new job lands on GPU 1 again" test "$out" = "$G1"
 
 # on-fault = "stop": a job on a device a fault takes out is told at once and stopped after its
 # grace, not before; the quarantine's own journal time is the start of the grace.
-put_policy 67-health.toml <<'P'
-version = 1
-[host.health]
-on-fault = "stop"
-grace = "4s"
-[teams.train]
-members = ["alice", "carol"]
-[teams.train.placement]
-jobs-per-device = 1
-[[gpu]]
-index = [0, 1, 2]
-owner = "train"
-P
+policy 'on-fault = "stop"
+grace = "4s"'
 reload_wait
 su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sleep 304" >/dev/null 2>&1 &
 wait_for 30 sh -c "gpuctl status | grep -q '^  train $G1: .*gpuctl-run-'"
