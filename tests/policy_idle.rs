@@ -1,31 +1,18 @@
 //! `[teams.NAME.idle]`: good values become an `IdleRule`, bad ones the usual
 //! `file:line:col: error: key: message` and no policy; drop-ins merge per key.
 
+mod common;
+
+use common::write;
 use gpuctl::policy::{load_files, IdleAction, Severity};
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 const HEAD: &str = "version = 1\n[teams.research]\nmembers = [\"ann\"]\n[[gpu]]\nindex = [0]\nowner = \"research\"\n";
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 /// Diagnostics of one file holding `HEAD` + `idle`, with the temp dir cut from paths.
 fn diags(idle: &str) -> (bool, Vec<String>) {
-    let d = tempfile::tempdir().unwrap();
-    let p = write(d.path(), "p.toml", &format!("{HEAD}{idle}"));
-    let o = load_files(&[p]);
-    let prefix = format!("{}/", d.path().display());
-    let ds = o
-        .diagnostics
-        .iter()
-        .map(|d| d.to_string().replace(&prefix, ""))
-        .collect();
-    let ok = o.policy.is_some() && !o.diagnostics.iter().any(|d| d.severity == Severity::Error);
-    (ok, ds)
+    let (p, d) = common::load_text(&format!("{HEAD}{idle}"));
+    (p.is_some(), d)
 }
 
 #[test]

@@ -2,8 +2,9 @@
 //! Good ones become `GpuAssignment::layouts` (with the warning that gpuctld does not switch
 //! yet); every layout is checked as the entry is, with `file:line:col` errors at its keys.
 
-use gpuctl::policy::{load_files, GpuUse, Severity, DEFAULT_RESLICE_AFTER};
-use std::path::{Path, PathBuf};
+mod common;
+
+use gpuctl::policy::{GpuUse, DEFAULT_RESLICE_AFTER};
 use std::time::Duration;
 
 /// Lines 1-7: two teams; GPU 1 with seven interns slices (the default). A tail's first line is
@@ -11,25 +12,9 @@ use std::time::Duration;
 const HEAD: &str = "version = 1\n[teams.interns]\n[teams.train]\n[[gpu]]\nindex = [1]\n\
 mig = [{ profile = \"1g.10gb\", owner = \"interns\", count = 7 }]\n\n";
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 /// Whether `HEAD` + `tail` is accepted, the policy, and its diagnostics without the temp dir.
 fn load(tail: &str) -> (Option<gpuctl::policy::Policy>, Vec<String>) {
-    let d = tempfile::tempdir().unwrap();
-    let p = write(d.path(), "p.toml", &format!("{HEAD}{tail}"));
-    let o = load_files(&[p]);
-    let prefix = format!("{}/", d.path().display());
-    let ds = o
-        .diagnostics
-        .iter()
-        .map(|d| d.to_string().replace(&prefix, ""))
-        .collect();
-    let ok = !o.diagnostics.iter().any(|d| d.severity == Severity::Error);
-    (o.policy.filter(|_| ok), ds)
+    common::load_text(&format!("{HEAD}{tail}"))
 }
 
 const NIGHT: &str = "[[gpu.layout]]\nname = \"night\"\n\

@@ -2,33 +2,20 @@
 //! become a `LendRule`, bad ones the usual `file:line:col: error: key: message` and no policy;
 //! drop-ins merge per key.
 
-use gpuctl::policy::{load_files, LendTo, Severity};
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::write;
+use gpuctl::policy::{load_files, LendTo};
 use std::time::Duration;
 
 /// Lines 1-11: three teams, train owning GPU 0 and 1; a tail's first line is line 12, in
 /// `[teams.interns]`.
 const HEAD: &str = "version = 1\n[[gpu]]\nindex = [0, 1]\nowner = \"train\"\n[teams.train]\nmembers = [\"ann\"]\n[teams.research]\nmembers = [\"cy\"]\n[teams.interns]\nmembers = [\"bo\"]\n\n";
 
-fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
-    let p = dir.join(name);
-    std::fs::write(&p, text).unwrap();
-    p
-}
-
 /// Whether `HEAD` + `tail` is accepted, and its diagnostics with the temp dir cut from paths.
 fn diags(tail: &str) -> (bool, Vec<String>) {
-    let d = tempfile::tempdir().unwrap();
-    let p = write(d.path(), "p.toml", &format!("{HEAD}{tail}"));
-    let o = load_files(&[p]);
-    let prefix = format!("{}/", d.path().display());
-    let ds = o
-        .diagnostics
-        .iter()
-        .map(|d| d.to_string().replace(&prefix, ""))
-        .collect();
-    let ok = o.policy.is_some() && !o.diagnostics.iter().any(|d| d.severity == Severity::Error);
-    (ok, ds)
+    let (p, d) = common::load_text(&format!("{HEAD}{tail}"));
+    (p.is_some(), d)
 }
 
 fn policy(tail: &str) -> gpuctl::policy::Policy {

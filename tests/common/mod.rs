@@ -99,3 +99,28 @@ pub fn proc(pid: u32, unit: Option<&str>) -> GpuProcess {
         cgroup: None,
     }
 }
+
+/// `text` written to `dir/name`.
+pub fn write(dir: &std::path::Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+/// `text` loaded as one policy file `p.toml`: the policy when no diagnostic is an error, and
+/// every diagnostic with the temp dir cut from its path.
+pub fn load_text(text: &str) -> (Option<Policy>, Vec<String>) {
+    let d = tempfile::tempdir().unwrap();
+    let o = gpuctl::policy::load_files(&[write(d.path(), "p.toml", text)]);
+    let prefix = format!("{}/", d.path().display());
+    let ds = o
+        .diagnostics
+        .iter()
+        .map(|x| x.to_string().replace(&prefix, ""))
+        .collect();
+    let ok = !o
+        .diagnostics
+        .iter()
+        .any(|x| x.severity == gpuctl::policy::Severity::Error);
+    (o.policy.filter(|_| ok), ds)
+}
