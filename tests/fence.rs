@@ -272,29 +272,32 @@ fn a_removed_teams_slice_loses_its_devices_before_another_gets_them() {
     // withdrawal is its own action, not the removal.
     let p = make(&[2], &[false; 3]);
     let pl = plan(&p, &host.state);
-    let kinds: Vec<String> = pl
-        .actions
-        .iter()
-        .map(|a| format!("[{}] {}", a.phase, a.kind))
-        .collect();
-    let w = kinds
-        .iter()
-        .position(|k| k == "[fence] set gpu-a.slice")
-        .unwrap_or_else(|| panic!("{kinds:#?}"));
-    let g = kinds
-        .iter()
-        .position(|k| k == "[slices] set gpu-b.slice")
-        .unwrap();
-    let r = kinds
-        .iter()
-        .position(|k| k == "[slices] remove gpu-a.slice")
-        .unwrap();
+    let kinds = action_kinds(&pl);
+    let w = at(&kinds, "[fence] set gpu-a.slice");
+    let g = at(&kinds, "[slices] set gpu-b.slice");
+    let r = at(&kinds, "[slices] remove gpu-a.slice");
     assert!(w < g && w < r, "{kinds:#?}");
     match &pl.actions[w].kind {
         ActionKind::SetSlice { spec, .. } => assert!(spec.device_allow.is_empty()),
         k => panic!("{k:?}"),
     }
     assert!(pl.actions[w].reason.contains("no longer in the policy"));
+}
+
+/// A plan's actions as `[phase] kind`, in order.
+fn action_kinds(pl: &gpuctl::plan::Plan) -> Vec<String> {
+    pl.actions
+        .iter()
+        .map(|a| format!("[{}] {}", a.phase, a.kind))
+        .collect()
+}
+
+/// Where action `k` stands in `kinds`.
+fn at(kinds: &[String], k: &str) -> usize {
+    kinds
+        .iter()
+        .position(|x| x == k)
+        .unwrap_or_else(|| panic!("no {k}: {kinds:#?}"))
 }
 
 /// Train owns GPU 1 and (with `lends`) lends it to interns, who own GPU 0.
@@ -344,19 +347,9 @@ fn the_loans_slice_allows_the_lent_devices_and_loses_them_before_anyone_gains_th
         ..p
     };
     let pl = plan(&p, &host.state);
-    let kinds: Vec<String> = pl
-        .actions
-        .iter()
-        .map(|a| format!("[{}] {}", a.phase, a.kind))
-        .collect();
-    let w = kinds
-        .iter()
-        .position(|k| k == "[fence] set gpu-loans.slice")
-        .unwrap_or_else(|| panic!("{kinds:#?}"));
-    let g = kinds
-        .iter()
-        .position(|k| k == "[slices] set gpu-interns.slice")
-        .unwrap_or_else(|| panic!("{kinds:#?}"));
+    let kinds = action_kinds(&pl);
+    let w = at(&kinds, "[fence] set gpu-loans.slice");
+    let g = at(&kinds, "[slices] set gpu-interns.slice");
     assert!(w < g, "{kinds:#?}");
     let (_, rest) = apply(&p, &mut host);
     assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
@@ -373,11 +366,7 @@ fn the_loans_slice_allows_the_lent_devices_and_loses_them_before_anyone_gains_th
     };
     let (first, rest) = apply(&p, &mut host);
     assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
-    let kinds: Vec<String> = first
-        .actions
-        .iter()
-        .map(|a| format!("[{}] {}", a.phase, a.kind))
-        .collect();
+    let kinds = action_kinds(&first);
     assert!(
         kinds.contains(&"[fence] set gpu-loans.slice".to_string()),
         "{kinds:#?}"
