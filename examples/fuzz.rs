@@ -3,9 +3,9 @@
 //! (bytes from the system bus).
 //!
 //! ```sh
-//! cargo run --profile tools --example fuzz -- --seconds 60            # each target 60 s (CI: .ci/run)
-//! cargo run --profile tools --example fuzz -- --seconds 3600 --seed 7 # the longer run (docs/fuzzing.md)
-//! cargo run --profile tools --example fuzz -- --target policy --seed S --execs N   # replay a failure
+//! cargo run --example fuzz -- --seconds 30                      # each target 30 s (CI: .ci/run; debug: overflow checks)
+//! cargo run --release --example fuzz -- --seconds 3600 --seed 7 # the longer run (docs/fuzzing.md)
+//! cargo run --example fuzz -- --target policy --seed S --execs N   # replay a failure (the profile it failed in)
 //! ```
 //!
 //! Without `--seed` each run takes a new seed (from the clock and the pid), so CI explores new
@@ -611,13 +611,20 @@ fn main() {
                 }
                 if bad {
                     failed = true;
+                    // The profile it failed in: an overflow panics only with debug checks.
+                    let profile = if cfg!(debug_assertions) {
+                        ""
+                    } else {
+                        "--release "
+                    };
                     eprintln!(
                         "FUZZ FAILURE target={target} {} ({} ms) at execution {}; replay: \
-                         cargo run --profile tools --example fuzz -- --target {target} --seed {seed} \
+                         cargo run {}--example fuzz -- --target {target} --seed {seed} \
                          --execs {}; input:\n{}",
                         if res.is_err() { "panic" } else { "slow" },
                         dt.as_millis(),
                         st.execs,
+                        profile,
                         st.execs,
                         String::from_utf8_lossy(&input)
                     );

@@ -57,11 +57,11 @@ BINS=(--bin gpuctl --bin gpuctld --bin gpuctl-generator --bin gpuctl-exporter)
 if [ "$PROFILE" = release ]; then
     log "cargo build (release): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter"
     cargo build --locked -q --release "${BINS[@]}"
-    # gen-assets ships nothing (it writes the man pages and completions): the tools profile
-    # (Cargo.toml), without the shipped binaries' whole-program link.
-    GEN_PROFILE=tools
-    log "cargo build (tools): gen-assets"
-    cargo build --locked -q --profile tools --example gen-assets
+    # gen-assets ships nothing (it writes the man pages and completions): the debug build, which
+    # `cargo test` has already made in CI, instead of compiling every dependency for it again.
+    GEN_PROFILE=debug
+    log "cargo build (debug): gen-assets"
+    cargo build --locked -q --example gen-assets
 else
     # One invocation, as `cargo test` builds them: the same features, so nothing is rebuilt.
     GEN_PROFILE=debug

@@ -133,13 +133,16 @@ EOF
 # hibernation, no offline updates, no rc.local, no systemd.run=/systemd.mask= on the kernel line).
 # systemd runs every generator on each boot and each daemon-reload, and the scenarios reload
 # often (gpuctl's postinst, each reset between group members, the scenarios themselves): under
-# TCG each generator cost 190-370 ms, a daemon-reload 4.1 s with them (2026-12-03). Kept:
-# fstab, getty (the console), sysv (slapd's and nslcd's init scripts) and gpuctl's own.
+# TCG each generator cost 190-370 ms, a daemon-reload 4.1 s with them (2026-12-03). Also masked:
+# fstab (the root mount is the kernel line's, and remount-fs reads /etc/fstab itself) and getty
+# (its one unit, the serial console's login for vm-tests/try, is enabled below). Kept: sysv
+# (slapd's and nslcd's init scripts) and gpuctl's own.
 # podman.service and podman-auto-update.service come enabled (default.target.wants); at boot
 # the auto-update run took 10.7 s of CPU under TCG, for containers no scenario has.
 MASK_GENERATORS="systemd-cryptsetup-generator systemd-debug-generator systemd-gpt-auto-generator
   systemd-hibernate-resume-generator systemd-integritysetup-generator systemd-rc-local-generator
-  systemd-run-generator systemd-system-update-generator systemd-veritysetup-generator"
+  systemd-run-generator systemd-system-update-generator systemd-veritysetup-generator
+  systemd-fstab-generator systemd-getty-generator"
 export RUNNER UNIT MASK_GENERATORS
 HOOKS=()
 [ -n "${VM_CUSTOMIZE:-}" ] && HOOKS+=(--customize-hook="$VM_CUSTOMIZE")
@@ -157,6 +160,7 @@ mmdebstrap --mode=root --variant=minbase --include="$PKGS" \
   --customize-hook='chroot "$1" systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer e2scrub_reap.service systemd-pstore.service getty@tty1.service' \
   --customize-hook='for u in prometheus prometheus-node-exporter slapd nslcd podman podman-restart podman-auto-update podman-auto-update.timer podman-clean-transient slurmctld slurmd munge docker docker.socket containerd apparmor; do chroot "$1" systemctl disable "$u" >/dev/null 2>&1 || true; done' \
   --customize-hook='mkdir -p "$1/etc/systemd/system-generators"; for g in $MASK_GENERATORS; do ln -sf /dev/null "$1/etc/systemd/system-generators/$g"; done' \
+  --customize-hook='chroot "$1" systemctl enable serial-getty@ttyS0.service >/dev/null 2>&1' \
   --customize-hook='cp -L "$1/vmlinuz" "'"$OUT"'/vmlinuz"; cp -L "$1/initrd.img" "'"$OUT"'/initrd.img"; chmod 644 "'"$OUT"'/initrd.img"' \
   --customize-hook='chroot "$1" dpkg-query -W -f="\${Package} \${Version}\n" systemd linux-image-cloud-amd64 dbus udev > "'"$OUT"'/build-info.txt"; readlink "$1/vmlinuz" >> "'"$OUT"'/build-info.txt"' \
   "${HOOKS[@]}" \

@@ -148,7 +148,8 @@ finish() {
 # stopped unless asked (`vm_group_reset start`, for a scenario with "# vmtest: reset=start"):
 # every scenario so far writes its fake devices and policy and then starts gpuctld itself, and an
 # agent started here ran without the fake NVML and reacted to the next scenario's policy files
-# before that scenario's own start. Users, fake devices and the fake MPS control binary stay.
+# before that scenario's own start. Users, fake devices and the fake MPS control binary stay;
+# with `keep-nvml` (the next scenario sets up the fake NVML) so does gpuctld's fake-NVML drop-in.
 vm_group_reset() {
     systemctl stop gpuctld.service 'gpuctl-mps@*.service' 'gpuctl-run-*.scope' gpu.slice
     rm -rf /etc/gpuctl/policy.d /run/gpuctl/policy.d /run/gpuctl/teams /run/gpuctl/mps \
@@ -156,8 +157,13 @@ vm_group_reset() {
     rm -f /run/cdi/gpuctl.io-team-*.json
     mkdir -p /etc/gpuctl/policy.d
     find /var/lib/gpuctl -mindepth 1 -maxdepth 1 ! -name '.preset-applied' -exec rm -rf {} +
-    rm -rf /run/systemd/system.control/gpu* /run/systemd/system/gpuctl-mps@* \
-        /etc/systemd/system/gpuctld.service.d /var/lib/vmtest-nvml
+    rm -rf /run/systemd/system.control/gpu* /run/systemd/system/gpuctl-mps@* /var/lib/vmtest-nvml
+    if [ "${1:-}" = keep-nvml ]; then
+        find /etc/systemd/system/gpuctld.service.d -mindepth 1 ! -name 50-vmtest-nvml.conf \
+            -exec rm -rf {} + 2>/dev/null
+    else
+        rm -rf /etc/systemd/system/gpuctld.service.d
+    fi
     # Units a scenario wrote for itself (e.g. a team service).
     find /etc/systemd/system -maxdepth 1 -type f -name '*.service' -newer /run/vmtest-start -delete
     systemctl daemon-reload

@@ -51,7 +51,9 @@ gpuctld_use_fake_nvml() {
     lib=$(fake_nvml) || { fail "no fake NVML library (the harness copies target/*/libfake_nvml.so)"; return 1; }
     export GPUCTL_NVML_LIBRARY=$lib GPUCTL_GPU_RESET_CMD=fake:
     mkdir -p /etc/systemd/system/gpuctld.service.d
-    cat >/etc/systemd/system/gpuctld.service.d/50-vmtest-nvml.conf <<EOF
+    # Written only when it differs: an unchanged drop-in needs no daemon-reload (gpuctld_setup).
+    local dropin=/etc/systemd/system/gpuctld.service.d/50-vmtest-nvml.conf
+    cat >"$dropin.new" <<EOF
 # vm-tests: the fake NVML instead of the driver's libnvidia-ml.
 [Service]
 Environment=GPUCTL_NVML_LIBRARY=$lib FAKE_NVML_STATE=$FAKE_NVML_STATE GPUCTL_GPU_RESET_CMD=fake:
@@ -60,6 +62,13 @@ ReadWritePaths=$VMTEST_NVML_DIR
 # driver's own files would be there.
 BindReadOnlyPaths=/proc/driver /proc/devices
 EOF
+    if cmp -s "$dropin.new" "$dropin"; then
+        rm -f "$dropin.new"
+        _nvml_dropin_written=0
+    else
+        mv "$dropin.new" "$dropin"
+        _nvml_dropin_written=1
+    fi
 }
 
 # shellcheck disable=SC2120 # N is optional
@@ -70,7 +79,15 @@ gpuctld_setup() {
     fake_nvml_state H100-SXM5-80GB "$n"
     gpuctld_use_fake_nvml
     mkdir -p /etc/gpuctl/policy.d
-    systemctl daemon-reload
+    # After a group reset that kept the drop-in, systemd has it loaded already, unless the
+    # scenario wrote a drop-in of its own (NeedDaemonReload). That alone is not enough: systemd
+    # caches the unit directories at a reload and misses a drop-in directory created since.
+    if [ "${_nvml_dropin_written:-1}" = 1 ] ||
+        [ "$(systemctl show -P NeedDaemonReload gpuctld.service)" != no ] ||
+        ! systemctl show -P DropInPaths gpuctld.service |
+        grep -qF /etc/systemd/system/gpuctld.service.d/50-vmtest-nvml.conf; then
+        systemctl daemon-reload
+    fi
 }
 
 test_users() {

@@ -39,9 +39,13 @@ for f in $(find scenarios -maxdepth 1 -name '*.sh' | sort); do
     if [ $n -gt 0 ]; then
         a=
         grep -q '^# vmtest: reset=start' "$f" && a=start
+        # A member that sets up the fake NVML finds its drop-in kept and loaded, and skips a
+        # second daemon-reload (seconds each under TCG).
+        [ -z "$a" ] && grep -qE '^[^#]*\b(gpuctld_setup|gpuctld_use_fake_nvml|shell_setup|usage_setup)\b' "$f" &&
+            a=keep-nvml
         tr=$(cut -d' ' -f1 /proc/uptime)
         vm_group_reset $a >"$RESULTS_ROOT/reset-before-$name.log" 2>&1
-        echo "== reset gpuctl's run-time state for the next scenario${a:+ (and started gpuctld)} in $(awk -v t="$tr" '{printf "%.1f", $1 - t}' /proc/uptime) s"
+        echo "== reset gpuctl's run-time state for the next scenario${a:+ ($a)} in $(awk -v t="$tr" '{printf "%.1f", $1 - t}' /proc/uptime) s"
     fi
     n=$((n + 1))
     to=$(sed -n 's/^# vmtest: timeout=\([0-9][0-9]*\).*/\1/p' "$f" | head -n1)

@@ -133,8 +133,12 @@ Y
 gpuctl env --team infer --format compose --service probe >"$dc/gpu.yml"
 sed 's/^/    gpu.yml| /' "$dc/gpu.yml"
 cd "$dc" || exit 1
-VMTEST_SHOW_LINES=40 check_output "docker-compose config accepts the fragment as an override" docker-compose -p vmt -f docker-compose.yml -f gpu.yml config
+# One `config` run (each docker-compose start is seconds of python under TCG): its status, then
+# its output read by the checks below.
 merged=$(docker-compose -p vmt -f docker-compose.yml -f gpu.yml config 2>&1)
+rc=$?
+VMTEST_SHOW_LINES=40 check_output "docker-compose config accepts the fragment as an override" \
+    sh -c 'printf "%s\n" "$1"; exit "$2"' _ "$merged" "$rc"
 check "merged service: cgroup_parent gpu-infer.slice" grep -q 'cgroup_parent: gpu-infer.slice' <<<"$merged"
 check "merged service: infer's GPU nodes among its devices" \
     test "$(grep -cE '^ *- /dev/nvidia[02]:/dev/nvidia[02]$' <<<"$merged")" = 2

@@ -1,10 +1,11 @@
 #!/bin/bash
 # 97: the Ansible role (contrib/ansible) with Debian's ansible-core, connection local. It installs
-# the .deb, pushes a two-team policy (limits live), a second run changes nothing (changed=0), a
-# broken variable is caught by `gpuctl validate --as` before anything is installed (file, limits
-# and gpuctld's status stay), a problem gpuctld reports fails the play, and a changed limit goes
-# live; a drop-in the role installed from gpuctl_extra_dropins is removed once no longer listed
-# (idempotently), and a drop-in naming a GPU the host lacks fails the play's default verify.
+# the .deb and pushes a two-team policy (limits live); a broken variable is caught by `gpuctl
+# validate --as` before anything is installed (file, limits and gpuctld's status stay); a changed
+# limit goes live; a problem gpuctld reports fails the play; a drop-in the role installed from
+# gpuctl_extra_dropins is removed once no longer listed, and a drop-in naming a GPU the host lacks
+# fails the play's default verify; last, a run with nothing to do changes nothing (changed=0).
+# Seven plays: each is a minute of python starts under TCG, so checks share plays.
 # BENCH: ansible-playbook start -> new MemoryMax live, against a no-op run of the same play.
 # Under TCG each task is a python start: on a quiet host (release deb) the first run took 128 s,
 # a no-op run 74 s, the scenario about 400 s; on a host loaded by compiles, over 1800 s.
@@ -74,16 +75,9 @@ check "infer's MemoryMax is live (256M)" test "$(memmax)" = 268435456
 check "train's slice exists with its limit" test "$(systemctl show -P MemoryMax gpu-train.slice)" = 268435456
 check "gpuctl status is clean" gpuctl status
 
-# 2. Idempotent: nothing changes, nothing reloads.
-t=$(date +%s%N); play; rc=$?; noop_ms=$(ms_since "$t")
-echo "second run: $(recap) (${noop_ms} ms)"
-check "second run succeeds" test $rc = 0
-check "second run reports changed=0" grep -Eq '^localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' <(recap)
-check "no reload task ran on the second run" sh -c "! grep -q 'systemctl reload gpuctld' $W/last.log"
-
-# 3. A broken variable (a typo in an owner) is caught before install. Only the role's policy
+# 2. A broken variable (a typo in an owner) is caught before install. Only the role's policy
 # tasks: the whole play fails at the same task (the package tasks before it change nothing, as
-# step 2 showed), and under TCG each task is a python start.
+# the last step shows), and under TCG each task is a python start.
 sum=$(sha256sum $DEST)
 vars 256M trian
 play --tags gpuctl_policy; rc=$?
@@ -94,8 +88,29 @@ check "the installed drop-in is unchanged" test "$(sha256sum $DEST)" = "$sum"
 check "gpuctld still has the good policy (status clean)" gpuctl status
 check "infer's limit is unchanged" test "$(memmax)" = 268435456
 
-# 4. A changed limit goes live; measured from ansible-playbook's start.
+# 3. A changed limit goes live, measured from ansible-playbook's start; the same run installs an
+# extra drop-in (step 5 removes it), so the role's own files are checked in one play less.
 vars 384M
+extra() { # the extra drop-ins a run lists, as gpuctl_extra_dropins
+    cat >>"$W/vars.yml" <<'EOF2'
+gpuctl_extra_dropins:
+EOF2
+    if [ "$1" = extra ]; then cat >>"$W/vars.yml" <<'EOF2'
+  60-extra.toml: |
+    version = 1
+    [teams.extra]
+    members = ["alice"]
+EOF2
+    else cat >>"$W/vars.yml" <<'EOF2'
+  70-ghost.toml: |
+    version = 1
+    [[gpu]]
+    index = [7]
+    owner = "train"
+EOF2
+    fi
+}
+extra extra
 t=$(date +%s%N)
 play &
 pid=$!
@@ -108,16 +123,16 @@ check "the changed run succeeds" test $rc = 0
 check "infer's new MemoryMax (384M) is live" test -n "$live_ms"
 check "the changed run reloaded gpuctld" grep -q 'systemctl reload gpuctld' "$W/last.log"
 check "gpuctl status is clean after the change" gpuctl status
-if [ -n "$live_ms" ]; then
-    echo "BENCH ansible: playbook start -> new MemoryMax live ${live_ms} ms; same play, no change: ${noop_ms} ms; ratio $(awk -v a="$live_ms" -v b="$noop_ms" 'BEGIN{printf "%.2f", a/b}') (changed run total ${total_ms} ms, first run with install ${first_ms} ms)"
-fi
-# 5. A problem gpuctld reports fails the play, though the role's own file is unchanged.
+check "the extra drop-in is installed, marked as the role's" \
+    grep -q "^# installed by the gpuctl Ansible role" /etc/gpuctl/policy.d/60-extra.toml
+check "its team's slice exists" systemctl cat gpu-extra.slice
+# 4. A problem gpuctld reports fails the play, though the role's own file is unchanged.
 put_policy 90-hand.toml <<<'version = 1
 [teams.hand]
 memroy-max = "1G"'
 reload_wait
 # Same variables: the template is unchanged, so only gpuctl status can fail it; only the
-# verify tasks run (the rest changes nothing, as step 2 showed).
+# verify tasks run (the rest changes nothing, as the last step shows).
 play --tags gpuctl_verify; rc=$?
 _vm_show "$(grep -A3 'gpuctld reports no problem' "$W/last.log")" 8
 check "the play fails while gpuctld reports a policy error" test $rc != 0
@@ -125,50 +140,40 @@ check "... naming gpuctl status's report" grep -q "policy error" "$W/last.log"
 rm -f /etc/gpuctl/policy.d/90-hand.toml
 reload_wait
 
-# 6. The role owns what it installs: an extra drop-in, then the list without it. Only the policy
-# and verify tasks run (the rest changes nothing, as step 2 showed).
-vars 384M
-cat >>"$W/vars.yml" <<'EOF2'
-gpuctl_extra_dropins:
-  60-extra.toml: |
-    version = 1
-    [teams.extra]
-    members = ["alice"]
-EOF2
-play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
-echo "extra drop-in run: $(recap)"
-check "the play with an extra drop-in succeeds" test $rc = 0
-check "the extra drop-in is installed, marked as the role's" \
-    grep -q "^# installed by the gpuctl Ansible role" /etc/gpuctl/policy.d/60-extra.toml
-check "its team's slice exists" systemctl cat gpu-extra.slice
+# 5. The role owns what it installs: the list without step 3's extra drop-in removes it, and a
+# drop-in naming a GPU the host lacks passes validate --as (which cannot know the GPUs) while the
+# default verify (gpuctl status) fails the play. Only the policy, service and verify tasks run (the
+# rest changes nothing, as the last step shows).
 echo 'version = 1' >/etc/gpuctl/policy.d/61-hand.toml
 vars 384M
-play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
-echo "run without it: $(recap)"
-check "the play without it succeeds" test $rc = 0
-check "the drop-in no longer listed is removed" test ! -e /etc/gpuctl/policy.d/60-extra.toml
-check "a drop-in the role did not install stays" test -e /etc/gpuctl/policy.d/61-hand.toml
-check_output "gpuctld no longer has the team" sh -c '! gpuctl status --json | jq -e ".teams.extra" >/dev/null'
-play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
-check "and again: changed=0" grep -Eq '^localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' <(recap)
-rm -f /etc/gpuctl/policy.d/61-hand.toml
-
-# 7. A drop-in naming a GPU the host lacks passes validate --as (which cannot know the GPUs),
-# and the default verify (gpuctl status) fails the play.
-cat >>"$W/vars.yml" <<'EOF2'
-gpuctl_extra_dropins:
-  70-ghost.toml: |
-    version = 1
-    [[gpu]]
-    index = [7]
-    owner = "train"
-EOF2
+extra ghost
 play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
 _vm_show "$(grep -A3 'gpuctld reports no problem' "$W/last.log")" 8
 check "the play fails on a GPU the host lacks" test $rc != 0
 check "... naming it" grep -q "gpu 7 does not exist" "$W/last.log"
+check "the drop-in no longer listed is removed" test ! -e /etc/gpuctl/policy.d/60-extra.toml
+check "a drop-in the role did not install stays" test -e /etc/gpuctl/policy.d/61-hand.toml
+check "the listed ghost drop-in is installed" test -e /etc/gpuctl/policy.d/70-ghost.toml
+
+# 6. Without it the play succeeds again and removes it.
 vars 384M
 play --tags gpuctl_policy,gpuctl_service,gpuctl_verify; rc=$?
-check "without it the play succeeds again (the role removed it)" test $rc = 0
+echo "run without the extra drop-ins: $(recap)"
+check "without it the play succeeds again" test $rc = 0
+check "the role removed the ghost drop-in" test ! -e /etc/gpuctl/policy.d/70-ghost.toml
+check_output "gpuctld no longer has the extra team" sh -c '! gpuctl status --json | jq -e ".teams.extra" >/dev/null'
+
+# 7. Idempotent: the whole play again changes nothing and reloads nothing, the package tasks and
+# the removal of drop-ins no longer listed included. Last, so that one run shows it for all.
+t=$(date +%s%N); play; rc=$?; noop_ms=$(ms_since "$t")
+echo "no-op run: $(recap) (${noop_ms} ms)"
+check "the same play again succeeds" test $rc = 0
+check "... and reports changed=0" grep -Eq '^localhost +: ok=[0-9]+ +changed=0 +unreachable=0 +failed=0' <(recap)
+check "no reload task ran" sh -c "! grep -q 'systemctl reload gpuctld' $W/last.log"
+check "a drop-in the role did not install still stays" test -e /etc/gpuctl/policy.d/61-hand.toml
+rm -f /etc/gpuctl/policy.d/61-hand.toml
+if [ -n "$live_ms" ]; then
+    echo "BENCH ansible: playbook start -> new MemoryMax live ${live_ms} ms; same play, no change: ${noop_ms} ms; ratio $(awk -v a="$live_ms" -v b="$noop_ms" 'BEGIN{printf "%.2f", a/b}') (changed run total ${total_ms} ms, first run with install ${first_ms} ms)"
+fi
 
 finish
