@@ -132,10 +132,8 @@ EOF
 # Generators this guest has no use for (no encrypted, verity, integrity or GPT-auto disks, no
 # hibernation, no offline updates, no rc.local, no systemd.run=/systemd.mask= on the kernel line).
 # systemd runs every generator on each boot and each daemon-reload, and the scenarios reload
-# often (gpuctl's postinst, each reset between group members, the scenarios themselves): under
-# TCG each generator cost 190-370 ms, a daemon-reload 4.1 s with them (2026-12-03). Also masked:
-# fstab (the root mount is the kernel line's, and remount-fs reads /etc/fstab itself) and getty
-# (its one unit, the serial console's login for vm-tests/try, is enabled below). Kept: sysv
+# often (docs/performance.md). Also masked: fstab (the root mount is the kernel line's) and getty
+# (the serial console's getty, which vm-tests/try logs in through, is enabled below). Kept: sysv
 # (slapd's and nslcd's init scripts) and gpuctl's own.
 # podman.service and podman-auto-update.service come enabled (default.target.wants); at boot
 # the auto-update run took 10.7 s of CPU under TCG, for containers no scenario has.

@@ -88,8 +88,8 @@ check "the installed drop-in is unchanged" test "$(sha256sum $DEST)" = "$sum"
 check "gpuctld still has the good policy (status clean)" gpuctl status
 check "infer's limit is unchanged" test "$(memmax)" = 268435456
 
-# 3. A changed limit goes live, measured from ansible-playbook's start; the same run installs an
-# extra drop-in (step 5 removes it), so the role's own files are checked in one play less.
+# 3. A changed limit goes live (the BENCH line times it); the same run installs an extra drop-in,
+# which step 5 removes.
 vars 384M
 extra() { # the extra drop-ins a run lists, as gpuctl_extra_dropins
     cat >>"$W/vars.yml" <<'EOF2'
