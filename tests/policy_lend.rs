@@ -33,18 +33,8 @@ fn a_full_rule_parses_and_defaults_fill_the_rest() {
          [host]\nfair-share-half-life = \"3d\"\n",
     );
     assert!(ok, "{d:?}");
-    // Until gpuctld lends, the one warning beyond the GPU-less teams says so, at the table.
-    assert!(
-        d.iter()
-            .all(|l| l.contains("has no GPUs") || l.contains("gpuctld does not lend devices yet")),
-        "{d:?}"
-    );
-    assert!(
-        d.iter().any(|l| l.starts_with(
-            "p.toml:13:1: warning: teams.train.lend: gpuctld does not lend devices yet"
-        )),
-        "{d:?}"
-    );
+    // No warning beyond the GPU-less teams'.
+    assert!(d.iter().all(|l| l.contains("has no GPUs")), "{d:?}");
     let p = policy(
         "borrow = true\n[teams.train.lend]\nto = [\"interns\", \"research\"]\n\
          when = \"Sat,Sun\"\n[host]\nfair-share-half-life = \"3d\"\n",
@@ -208,7 +198,7 @@ fn mps_teams_and_borrowers_nobody_lends_to_are_warned() {
             x.to_string()
                 .replace(&format!("{}/", dir.path().display()), "")
         })
-        .filter(|l| l.contains("borrow") && !l.contains("does not lend devices yet"))
+        .filter(|l| l.contains("borrow"))
         .collect();
     assert_eq!(
         d,

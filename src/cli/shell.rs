@@ -75,6 +75,11 @@ pub struct PlaceArgs {
     #[arg(long, value_name = "DURATION", num_args = 0..=1, require_equals = true,
           default_missing_value = "forever", value_parser = parse_wait)]
     pub wait: Option<std::time::Duration>,
+    /// When the team's own share has no free device, run on a device another team lends
+    /// (its `[teams.NAME.lend]`); the job is preemptible: it gets a notice, SIGTERM and the
+    /// lender's grace when the owner wants the device back. Default: the team's `borrow`.
+    #[arg(long)]
+    pub borrow: bool,
 }
 
 fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
@@ -99,6 +104,7 @@ impl PlaceArgs {
             device: self.device.clone(),
             gpu_memory: self.gpu_memory,
             wait: self.wait,
+            borrow: self.borrow.then_some(true),
         }
         .to_map()
     }

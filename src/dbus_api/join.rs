@@ -360,6 +360,17 @@ pub struct JoinCtx<'a> {
 }
 
 impl JoinCtx<'_> {
+    fn loans(&self) -> super::loans::Cx<'_> {
+        super::loans::Cx {
+            backend: self.backend,
+            sd: self.sd,
+            root: self.root,
+            placing: self.placing,
+            queue: self.queue,
+            queue_changed: self.queue_changed,
+        }
+    }
+
     fn lock_queue(&self) -> std::sync::MutexGuard<'_, super::queue::Queues> {
         self.queue.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -497,10 +508,34 @@ pub async fn join(
     // A device-less team is joinable as before: nothing to place on.
     let placing = !opts.is_empty() || (t.placement.enabled() && join::has_devices(&env));
     let (_placing, placed) = if placing {
-        let (guard, p) = place_or_wait(cx, t, &opts, uid, pid, &pidfd).await?;
+        let (guard, p) = place_or_wait(cx, conn, t, &opts, uid, pid, &pidfd).await?;
         (Some(guard), Some(p))
     } else {
         (None, None)
+    };
+    // A borrowed job runs in the loans slice, under its own team's limits on its scope.
+    let (slice, limits) = match placed.as_ref().and_then(|p| p.lender.as_deref()) {
+        Some(lender) => {
+            let loans = props::slice_unit(crate::names::LOANS);
+            match sd.slice_device_policy(&loans).await {
+                Ok(p) if p == "closed" => {}
+                r => {
+                    return Err(JoinError::PlacementFailed(format!(
+                        "{loans} is not under gpuctl's device control ({}); cannot place a job \
+                         on team {lender}'s lent device",
+                        match r {
+                            Ok(p) => format!("DevicePolicy={p}"),
+                            Err(e) => e.to_string(),
+                        }
+                    )))
+                }
+            }
+            let host = crate::real::procfs::host_info(root);
+            let spec = t.limits.resolve(host.memory_bytes);
+            let limits = spec.bus_changes(&crate::settings::SliceSpec::default());
+            (loans, limits)
+        }
+        None => (slice, Vec::new()),
     };
     // Recorded after the checks and right before the move, to put back what the after-check
     // rejects.
@@ -517,9 +552,14 @@ pub async fn join(
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
-            borrowed_from: None,
+            borrowed_from: p.lender.clone(),
         };
-        let env = place::placed_env(team, &env, &p, lease.gpu_memory);
+        let mut env = place::placed_env(team, &env, &p, lease.gpu_memory);
+        if let Some(lender) = &p.lender {
+            // The lender's CDI spec is not the borrower's to read: no container device.
+            env.remove(place::CDI_DEVICE);
+            env.insert("GPUCTL_BORROWED_FROM".into(), lender.clone());
+        }
         (env, Some(p.allow), Some(lease))
     } else {
         let mut env = env;
@@ -537,7 +577,15 @@ pub async fn join(
     }
     let description = join::scope_description(&id);
     if let Err(e) = sd
-        .start_scope(jobs, &scope, &slice, pid, description, allow.as_deref())
+        .start_scope_with(
+            jobs,
+            &scope,
+            &slice,
+            pid,
+            description,
+            allow.as_deref(),
+            limits,
+        )
         .await
     {
         if lease.is_some() {
@@ -567,6 +615,9 @@ pub async fn join(
         return Err(JoinError::NotYourProcess(format!(
             "pid {pid}: the process changed while it was placed in {scope}"
         )));
+    }
+    if let Some(from) = lease.as_ref().and_then(|l| l.borrowed_from.as_deref()) {
+        crate::metrics::counters().lent(team, from);
     }
     match &lease {
         Some(l) => info!(
@@ -611,6 +662,7 @@ fn lease_id() -> std::io::Result<String> {
 /// placement lock still held, so the devices are taken before anyone else looks.
 async fn place_or_wait<'a>(
     cx: &'a JoinCtx<'_>,
+    conn: &Connection,
     team: &crate::policy::Team,
     opts: &JoinOptions,
     uid: u32,
@@ -618,7 +670,10 @@ async fn place_or_wait<'a>(
     pidfd: &OwnedFd,
 ) -> Result<(tokio::sync::MutexGuard<'a, ()>, place::Placed), JoinError> {
     let started = std::time::Instant::now();
-    let limit = opts.wait.unwrap_or_default();
+    let mut limit = opts.wait.unwrap_or_default();
+    let borrow = opts.borrow.unwrap_or(team.borrow);
+    // Told once that a loan is coming back for it.
+    let mut told_coming = false;
     let mut waiting = opts
         .wait
         .and_then(|_| Waiting::attach(cx, &team.name, uid, pid));
@@ -641,7 +696,7 @@ async fn place_or_wait<'a>(
             .is_none_or(|w| w.is_head() || w.is_granted());
         if look {
             let guard = cx.placing.lock().await;
-            let Some(snap) = snapshot(cx.backend, cx.sd, cx.root, team).await? else {
+            let Some(mut snap) = snapshot(cx.backend, cx.sd, cx.root, team).await? else {
                 // A gpuctld that has just started (the waiters of the last one ask again at
                 // once) has no share yet: a request that may wait does.
                 const STARTING: &str = "gpuctld has not finished its first reconcile";
@@ -650,9 +705,9 @@ async fn place_or_wait<'a>(
                 }
                 if waiting.is_none() {
                     waiting = Some(
-                        Waiting::new(cx, &team.name, uid, pid, opts.request()).map_err(|e| {
-                            JoinError::NoFreeDevice(format!("{STARTING}; cannot wait: {e}"))
-                        })?,
+                        Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow).map_err(
+                            |e| JoinError::NoFreeDevice(format!("{STARTING}; cannot wait: {e}")),
+                        )?,
                     );
                 }
                 last = STARTING.into();
@@ -734,13 +789,89 @@ async fn place_or_wait<'a>(
                     }
                     return Ok((guard, p));
                 }
-                Some(Err(r)) if r.busy && opts.wait.is_some() => {
+                Some(Err(r)) if r.busy => {
                     if let Some(w) = &waiting {
                         cx.lock_queue().ungrant(&team.name, w.ticket);
-                    } else {
-                        let w = Waiting::new(cx, &team.name, uid, pid, opts.request()).map_err(
-                            |e| JoinError::NoFreeDevice(format!("{}; cannot wait: {e}", r.message)),
-                        )?;
+                    }
+                    // The own share is full: a lent device, or a loan taken back.
+                    let policy = cx.backend.policy()?;
+                    let lent_out = snap
+                        .leases
+                        .iter()
+                        .any(|l| l.borrowed_from.as_deref() == Some(&*team.name));
+                    // An owner whose devices are lent waits for them like a `--wait` request:
+                    // its reclaim needs a ticket.
+                    if waiting.is_none() && lent_out {
+                        waiting =
+                            Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow).ok();
+                    }
+                    let me = crate::lending::Waiter {
+                        ticket: waiting
+                            .as_ref()
+                            .map_or(super::loans::UNQUEUED, |w| w.ticket),
+                        team: team.name.to_string(),
+                        uid,
+                        gpus: opts.gpus,
+                        device: opts.device.clone(),
+                        borrow,
+                        passed_over: 0,
+                    };
+                    let ticket = me.ticket;
+                    let usage = super::collector::last_collection();
+                    let leases = std::mem::take(&mut snap.leases);
+                    let answer = match super::loans::gather(
+                        &cx.loans(),
+                        &policy,
+                        leases,
+                        usage.as_deref(),
+                        Some(me),
+                    ) {
+                        Some(g) => {
+                            super::loans::decide_and_act(&cx.loans(), Some(conn), g, Some(ticket))
+                                .await
+                        }
+                        None => super::loans::Answer::default(),
+                    };
+                    if let Some((lender, devices)) = answer.borrowed {
+                        info!(
+                            gpuctl_team = %team.name,
+                            gpuctl_action = "borrowed",
+                            gpuctl_owner = %lender,
+                            uid,
+                            "uid {uid} of team {} borrows {} from team {lender}",
+                            team.name,
+                            devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>().join(",")
+                        );
+                        return Ok((guard, place::Placed::on(devices, Some(lender))));
+                    }
+                    let message = match &answer.reason {
+                        Some(why) => format!("{}; {why}", r.message),
+                        None => r.message.clone(),
+                    };
+                    if let Some(left) = answer.coming_back {
+                        // Wait for it: at most the reclaim's grace and the start.
+                        limit = limit.max(started.elapsed() + left);
+                        if !told_coming {
+                            told_coming = true;
+                            let text = format!(
+                                "gpuctl: your job of team {} waits for a lent device to come \
+                                 back: {message}",
+                                team.name
+                            );
+                            let root = cx.root.clone();
+                            let _ = tokio::task::spawn_blocking(move || {
+                                crate::real::tty::tell(&root, uid, &text)
+                            })
+                            .await;
+                        }
+                    } else if opts.wait.is_none() {
+                        return Err(JoinError::NoFreeDevice(message));
+                    }
+                    if waiting.is_none() {
+                        let w = Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow)
+                            .map_err(|e| {
+                                JoinError::NoFreeDevice(format!("{message}; cannot wait: {e}"))
+                            })?;
                         info!(
                             gpuctl_team = %team.name,
                             gpuctl_action = "queued",
@@ -751,9 +882,8 @@ async fn place_or_wait<'a>(
                         );
                         waiting = Some(w);
                     }
-                    last = r.message;
+                    last = message;
                 }
-                Some(Err(r)) if r.busy => return Err(JoinError::NoFreeDevice(r.message)),
                 Some(Err(r)) => return Err(JoinError::PlacementRefused(r.message)),
                 None => unreachable!("one answer per request"),
             }
@@ -799,8 +929,9 @@ impl<'a> Waiting<'a> {
         uid: u32,
         pid: u32,
         request: crate::placement::Request,
+        borrow: bool,
     ) -> Result<Self, super::queue::QueueError> {
-        let ticket = cx.lock_queue().join(team, uid, pid, request)?;
+        let ticket = cx.lock_queue().join(team, uid, pid, request, borrow)?;
         cx.save_queue();
         Ok(Waiting {
             cx,

@@ -58,6 +58,7 @@ pub mod health;
 pub mod join;
 pub mod ledger;
 pub mod lend;
+pub mod loans;
 pub mod place;
 pub mod queue;
 pub mod reply;
@@ -176,10 +177,10 @@ pub struct Agent {
     root: Root,
     jobs: Arc<JobWaiter>,
     /// Serializes placements ([`join::JoinCtx::placing`]).
-    placing: tokio::sync::Mutex<()>,
+    placing: Arc<tokio::sync::Mutex<()>>,
     /// `--wait` requests ([`queue`]).
-    queue: Mutex<queue::Queues>,
-    queue_changed: tokio::sync::Notify,
+    queue: Arc<Mutex<queue::Queues>>,
+    queue_changed: Arc<tokio::sync::Notify>,
     /// The per-uid budgets bus calls draw from ([`crate::ratelimit`] says why each).
     light: Mutex<RateLimiter>,
     heavy: Mutex<RateLimiter>,
@@ -598,6 +599,29 @@ pub async fn serve(
     // Subscribed before the name is taken, so no placement can miss its job's signal.
     let jobs = JobWaiter::spawn(&sd).await?;
     let saved = join::load_queue(&root);
+    let placing = Arc::new(tokio::sync::Mutex::new(()));
+    let queue = Arc::new(Mutex::new({
+        // The requests a previous gpuctld left waiting keep their places while their clients
+        // ask again; new tickets follow the clock, so none repeats one of the last gpuctld's
+        // (a reclaim records the ticket it was made for).
+        let mut q = queue::Queues::default();
+        q.tickets_after(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as u64),
+        );
+        let until = std::time::Instant::now() + join::RETURN_GRACE;
+        q.restore(saved, until);
+        q
+    }));
+    let queue_changed = Arc::new(tokio::sync::Notify::new());
+    tokio::spawn(loans_loop(
+        conn.clone(),
+        backend.clone(),
+        sd.clone(),
+        root.clone(),
+        (placing.clone(), queue.clone(), queue_changed.clone()),
+    ));
     let reads = Limits::reads_from_env().unwrap_or_else(|e| {
         tracing::warn!("{e}: the default read budget applies");
         Limits::reads()
@@ -610,16 +634,9 @@ pub async fn serve(
                 sd,
                 root,
                 jobs,
-                placing: tokio::sync::Mutex::new(()),
-                queue: Mutex::new({
-                    // The requests a previous gpuctld left waiting keep their places while
-                    // their clients ask again.
-                    let mut q = queue::Queues::default();
-                    let until = std::time::Instant::now() + join::RETURN_GRACE;
-                    q.restore(saved, until);
-                    q
-                }),
-                queue_changed: tokio::sync::Notify::new(),
+                placing,
+                queue,
+                queue_changed,
                 light: Mutex::new(RateLimiter::new(Limits::light())),
                 heavy: Mutex::new(RateLimiter::new(Limits::heavy())),
                 reads: Mutex::new(RateLimiter::new(reads)),
@@ -631,6 +648,42 @@ pub async fn serve(
         .await?;
     conn.request_name(BUS_NAME).await?;
     Ok(())
+}
+
+/// The placement lock, the queue and its wake-up, shared by the bus object and the loan tick.
+type PlaceState = (
+    Arc<tokio::sync::Mutex<()>>,
+    Arc<Mutex<queue::Queues>>,
+    Arc<tokio::sync::Notify>,
+);
+
+/// gpuctld's loan tick ([`loans::tick`]) until the runtime ends.
+async fn loans_loop(
+    conn: Connection,
+    backend: Arc<dyn Backend>,
+    sd: Systemd,
+    root: Root,
+    (placing, queue, queue_changed): PlaceState,
+) {
+    loop {
+        let cx = loans::Cx {
+            backend: &*backend,
+            sd: &sd,
+            root: &root,
+            placing: &placing,
+            queue: &queue,
+            queue_changed: &queue_changed,
+        };
+        let next = match loans::wanted(&cx) {
+            Some(policy) => {
+                let u = usage::usage(&*backend, &root).await.ok();
+                loans::tick(&cx, &conn, &policy, u.as_ref()).await;
+                loans::TICK
+            }
+            None => loans::IDLE_TICK,
+        };
+        tokio::time::sleep(next).await;
+    }
 }
 
 /// A GPU's MIG state in `Status` words (`on, 3 instance(s)`), `None` without MIG. A GPU the

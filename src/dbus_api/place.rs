@@ -25,6 +25,8 @@ pub struct JoinOptions {
     pub gpu_memory: Option<u64>,
     /// `wait`: how long to queue for a free device (`forever`, or milliseconds).
     pub wait: Option<std::time::Duration>,
+    /// `borrow`: `true` or `false`; unset: the team's `borrow` setting.
+    pub borrow: Option<bool>,
 }
 
 /// The longest `--wait`: a week (`forever` is this too), so a deadline never overflows.
@@ -34,7 +36,7 @@ pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(7 * 86_
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionError {
     /// Not one of the options, or a device name out of bounds.
-    #[error("unknown or bad option {} (options: gpus, device, gpu-memory, wait)", crate::settings::value::quote(.0))]
+    #[error("unknown or bad option {} (options: gpus, device, gpu-memory, wait, borrow)", crate::settings::value::quote(.0))]
     Unknown(String),
     /// `gpus` is not a count.
     #[error(transparent)]
@@ -45,6 +47,9 @@ pub enum OptionError {
     /// `gpu-memory` is not a byte count.
     #[error("gpu-memory {0:?}: not a byte count")]
     GpuMemory(String),
+    /// `borrow` is not `true` or `false`.
+    #[error("borrow {0:?}: not true or false")]
+    Borrow(String),
 }
 
 impl JoinOptions {
@@ -70,6 +75,13 @@ impl JoinOptions {
                             .ok_or_else(|| OptionError::GpuMemory(v.to_string()))?,
                     )
                 }
+                "borrow" => {
+                    o.borrow = Some(match v.as_str() {
+                        "true" => true,
+                        "false" => false,
+                        v => return Err(OptionError::Borrow(v.to_string())),
+                    })
+                }
                 _ => return Err(OptionError::Unknown(k.to_string())),
             }
         }
@@ -90,6 +102,9 @@ impl JoinOptions {
         }
         if let Some(w) = self.wait {
             m.insert("wait".into(), w.as_millis().to_string());
+        }
+        if let Some(b) = self.borrow {
+            m.insert("borrow".into(), b.to_string());
         }
         m
     }
@@ -253,6 +268,24 @@ pub struct Placed {
     pub devices: Vec<ShareDevice>,
     /// Every node the job's scope allows.
     pub allow: Vec<String>,
+    /// The team that lent the devices, for a borrowed placement (its scope runs in the loans
+    /// slice).
+    pub lender: Option<String>,
+}
+
+impl Placed {
+    /// A placement on `devices`, their nodes and the common ones allowed.
+    pub fn on(devices: Vec<ShareDevice>, lender: Option<String>) -> Placed {
+        let mut allow: Vec<String> = devices.iter().flat_map(|d| d.nodes.clone()).collect();
+        allow.sort();
+        allow.dedup();
+        allow.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
+        Placed {
+            devices,
+            allow,
+            lender,
+        }
+    }
 }
 
 /// A placement refused: the message and whether it is "nothing free now" (a distinct exit
@@ -430,11 +463,7 @@ fn serve_among(
             let devices: Vec<ShareDevice> = picked.iter().map(|i| share[*i].clone()).collect();
             let cap = gpu_memory.get(k).copied().flatten();
             check_gpu_memory(team, &devices, cap.or(team.placement.gpu_memory))?;
-            let mut allow: Vec<String> = devices.iter().flat_map(|d| d.nodes.clone()).collect();
-            allow.sort();
-            allow.dedup();
-            allow.extend(COMMON_DEVICES.iter().map(|d| d.to_string()));
-            Ok(Placed { devices, allow })
+            Ok(Placed::on(devices, None))
         })
         .collect()
 }

@@ -53,6 +53,8 @@ pub struct Entry {
     pub passed: u32,
     /// Restored after a restart, its client not back yet.
     pub returning: bool,
+    /// May borrow another team's lent device (`--borrow`, or its team's `borrow`).
+    pub borrow: bool,
 }
 
 /// A waiting request as `/run/gpuctl/queue.json` keeps it, in serving order.
@@ -73,6 +75,9 @@ pub struct Saved {
     /// Times passed over.
     #[serde(default)]
     pub passed: u32,
+    /// May borrow.
+    #[serde(default)]
+    pub borrow: bool,
 }
 
 #[derive(Debug, Default)]
@@ -104,8 +109,9 @@ impl Queues {
         uid: u32,
         pid: u32,
         request: Request,
+        borrow: bool,
     ) -> Result<Ticket, QueueError> {
-        self.push(team, uid, pid, request, 0, false)
+        self.push(team, uid, pid, (request, borrow), 0, false)
     }
 
     fn push(
@@ -113,7 +119,7 @@ impl Queues {
         team: &str,
         uid: u32,
         pid: u32,
-        request: Request,
+        (request, borrow): (Request, bool),
         passed: u32,
         returning: bool,
     ) -> Result<Ticket, QueueError> {
@@ -138,6 +144,7 @@ impl Queues {
             request,
             passed,
             returning,
+            borrow,
         });
         *self.per_user.entry(uid).or_default() += 1;
         self.total += 1;
@@ -189,6 +196,30 @@ impl Queues {
         if let Some(q) = self.teams.get_mut(team) {
             q.granted = tickets;
         }
+    }
+
+    /// The lending decision found `ticket` a lent device: it looks at once, like a ticket
+    /// its own team's look served.
+    pub fn grant_one(&mut self, team: &str, ticket: Ticket) {
+        if let Some(q) = self.teams.get_mut(team) {
+            q.granted.insert(ticket);
+        }
+    }
+
+    /// Tickets from now on follow `n`: a restarted gpuctld numbers after the last one's, so
+    /// a reclaim recorded for an old ticket never names a new request.
+    pub fn tickets_after(&mut self, n: Ticket) {
+        self.next = self.next.max(n);
+    }
+
+    /// Every team's requests (teams in name order, each in serving order).
+    pub fn all_entries(&self) -> Vec<(String, Entry)> {
+        let mut teams: Vec<&String> = self.teams.keys().collect();
+        teams.sort();
+        teams
+            .into_iter()
+            .flat_map(|t| self.entries(t).into_iter().map(move |e| (t.clone(), e)))
+            .collect()
     }
 
     /// `ticket` looked and found nothing after all (someone placed first).
@@ -307,6 +338,7 @@ impl Queues {
                     gpus: e.request.gpus,
                     device: e.request.device,
                     passed: e.passed,
+                    borrow: e.borrow,
                 })
             })
             .collect()
@@ -321,7 +353,7 @@ impl Queues {
                 gpus: s.gpus,
                 device: s.device,
             };
-            let _ = self.push(&s.team, s.uid, s.pid, request, s.passed, true);
+            let _ = self.push(&s.team, s.uid, s.pid, (request, s.borrow), s.passed, true);
         }
     }
 
@@ -382,13 +414,13 @@ mod tests {
     fn one_users_ten_requests_do_not_starve_anothers_one() {
         let mut q = Queues::default();
         let alice: Vec<Ticket> = (0..10)
-            .map(|_| q.join("t", 1000, 1, any()).unwrap())
+            .map(|_| q.join("t", 1000, 1, any(), false).unwrap())
             .collect();
-        let bob = q.join("t", 1001, 2, any()).unwrap();
+        let bob = q.join("t", 1001, 2, any(), false).unwrap();
         assert_eq!(q.head("t"), Some(alice[0]));
         assert_eq!(q.position("t", bob), Some(2), "second, not eleventh");
         assert_eq!(q.position("t", alice[1]), Some(3));
-        q.join("a", 7, 3, any()).unwrap();
+        q.join("a", 7, 3, any(), false).unwrap();
         let w = q.waiting();
         assert_eq!(w[0], ("a".to_string(), 7, 1), "teams in name order");
         assert_eq!(
@@ -419,8 +451,8 @@ mod tests {
     fn a_viewer_reads_the_queues_of_its_own_teams_only() {
         use crate::join::Viewer;
         let mut q = Queues::default();
-        q.join("interns", 1000, 1, any()).unwrap();
-        q.join("train", 1001, 2, any()).unwrap();
+        q.join("interns", 1000, 1, any(), false).unwrap();
+        q.join("train", 1001, 2, any(), false).unwrap();
         let name = |uid: u32| (uid == 1000).then(|| "alice".to_string());
         let member = Viewer::Teams(["interns".to_string()].into());
         let seen = q.seen_by(&member, name);
@@ -444,24 +476,24 @@ mod tests {
     fn caps_per_user_and_in_all_and_leaving_out_of_turn() {
         let mut q = Queues::default();
         for _ in 0..MAX_WAITING_PER_USER {
-            q.join("t", 1, 1, any()).unwrap();
+            q.join("t", 1, 1, any(), false).unwrap();
         }
         assert_eq!(
-            q.join("u", 1, 1, any()),
+            q.join("u", 1, 1, any(), false),
             Err(QueueError::UserFull { uid: 1 })
         );
         let mut uid = 2;
         while q.len() < MAX_WAITING {
-            q.join("t", 1000 + uid / 8, uid, any())
+            q.join("t", 1000 + uid / 8, uid, any(), false)
                 .unwrap_or_else(|e| panic!("{e}"));
             uid += 1;
         }
-        assert_eq!(q.join("t", 99_999, 1, any()), Err(QueueError::Full));
+        assert_eq!(q.join("t", 99_999, 1, any(), false), Err(QueueError::Full));
         // A waiter that gives up out of turn leaves the turn where it was.
         let mut q = Queues::default();
-        let a1 = q.join("t", 1, 1, any()).unwrap();
-        let b1 = q.join("t", 2, 2, any()).unwrap();
-        let b2 = q.join("t", 2, 3, any()).unwrap();
+        let a1 = q.join("t", 1, 1, any(), false).unwrap();
+        let b1 = q.join("t", 2, 2, any(), false).unwrap();
+        let b2 = q.join("t", 2, 3, any(), false).unwrap();
         q.leave("t", b2);
         assert_eq!(q.head("t"), Some(a1));
         q.leave("t", a1);
@@ -474,9 +506,9 @@ mod tests {
     #[test]
     fn passes_count_for_those_ahead_only() {
         let mut q = Queues::default();
-        let a = q.join("t", 1, 1, any()).unwrap();
-        let b = q.join("t", 2, 2, any()).unwrap();
-        let c = q.join("t", 3, 3, any()).unwrap();
+        let a = q.join("t", 1, 1, any(), false).unwrap();
+        let b = q.join("t", 2, 2, any(), false).unwrap();
+        let c = q.join("t", 3, 3, any(), false).unwrap();
         q.passed_over("t", &[a, b].into());
         q.leave("t", c);
         q.passed_over("t", &[a].into());
@@ -496,10 +528,10 @@ mod tests {
             gpus: None,
             device: Some("MIG-a".into()),
         };
-        q.join("t", 1, 11, any()).unwrap();
-        q.join("t", 1, 12, dev.clone()).unwrap();
-        q.join("t", 2, 21, any()).unwrap();
-        q.join("u", 3, 31, any()).unwrap();
+        q.join("t", 1, 11, any(), false).unwrap();
+        q.join("t", 1, 12, dev.clone(), false).unwrap();
+        q.join("t", 2, 21, any(), false).unwrap();
+        q.join("u", 3, 31, any(), false).unwrap();
         q.passed_over("t", &tickets(&q, "t").into_iter().collect());
         let saved = q.saved();
         let text = serde_json::to_string(&saved).unwrap();
@@ -511,7 +543,7 @@ mod tests {
         assert_eq!(r.head("t"), None, "returning entries are not served");
         // A new user's request takes its round-robin place among the returning ones (after
         // each user's first); a returning client takes back its own.
-        let new = r.join("t", 4, 41, any()).unwrap();
+        let new = r.join("t", 4, 41, any(), false).unwrap();
         assert_eq!(r.position("t", new), Some(3));
         assert_eq!(r.attach("t", 2, 21), Some(tickets(&r, "t")[1]));
         assert_eq!(r.attach("t", 2, 21), None, "once");
@@ -529,8 +561,8 @@ mod tests {
     #[test]
     fn grants_belong_to_the_team_and_end_with_the_ticket() {
         let mut q = Queues::default();
-        let a = q.join("t", 1, 1, any()).unwrap();
-        let b = q.join("t", 2, 2, any()).unwrap();
+        let a = q.join("t", 1, 1, any(), false).unwrap();
+        let b = q.join("t", 2, 2, any(), false).unwrap();
         q.grant("t", [b].into());
         assert!(q.granted("t", b) && !q.granted("t", a) && !q.granted("u", b));
         q.leave("t", b);

@@ -79,6 +79,12 @@ pub struct Counters {
     pub reconcile_errors: Counter,
     /// Join outcomes by team and outcome.
     pub joins: Family<Labels, Counter>,
+    /// Borrowed placements by borrowing team and lender.
+    pub loans: Family<Labels, Counter>,
+    /// Loans taken back by borrowing team, lender and why.
+    pub reclaims: Family<Labels, Counter>,
+    /// Borrowed jobs still running when their grace ran out (stopped by gpuctld).
+    pub reclaim_overruns: Family<Labels, Counter>,
 }
 
 /// gpuctld's counters (one set per process).
@@ -90,6 +96,9 @@ pub fn counters() -> &'static Counters {
         ]),
         reconcile_errors: Counter::default(),
         joins: Family::default(),
+        loans: Family::default(),
+        reclaims: Family::default(),
+        reclaim_overruns: Family::default(),
     })
 }
 
@@ -106,6 +115,27 @@ impl Counters {
     pub fn joined(&self, team: &str, outcome: &str) {
         self.joins
             .get_or_create(&l(&[("team", team), ("outcome", outcome)]))
+            .inc();
+    }
+
+    /// A job of `team` placed on devices lent by `from`.
+    pub fn lent(&self, team: &str, from: &str) {
+        self.loans
+            .get_or_create(&l(&[("team", team), ("from", from)]))
+            .inc();
+    }
+
+    /// A loan of `from` to `team` taken back (`why`: `owner`, `window`, `not-lent`).
+    pub fn reclaim(&self, team: &str, from: &str, why: &str) {
+        self.reclaims
+            .get_or_create(&l(&[("team", team), ("from", from), ("why", why)]))
+            .inc();
+    }
+
+    /// A borrowed job of `team` outlived its grace and was stopped.
+    pub fn overran(&self, team: &str, from: &str) {
+        self.reclaim_overruns
+            .get_or_create(&l(&[("team", team), ("from", from)]))
             .inc();
     }
 }
@@ -410,6 +440,21 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         c.reconcile_errors.clone(),
     );
     r.register("join", "Join calls by team and outcome", c.joins.clone());
+    r.register(
+        "loans",
+        "Jobs placed on another team's lent devices, by borrowing team and lender",
+        c.loans.clone(),
+    );
+    r.register(
+        "loan_reclaims",
+        "Loans taken back, by borrowing team, lender and why",
+        c.reclaims.clone(),
+    );
+    r.register(
+        "loan_reclaim_overruns",
+        "Borrowed jobs still running when their grace ran out, stopped by gpuctld",
+        c.reclaim_overruns.clone(),
+    );
     register_idle(&mut r, &s.idle);
     register_health(&mut r, &s.health);
     ledger::register(&mut r, &|team: &str| {

@@ -261,14 +261,6 @@ fn check_lending(
     for t in teams.values() {
         let Some(l) = &t.lend else { continue };
         let key = format!("teams.{}.lend", t.name);
-        diags.push(warning(
-            &l.loc,
-            &key,
-            "gpuctld does not lend devices yet: this table is checked and kept, but nothing is \
-             lent or borrowed (every device serves its own team's jobs only)"
-                .into(),
-            Some("docs/policy.md, \"Lending idle devices\"".into()),
-        ));
         match l.to.as_ref().map(|a| &a.value) {
             None => diags.push(error(
                 &l.loc,

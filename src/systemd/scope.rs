@@ -157,6 +157,23 @@ impl Systemd {
         description: String,
         devices: Option<&[String]>,
     ) -> Result<(), SystemdError> {
+        self.start_scope_with(jobs, scope, slice, pid, description, devices, Vec::new())
+            .await
+    }
+
+    /// [`Systemd::start_scope`] with resource properties of the scope's own: a borrowed job,
+    /// outside its team's slice, carries its team's limits itself.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn start_scope_with(
+        &self,
+        jobs: &JobWaiter,
+        scope: &str,
+        slice: &str,
+        pid: u32,
+        description: String,
+        devices: Option<&[String]>,
+        limits: Vec<(&'static str, Value<'static>)>,
+    ) -> Result<(), SystemdError> {
         use std::sync::atomic::Ordering;
         let with_oom = SCOPE_OOM_POLICY.load(Ordering::Relaxed);
         let s = ScopeSpec {
@@ -165,6 +182,7 @@ impl Systemd {
             pid,
             description: &description,
             devices,
+            limits,
         };
         match self.start_scope_once(jobs, &s, with_oom).await {
             Err(e) if with_oom && e.to_string().contains("OOMPolicy") => {
@@ -229,6 +247,7 @@ struct ScopeSpec<'a> {
     pid: u32,
     description: &'a str,
     devices: Option<&'a [String]>,
+    limits: Vec<(&'static str, Value<'static>)>,
 }
 
 /// The `StartTransientUnit` properties of a member scope.
@@ -251,6 +270,7 @@ fn scope_properties<'a>(s: &ScopeSpec<'a>, oom_continue: bool) -> Vec<(&'static 
     if oom_continue {
         props.push(("OOMPolicy", Value::from("continue")));
     }
+    props.extend(s.limits.iter().map(|(k, v)| (*k, v.clone())));
     props
 }
 
@@ -271,6 +291,7 @@ mod tests {
             pid: 1,
             description: "d",
             devices: Some(&devices),
+            limits: Vec::new(),
         };
         let p = scope_properties(&s, true);
         let get = |k: &str| p.iter().find(|(n, _)| *n == k).map(|(_, v)| v.clone());

@@ -198,7 +198,9 @@ pub fn attribute(usage: &mut Usage, owners: &Owners) {
         for p in procs {
             p.stray = !teams.is_empty()
                 && !p.team.as_ref().is_some_and(|t| teams.contains(t))
-                && p.slurm_job.is_none();
+                && p.slurm_job.is_none()
+                // A borrowed job: the loans slice opens only the devices lent to it.
+                && p.team.as_deref() != Some(crate::names::LOANS);
         }
     }
     for g in &mut usage.gpus {

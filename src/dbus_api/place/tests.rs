@@ -248,6 +248,7 @@ fn options_round_trip_and_unknown_ones_are_refused() {
         device: Some("MIG-1".into()),
         gpu_memory: Some(1 << 30),
         wait: Some(std::time::Duration::from_secs(5)),
+        borrow: Some(true),
     };
     let m: HashMap<String, String> = o.to_map().into_iter().collect();
     assert_eq!(JoinOptions::parse(&m), Ok(o));
@@ -260,6 +261,13 @@ fn options_round_trip_and_unknown_ones_are_refused() {
     assert!(JoinOptions::parse(&HashMap::new()).unwrap().is_empty());
     let forever: HashMap<String, String> = [("wait".to_string(), "forever".to_string())].into();
     assert_eq!(JoinOptions::parse(&forever).unwrap().wait, Some(MAX_WAIT));
+    let no: HashMap<String, String> = [("borrow".to_string(), "false".to_string())].into();
+    assert_eq!(JoinOptions::parse(&no).unwrap().borrow, Some(false));
+    let bad: HashMap<String, String> = [("borrow".to_string(), "yes".to_string())].into();
+    assert_eq!(
+        JoinOptions::parse(&bad),
+        Err(OptionError::Borrow("yes".into()))
+    );
 }
 
 #[test]
