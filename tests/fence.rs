@@ -373,3 +373,30 @@ fn the_loans_slice_allows_the_lent_devices_and_loses_them_before_anyone_gains_th
     );
     assert!(!host.state.slices.contains_key(&loans), "{kinds:#?}");
 }
+
+#[test]
+fn a_lender_that_stops_lending_does_not_fence_off_a_running_borrower() {
+    let loans: TeamName = "loans".parse().unwrap();
+    let mut host = SimHost::from_spec("h100-80gb*2").unwrap();
+    let (_, rest) = apply(&lending(true), &mut host);
+    assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
+    // An interns job borrows train's GPU 1 and runs on it.
+    host.state.gpus[1].processes.push(GpuProcess {
+        pid: 4242,
+        used_memory: 1 << 30,
+        unit: Some("gpuctl-run-0123456789abcdef.scope".into()),
+        cgroup: Some("/gpu.slice/gpu-loans.slice/gpuctl-run-0123456789abcdef.scope".into()),
+    });
+    // Train stops lending: the borrower gets its notice and grace from gpuctld; the fence
+    // keeps the device open in the loans slice meanwhile, and a second plan has nothing to do.
+    let (_, rest) = apply(&lending(false), &mut host);
+    assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
+    let allow = &host.state.slices[&loans].device_allow;
+    assert!(allow.contains("/dev/nvidia1"), "{allow:?}");
+    assert!(!allow.contains("/dev/nvidia0"), "{allow:?}");
+    // The borrower is gone: so is the slice.
+    host.state.gpus[1].processes.clear();
+    let (_, rest) = apply(&lending(false), &mut host);
+    assert!(rest.actions.is_empty(), "{:#?}", rest.actions);
+    assert!(!host.state.slices.contains_key(&loans));
+}

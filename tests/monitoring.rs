@@ -62,7 +62,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
         .args(["check", "rules", "gpuctl.rules.yml"])
         .current_dir(&dir));
     assert!(ok, "promtool check rules:\n{out}");
-    assert!(out.contains("SUCCESS: 13 rules found"), "{out}");
+    assert!(out.contains("SUCCESS: 14 rules found"), "{out}");
     let (ok, out) = run(Command::new(&pt)
         .args(["test", "rules", "gpuctl.rules.test.yml"])
         .current_dir(&dir));
@@ -72,7 +72,7 @@ fn alert_rules_pass_promtool_check_and_unit_tests() {
     let rules = std::fs::read_to_string(dir.join("gpuctl.rules.yml")).unwrap();
     let tests = std::fs::read_to_string(dir.join("gpuctl.rules.test.yml")).unwrap();
     let alerts = yaml_values(&rules, "alert");
-    assert_eq!(alerts.len(), 11);
+    assert_eq!(alerts.len(), 12);
     let lines: Vec<&str> = tests.lines().map(str::trim).collect();
     for a in &alerts {
         let mut fires = 0;
@@ -191,6 +191,9 @@ fn full_snapshot() -> Snapshot {
     c.reconciled(3.0, false);
     c.joined("infer", "ok");
     c.joined("train", "not-member");
+    c.lent("interns", "train");
+    c.reclaim("interns", "train", "owner");
+    c.overran("interns", "train");
     Snapshot {
         usage,
         teams: [(

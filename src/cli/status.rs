@@ -146,8 +146,13 @@ pub fn lease_line(l: &crate::dbus_api::reply::v1::LeaseStatus) -> String {
         .gpu_memory
         .map(|b| format!(", gpu-memory {}", crate::settings::value::human_bytes(b)))
         .unwrap_or_default();
+    let lent = l
+        .borrowed_from
+        .as_ref()
+        .map(|o| format!(", borrowed from {o}"))
+        .unwrap_or_default();
     format!(
-        "{} {}: {} (uid {}) {} since {}{mem}",
+        "{} {}: {} (uid {}) {} since {}{mem}{lent}",
         l.team,
         l.devices.join(","),
         l.user,
@@ -318,11 +323,18 @@ mod tests {
             devices: vec!["MIG-a".into()],
             since: 0,
             gpu_memory: Some(2 << 30),
+            borrowed_from: None,
         };
         assert_eq!(
             lease_line(&l),
             "interns MIG-a: alice (uid 1000) gpuctl-run-interns-812.scope since \
              1970-01-01T00:00:00Z, gpu-memory 2 GiB"
         );
+        let b = crate::dbus_api::reply::v1::LeaseStatus {
+            gpu_memory: None,
+            borrowed_from: Some("train".into()),
+            ..l
+        };
+        assert!(lease_line(&b).ends_with("since 1970-01-01T00:00:00Z, borrowed from train"));
     }
 }

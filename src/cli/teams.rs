@@ -67,6 +67,8 @@ pub fn render(list: &[TeamInfo]) -> String {
             let cap = d.capacity.map_or("no cap".to_string(), |c| c.to_string());
             let state = if d.out_of_service.is_some() {
                 "out"
+            } else if d.leases.iter().any(|l| l.borrowed_from.is_some()) {
+                "lent"
             } else if d.capacity.is_some_and(|c| d.leases.len() as u32 >= c) {
                 "held"
             } else {
@@ -87,8 +89,12 @@ pub fn render(list: &[TeamInfo]) -> String {
                 ));
             }
             for l in &d.leases {
+                let lent = match &l.borrowed_from {
+                    Some(_) => format!("lent to {}: ", l.team),
+                    None => String::new(),
+                };
                 s.push_str(&format!(
-                    "      {} {} since {}\n",
+                    "      {lent}{} {} since {}\n",
                     l.user,
                     l.unit,
                     crate::placement::utc(l.since)
@@ -151,6 +157,10 @@ mod tests {
                     "unit": "gpuctl-run-interns-9.scope", "team": "interns", "user": "bob",
                     "uid": 1001, "pid": 9, "devices": ["MIG-a"], "since": 0}]},
                 {"index": 1, "id": "MIG-b", "mig": true, "capacity": 1, "leases": []},
+                {"index": 3, "id": "MIG-d", "mig": true, "capacity": 1, "leases": [{
+                    "unit": "gpuctl-run-7.scope", "team": "research", "user": "dan",
+                    "uid": 1007, "pid": 7, "devices": ["MIG-d"], "since": 0,
+                    "borrowed_from": "interns"}]},
                 {"index": 2, "id": "MIG-c", "mig": true, "capacity": 1, "leases": [],
                  "out_of_service": {"device": "MIG-c", "reason": "XID 94", "since": 60,
                     "by": "gpuctld"}},
@@ -167,5 +177,9 @@ mod tests {
         );
         assert!(s.contains("  [0] MIG-a held (1/1)\n      bob gpuctl-run-interns-9.scope since 1970-01-01T00:00:00Z\n"), "{s}");
         assert!(s.contains("  [1] MIG-b free (0/1)\n"), "{s}");
+        assert!(
+            s.contains("  [3] MIG-d lent (1/1)\n      lent to research: dan gpuctl-run-7.scope"),
+            "{s}"
+        );
     }
 }

@@ -236,7 +236,11 @@ pub fn holds(
             },
             leases: leases
                 .iter()
-                .filter(|l| l.team == *team.name && l.devices.contains(&d.id))
+                // Its own jobs, and a borrower's on a device it lent.
+                .filter(|l| {
+                    (l.team == *team.name || l.borrowed_from.as_deref() == Some(&*team.name))
+                        && l.devices.contains(&d.id)
+                })
                 .map(super::reply::LeaseStatus::from)
                 .collect(),
             out_of_service: out.get(&d.id).map(|o| super::reply::DeviceOutStatus {

@@ -229,6 +229,9 @@ pub struct LeaseStatus {
     pub unit: String,
     /// The holder's name (`uid N` when NSS does not know it).
     pub user: String,
+    /// The team that lent the devices, for a borrowed job (preemptible).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed_from: Option<String>,
 }
 
 impl From<&crate::placement::Lease> for LeaseStatus {
@@ -242,6 +245,7 @@ impl From<&crate::placement::Lease> for LeaseStatus {
             uid: l.uid,
             unit: l.unit.clone(),
             user: l.user.clone(),
+            borrowed_from: l.borrowed_from.clone(),
         }
     }
 }

@@ -42,9 +42,13 @@ fn owners_and_lib(sh: &AgentState) -> (Owners, Option<std::path::PathBuf>) {
 pub async fn usage(backend: &dyn Backend, root: &Root) -> fdo::Result<Usage> {
     let (owners, lib) = owners_and_lib(&backend.state());
     let root = root.clone();
-    tokio::task::spawn_blocking(move || collector(lib).get(&root, &owners, &Nss))
-        .await
-        .map_err(|e| fdo::Error::Failed(format!("usage collection failed: {e}")))
+    tokio::task::spawn_blocking(move || {
+        let mut u = collector(lib).get(&root, &owners, &Nss);
+        super::place::store::attribute_loans(&root, &mut u);
+        u
+    })
+    .await
+    .map_err(|e| fdo::Error::Failed(format!("usage collection failed: {e}")))
 }
 
 /// [`usage`] with each process the idle rules flag marked (`ProcessUsage::idle`), as the

@@ -47,19 +47,40 @@ impl Desired {
 }
 
 /// The loans slice's spec: the union of the lending teams' device lists; `None` while no team
-/// lends. A team that runs MPS lends nothing (its devices are all MPS-shared).
-fn loans(policy: &Policy, teams: &BTreeMap<TeamName, TeamView>) -> Option<SliceSpec> {
+/// lends. A team that runs MPS lends nothing (its devices are all MPS-shared). While a borrowed
+/// job's process is on a GPU, the slice keeps every node it opens now: a lender that stops
+/// lending takes its device back through the reclaim's notice and grace, never by a fence
+/// change under a running job.
+fn loans(
+    policy: &Policy,
+    teams: &BTreeMap<TeamName, TeamView>,
+    observed: &Observed,
+) -> Option<SliceSpec> {
     let lenders: Vec<&TeamView> = policy
         .teams
         .values()
         .filter(|t| t.lend.is_some() && t.mps.is_none())
         .filter_map(|t| teams.get(&t.name))
         .collect();
-    (!lenders.is_empty()).then(|| SliceSpec {
-        device_allow: lenders
+    let mut allow: BTreeSet<String> = lenders
+        .iter()
+        .flat_map(|t| t.slice.device_allow.iter().cloned())
+        .collect();
+    let borrowing = observed.gpus.iter().any(|g| {
+        g.processes
             .iter()
-            .flat_map(|t| t.slice.device_allow.iter().cloned())
-            .collect(),
+            .any(|p| super::mig::team_of_process(p) == Some(crate::names::LOANS))
+    });
+    let live = observed
+        .slices
+        .iter()
+        .find(|(t, _)| &***t == crate::names::LOANS)
+        .map(|(_, s)| s);
+    if let Some(live) = live.filter(|_| borrowing) {
+        allow.extend(live.device_allow.iter().cloned());
+    }
+    (!allow.is_empty() || !lenders.is_empty()).then(|| SliceSpec {
+        device_allow: allow,
         ..SliceSpec::default()
     })
 }
@@ -225,7 +246,7 @@ pub fn desired(policy: &Policy, observed: &Observed) -> Desired {
         .collect();
     Desired {
         gpus,
-        loans: loans(policy, &teams),
+        loans: loans(policy, &teams, observed),
         teams,
         blocked,
         fences: super::fence::desired(policy.host.outside, observed.majors.as_deref()),

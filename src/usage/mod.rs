@@ -179,6 +179,9 @@ pub struct ProcessUsage {
     /// (filled by gpuctld's `Usage` call from the idle tracker; `None` otherwise).
     #[serde(default)]
     pub idle: Option<String>,
+    /// A borrowed job's lender (its `team` is then the borrower's, from its lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub borrowed_from: Option<String>,
 }
 
 /// Which teams own which devices: whole GPUs by index, MIG devices by UUID.

@@ -82,6 +82,31 @@ pub fn read(root: &Root, live: &[(String, String)], now: SystemTime) -> Vec<Leas
     out
 }
 
+/// A borrowed job's processes, which run in the loans slice, are its team's: each takes the
+/// borrower's team and the lender from its scope's lease, so usage, the ledger and `top` count
+/// them to the team that ran them.
+pub fn attribute_loans(root: &Root, usage: &mut crate::usage::Usage) {
+    let fix = |p: &mut crate::usage::ProcessUsage| {
+        if p.team.as_deref() != Some(crate::names::LOANS) {
+            return;
+        }
+        let Some(unit) = p.unit.clone() else { return };
+        let lease = std::fs::read_to_string(path(root, &unit))
+            .ok()
+            .and_then(|t| Lease::from_record(&unit, &t));
+        if let Some(l) = lease.filter(|l| l.borrowed_from.is_some()) {
+            p.team = Some(l.team);
+            p.borrowed_from = l.borrowed_from;
+        }
+    };
+    for g in &mut usage.gpus {
+        g.processes.iter_mut().for_each(fix);
+        for m in &mut g.mig_devices {
+            m.processes.iter_mut().for_each(fix);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -129,6 +154,54 @@ mod tests {
         assert_eq!(read(&root, &live(&[a]), now), []);
         remove(&root, b);
         assert!(!path(&root, b).exists());
+    }
+
+    #[test]
+    fn a_borrowed_jobs_processes_count_to_its_team_with_the_lender_named() {
+        use crate::usage::{GpuUsage, ProcessUsage, Usage};
+        let dir = tempfile::tempdir().unwrap();
+        let root = Root::new(dir.path());
+        let (b, own) = ("gpuctl-run-0b.scope", "gpuctl-run-0c.scope");
+        write(
+            &root,
+            &Lease {
+                borrowed_from: Some("train".into()),
+                ..lease(b)
+            },
+        )
+        .unwrap();
+        write(&root, &lease(own)).unwrap();
+        let p = |unit: &str, team: &str| ProcessUsage {
+            unit: Some(unit.into()),
+            team: Some(team.into()),
+            ..ProcessUsage::default()
+        };
+        let mut u = Usage {
+            gpus: vec![GpuUsage {
+                processes: vec![
+                    p(b, "loans"),
+                    p(own, "interns"),
+                    p("gpuctl-run-0d.scope", "loans"),
+                ],
+                ..GpuUsage::default()
+            }],
+            ..Usage::default()
+        };
+        attribute_loans(&root, &mut u);
+        let got: Vec<(Option<&str>, Option<&str>)> = u.gpus[0]
+            .processes
+            .iter()
+            .map(|p| (p.team.as_deref(), p.borrowed_from.as_deref()))
+            .collect();
+        // Without a lease record a process stays where its cgroup puts it.
+        assert_eq!(
+            got,
+            [
+                (Some("interns"), Some("train")),
+                (Some("interns"), None),
+                (Some("loans"), None)
+            ]
+        );
     }
 
     #[test]
