@@ -370,8 +370,9 @@ struct Looper {
     /// What [`persist_last_good`] last wrote.
     last_saved: Option<Policy>,
     conn: zbus::Connection,
-    /// Signalled after each reconcile, for loops that sleep until the policy asks them to run.
-    policy_seen: Arc<tokio::sync::Notify>,
+    /// Signalled after each reconcile, for loops that sleep until the policy asks them to run
+    /// (the idle loop, the loan tick).
+    policy_seen: Vec<Arc<tokio::sync::Notify>>,
     /// Device health: published again over each reconcile's devices.
     health: health::SharedHealth,
 }
@@ -489,7 +490,9 @@ impl Looper {
         }
         crate::dbus_api::usage::sync_hpc_job_map(&self.shared, &self.root);
         health::republish(&self.health, &self.shared);
-        self.policy_seen.notify_one();
+        for n in &self.policy_seen {
+            n.notify_one();
+        }
         notify(&[sd_notify::NotifyState::Status(&text)]);
         crate::dbus_api::status_text_changed(&self.conn).await;
         info!(gpuctl_action = "reconciled", "{text}");
@@ -780,7 +783,14 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         health_side.clone(),
         health_rx,
     ));
-    crate::dbus_api::serve(&conn, backend, sd.clone(), opts.root.clone())
+    let loans_seen = Arc::new(tokio::sync::Notify::new());
+    crate::dbus_api::serve(
+        &conn,
+        backend,
+        sd.clone(),
+        opts.root.clone(),
+        loans_seen.clone(),
+    )
         .await
         .map_err(|source| DaemonError::Serve { source })?;
 
@@ -843,7 +853,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         last_good: None,
         last_saved: None,
         conn,
-        policy_seen,
+        policy_seen: vec![policy_seen, loans_seen],
         health: health_side,
     };
     let extend = extend_start_while_progressing(

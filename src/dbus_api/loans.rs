@@ -486,13 +486,11 @@ fn clean_up(cx: &Cx<'_>, s: &lending::Snapshot, leases: &[Lease], records: &[Rec
     }
 }
 
-/// How often the loan tick looks while something is in play, and while nothing is.
+/// How often the loan tick looks while something is in play.
 pub const TICK: Duration = Duration::from_millis(500);
-/// How often it checks whether anything is in play.
-pub const IDLE_TICK: Duration = Duration::from_secs(5);
 
 /// The policy when the loan tick has work: a team lends, or a reclaim or a borrowed lease is
-/// recorded. `None` costs one policy read and two directory reads.
+/// recorded (a gpuctld restarted after its policy stopped lending still ends those).
 pub fn wanted(cx: &Cx<'_>) -> Option<Policy> {
     let policy = cx.backend.policy().ok()?;
     let lends = policy.teams.values().any(|t| t.lend.is_some());

@@ -595,6 +595,7 @@ pub async fn serve(
     backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
+    policy_seen: Arc<tokio::sync::Notify>,
 ) -> zbus::Result<()> {
     // Subscribed before the name is taken, so no placement can miss its job's signal.
     let jobs = JobWaiter::spawn(&sd).await?;
@@ -621,6 +622,7 @@ pub async fn serve(
         sd.clone(),
         root.clone(),
         (placing.clone(), queue.clone(), queue_changed.clone()),
+        policy_seen,
     ));
     let reads = Limits::reads_from_env().unwrap_or_else(|e| {
         tracing::warn!("{e}: the default read budget applies");
@@ -657,13 +659,15 @@ type PlaceState = (
     Arc<tokio::sync::Notify>,
 );
 
-/// gpuctld's loan tick ([`loans::tick`]) until the runtime ends.
+/// gpuctld's loan tick ([`loans::tick`]) until the runtime ends; asleep while nothing is lent
+/// and no team lends.
 async fn loans_loop(
     conn: Connection,
     backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
     (placing, queue, queue_changed): PlaceState,
+    policy_seen: Arc<tokio::sync::Notify>,
 ) {
     loop {
         let cx = loans::Cx {
@@ -674,15 +678,16 @@ async fn loans_loop(
             queue: &queue,
             queue_changed: &queue_changed,
         };
-        let next = match loans::wanted(&cx) {
+        match loans::wanted(&cx) {
             Some(policy) => {
                 let u = usage::usage(&*backend, &root).await.ok();
                 loans::tick(&cx, &conn, &policy, u.as_ref()).await;
-                loans::TICK
+                tokio::time::sleep(loans::TICK).await;
             }
-            None => loans::IDLE_TICK,
-        };
-        tokio::time::sleep(next).await;
+            // Nothing lent and no team lends: no wakeups until a reconcile may have changed
+            // that (notify_one keeps a permit, so one that ended meanwhile still wakes it).
+            None => policy_seen.notified().await,
+        }
     }
 }
 

@@ -87,7 +87,11 @@ check "... it opens train's GPU (ENXIO) and not interns' (EPERM)" \
     sh -c "grep -q 'No such device or address' $d/b1.open1 && grep -q 'Operation not permitted' $d/b1.open0"
 check "... under interns' memory limit on its scope (1G)" test "$(systemctl show -P MemoryMax "$bscope")" = 1073741824
 check "interns' slice still does not open train's GPU (EPERM)" test "$(probe gpu-interns.slice /dev/nvidia1)" = EPERM
-gpuctl status | sed 's/^/    status| /'
+st=$(gpuctl status)
+grep 'borrowed from' <<<"$st" | sed 's/^/    status| /'
+check "gpuctl status names the lender on the borrowed lease" grep -q "^  interns $lent: bob .*, borrowed from train$" <<<"$st"
+check "gpuctl teams shows train's GPU lent to bob of interns" \
+    sh -c "gpuctl teams | grep -A1 '\] $lent lent' | grep -q 'lent to interns: bob'"
 
 # Carol asks for train's GPU: the loan comes back within the grace.
 # The clock starts in carol's shell, right before gpuctl: su's session start is not gpuctl's.
