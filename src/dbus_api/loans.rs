@@ -43,6 +43,10 @@ pub const UNQUEUED: Ticket = Ticket::MAX;
 /// its own to start.
 pub const START_ALLOWANCE: Duration = Duration::from_secs(5);
 
+/// Borrowers whose grace is over and whose stop went out.
+static STOPPING: Mutex<std::collections::BTreeSet<String>> =
+    Mutex::new(std::collections::BTreeSet::new());
+
 /// Since when each share device has had no lease and no process, as far as this gpuctld has
 /// seen: a device is first seen idle when gpuctld first looks at it, never earlier.
 static IDLE_SINCE: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
@@ -431,6 +435,14 @@ fn why_label(w: Why) -> &'static str {
 /// The grace is over: SIGKILL (SIGTERM went out with the notice) and stop the scope, in the
 /// background so that no placement waits on the stop job.
 async fn stop(cx: &Cx<'_>, unit: &str, records: &[Reclaim]) {
+    // Decided again at every look until the scope is gone: carried out (and counted) once.
+    if !STOPPING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .insert(unit.to_string())
+    {
+        return;
+    }
     let r = records.iter().find(|r| r.reclaiming.unit == unit);
     warn!(
         gpuctl_action = "loan-stop",
@@ -482,6 +494,10 @@ fn clean_up(cx: &Cx<'_>, s: &lending::Snapshot, leases: &[Lease], records: &[Rec
                 r.owner
             );
             lend::remove(cx.root, &rc.unit);
+            STOPPING
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&rc.unit);
         }
     }
 }
