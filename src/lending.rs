@@ -271,6 +271,32 @@ pub fn decayed<K: Eq + Hash>(
     out
 }
 
+/// Each user's recent usage from ledger days: the held device-time of every row whose user is
+/// one of `users` (a ledger row names its user as NSS did, else by uid), each day weighing half
+/// per `half_life` of age at its end.
+pub fn users_from_ledger(
+    days: &[crate::ledger::Day],
+    users: &HashMap<String, u32>,
+    now_ms: u64,
+    half_life: Duration,
+) -> HashMap<u32, f64> {
+    let samples = days.iter().flat_map(|d| {
+        d.figures.iter().filter_map(move |(k, f)| {
+            let uid = *users.get(&k.user)?;
+            let at_ms = (d.day + 1).saturating_mul(86_400_000);
+            let device_seconds = f.held_ms as f64 / 1000.0;
+            Some((
+                uid,
+                UsageSample {
+                    at_ms,
+                    device_seconds,
+                },
+            ))
+        })
+    });
+    decayed(samples, now_ms, half_life)
+}
+
 /// Whether `w` has been passed over enough to go first.
 fn starving(w: &Waiter) -> bool {
     w.passed_over >= MAX_PASSED_OVER

@@ -791,8 +791,8 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         opts.root.clone(),
         loans_seen.clone(),
     )
-        .await
-        .map_err(|source| DaemonError::Serve { source })?;
+    .await
+    .map_err(|source| DaemonError::Serve { source })?;
 
     let mut hup = signal(SignalKind::hangup()).map_err(DaemonError::Signal)?;
     let mut term = signal(SignalKind::terminate()).map_err(DaemonError::Signal)?;

@@ -914,6 +914,50 @@ pub const WAIT_TICK: std::time::Duration = std::time::Duration::from_millis(250)
 /// How long the requests restored after a restart keep their places for their clients.
 pub const RETURN_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
 
+/// How long the ledger days the fair order reads are kept: one read a minute while requests
+/// wait, none while nobody does.
+const FAIR_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
+
+type CachedDays = Option<(std::time::Instant, std::sync::Arc<Vec<crate::ledger::Day>>)>;
+static LEDGER_DAYS: std::sync::Mutex<CachedDays> = std::sync::Mutex::new(None);
+
+/// Order the queue by each waiting user's recent usage from the ledger
+/// (`fair-share-half-life`; docs/policy.md, "Lending idle devices"): days back to four
+/// half-lives, at most 60. Without a ledger everyone has none and the order stays round-robin.
+fn refresh_fair_order(cx: &JoinCtx<'_>, joining: u32) {
+    use crate::join::Directory;
+    let Ok(policy) = cx.backend.policy() else {
+        return;
+    };
+    let half = policy.host.fair_share_half_life;
+    let now_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    let days = {
+        let mut cache = LEDGER_DAYS.lock().unwrap_or_else(|e| e.into_inner());
+        match cache.as_ref() {
+            Some((at, d)) if at.elapsed() < FAIR_REFRESH => d.clone(),
+            _ => {
+                let back = (half.as_secs() * 4).div_ceil(86_400).clamp(1, 60);
+                let today = crate::ledger::day_of(now_ms);
+                let (d, _) = crate::ledger::store::Store::new(cx.root)
+                    .range(today.saturating_sub(back), today);
+                let d = std::sync::Arc::new(d);
+                *cache = Some((std::time::Instant::now(), d.clone()));
+                d
+            }
+        }
+    };
+    let mut uids = cx.lock_queue().uids();
+    uids.push(joining);
+    let names: HashMap<String, u32> = uids
+        .into_iter()
+        .map(|u| (Nss.user_by_uid(u).map_or(u.to_string(), |a| a.name), u))
+        .collect();
+    let usage = crate::lending::users_from_ledger(&days, &names, now_ms, half);
+    cx.lock_queue().set_usage(usage);
+}
+
 /// A queued request; leaves the queue however the wait ends (placed, timed out, the client
 /// gone, the call dropped) and wakes the others, who may now be served.
 struct Waiting<'a> {
@@ -931,6 +975,7 @@ impl<'a> Waiting<'a> {
         request: crate::placement::Request,
         borrow: bool,
     ) -> Result<Self, super::queue::QueueError> {
+        refresh_fair_order(cx, uid);
         let ticket = cx.lock_queue().join(team, uid, pid, request, borrow)?;
         cx.save_queue();
         Ok(Waiting {

@@ -211,11 +211,11 @@ pub fn gather(
     for d in &mut devices {
         d.idle_since_ms = idle.get(&d.id).copied();
     }
-    let mut waiting: Vec<lending::Waiter> = cx
-        .queue
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .all_entries()
+    let queue = cx.queue.lock().unwrap_or_else(|e| e.into_inner());
+    let users = queue.usage().clone();
+    let entries = queue.all_entries();
+    drop(queue);
+    let mut waiting: Vec<lending::Waiter> = entries
         .into_iter()
         .filter(|(_, e)| !e.returning)
         .map(|(team, e)| lending::Waiter {
@@ -253,7 +253,10 @@ pub fn gather(
             .collect(),
         reclaims: records.iter().map(|r| r.reclaiming.clone()).collect(),
         waiting,
-        usage: lending::RecentUsage::default(),
+        usage: lending::RecentUsage {
+            users,
+            ..lending::RecentUsage::default()
+        },
     };
     Some(Gathered {
         snapshot,

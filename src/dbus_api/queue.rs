@@ -99,6 +99,9 @@ pub struct Queues {
     next: Ticket,
     /// When the entries restored after a restart stop waiting for their clients.
     returning_until: Option<std::time::Instant>,
+    /// Each user's recent usage (decayed device-seconds from the ledger): in each round the
+    /// user with the least goes first.
+    usage: HashMap<u32, f64>,
 }
 
 impl Queues {
@@ -180,9 +183,13 @@ impl Queues {
             return Vec::new();
         };
         let depth = q.tickets.values().map(VecDeque::len).max().unwrap_or(0);
+        // Least recent usage first; equal usage (no ledger: everyone) keeps the turn order.
+        let mut turn: Vec<u32> = q.turn.iter().copied().collect();
+        let used = |u: &u32| self.usage.get(u).copied().unwrap_or(0.0);
+        turn.sort_by(|a, b| used(a).total_cmp(&used(b)));
         let mut out = Vec::new();
         for round in 0..depth {
-            for u in &q.turn {
+            for u in &turn {
                 if let Some(e) = q.tickets.get(u).and_then(|v| v.get(round)) {
                     out.push(e.clone());
                 }
@@ -387,6 +394,21 @@ impl Queues {
         !gone.is_empty()
     }
 
+    /// Set each user's recent usage (fair order); users not named have none.
+    pub fn set_usage(&mut self, usage: HashMap<u32, f64>) {
+        self.usage = usage;
+    }
+
+    /// The recent usage the order follows.
+    pub fn usage(&self) -> &HashMap<u32, f64> {
+        &self.usage
+    }
+
+    /// The uids with a request waiting.
+    pub fn uids(&self) -> Vec<u32> {
+        self.per_user.keys().copied().collect()
+    }
+
     /// Requests waiting now, all teams.
     pub fn len(&self) -> usize {
         self.total
@@ -470,6 +492,26 @@ mod tests {
             .seen_by(&Viewer::Teams(Default::default()), name)
             .is_empty());
         assert_eq!(q.seen_by(&Viewer::All, name).len(), 2);
+    }
+
+    #[test]
+    fn in_each_round_the_user_with_the_least_recent_usage_goes_first() {
+        let mut q = Queues::default();
+        let a1 = q.join("t", 1, 1, any(), false).unwrap();
+        let a2 = q.join("t", 1, 2, any(), false).unwrap();
+        let b1 = q.join("t", 2, 3, any(), false).unwrap();
+        let c1 = q.join("t", 3, 4, any(), false).unwrap();
+        // No usage known: round-robin in arrival order.
+        assert_eq!(tickets(&q, "t"), [a1, b1, c1, a2]);
+        // User 1 used the most, user 3 the least: 3, 2, 1 in the first round; 1's second
+        // request still waits for the second round.
+        q.set_usage([(1, 900.0), (2, 50.0), (3, 10.0)].into());
+        assert_eq!(tickets(&q, "t"), [c1, b1, a1, a2]);
+        assert_eq!(q.head("t"), Some(c1));
+        assert_eq!(q.position("t", a1), Some(3));
+        // Ties keep the turn order.
+        q.set_usage([(1, 9.0), (2, 5.0), (3, 5.0)].into());
+        assert_eq!(tickets(&q, "t"), [b1, c1, a1, a2]);
     }
 
     #[test]

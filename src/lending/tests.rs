@@ -903,3 +903,37 @@ proptest! {
         prop_assert!(sim.waited.get(&t).is_some_and(|w| *w <= 60_000), "waited {:?}", sim.waited.get(&t));
     }
 }
+
+#[test]
+fn ledger_days_become_each_waiting_users_decayed_usage() {
+    use crate::ledger::{Day, Figures, Key};
+    let key = |user: &str| Key {
+        team: "t".into(),
+        user: user.into(),
+        device: "0".into(),
+        kind: "gpu".into(),
+    };
+    let held = |s: u64| Figures {
+        held_ms: s * 1000,
+        ..Figures::default()
+    };
+    const DAY: u64 = 86_400_000;
+    let days = vec![
+        Day {
+            day: 10,
+            figures: [(key("alice"), held(800)), (key("1002"), held(100))].into(),
+        },
+        Day {
+            day: 11,
+            figures: [(key("alice"), held(100)), (key("carol"), held(50))].into(),
+        },
+    ];
+    // alice by name, uid 1002 by its uid (no NSS name when it was written); carol is not waiting.
+    let users: HashMap<String, u32> = [("alice".into(), 1000), ("1002".into(), 1002)].into();
+    let half = Duration::from_millis(DAY);
+    // Now is the end of day 11: day 11 weighs in full, day 10 half.
+    let u = users_from_ledger(&days, &users, 12 * DAY, half);
+    assert_eq!(u.len(), 2);
+    assert!((u[&1000] - (100.0 + 400.0)).abs() < 1e-6, "{u:?}");
+    assert!((u[&1002] - 50.0).abs() < 1e-6, "{u:?}");
+}
