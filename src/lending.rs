@@ -784,8 +784,15 @@ pub fn decide(s: &Snapshot) -> Vec<Decision> {
     // Again while a round placed a team's last waiting request: its devices may now be lent.
     let mut still = still_waiting(s, &placed);
     loop {
+        // A request a loan is being taken back for waits for it: borrowing elsewhere now
+        // would have stopped that borrower for nothing.
         let borrowers: Vec<usize> = (0..s.waiting.len())
             .filter(|&i| !placed[i] && may_borrow(&cx, &s.waiting[i]))
+            .filter(|&i| !cx.reserved.contains(&Some(s.waiting[i].ticket)))
+            .filter(|&i| {
+                let t = s.waiting[i].ticket;
+                !s.reclaims.iter().any(|r| r.why == Why::Owner(t))
+            })
             .collect();
         for wi in loan_order(&s.waiting, &borrowers, &s.usage) {
             let w = &s.waiting[wi];

@@ -937,3 +937,63 @@ fn ledger_days_become_each_waiting_users_decayed_usage() {
     assert!((u[&1000] - (100.0 + 400.0)).abs() < 1e-6, "{u:?}");
     assert!((u[&1002] - 50.0).abs() < 1e-6, "{u:?}");
 }
+
+#[test]
+fn an_owner_that_takes_a_loan_back_waits_for_it_and_borrows_nothing_else() {
+    // Train's request may borrow too (borrow = true); research lends an idle GPU to all. Train's
+    // own GPUs are both lent to interns: it takes one back and does not also borrow research's.
+    let mut s = night();
+    s.teams.insert(
+        "research".to_string(),
+        TeamRules {
+            lend: Some(LendRule {
+                to: crate::policy::LendTo::All,
+                ..rule(&[], 1, 60, &[])
+            }),
+            ..Default::default()
+        },
+    );
+    s.devices.push(dev("GPU-r", "research", false, Some(0)));
+    for (unit, d, at) in [("b-1.scope", "GPU-a", 10), ("b-2.scope", "GPU-b", 20)] {
+        s.leases
+            .push(held(unit, "interns", &[d], at * MIN, Some("train")));
+    }
+    s.devices[0].idle_since_ms = None;
+    s.devices[1].idle_since_ms = None;
+    s.waiting = vec![waiter(7, "train", 2000, true)];
+    let d = decide(&s);
+    assert!(
+        d.iter().any(|x| matches!(
+            x,
+            Decision::Reclaim {
+                why: Why::Owner(7),
+                ..
+            }
+        )),
+        "{d:?}"
+    );
+    assert_eq!(
+        places(&d),
+        vec![],
+        "no borrowing beside its own reclaim: {d:?}"
+    );
+    // The next look, with the reclaim in flight: still no borrowing.
+    s.reclaims.push(Reclaiming {
+        unit: "b-2.scope".into(),
+        devices: vec!["GPU-b".into()],
+        why: Why::Owner(7),
+        noticed_ms: s.now_ms,
+        grace: Duration::from_secs(60),
+    });
+    s.now_ms += 1000;
+    let d = decide(&s);
+    assert_eq!(places(&d), vec![], "{d:?}");
+    // Another team's request, with no reclaim for it, does borrow research's GPU.
+    s.waiting.push(waiter(8, "interns", 3000, true));
+    let d = decide(&s);
+    assert_eq!(
+        places(&d),
+        vec![(8, vec!["GPU-r".into()], Some("research".into()))],
+        "{d:?}"
+    );
+}
