@@ -513,30 +513,7 @@ pub async fn join(
     } else {
         (None, None)
     };
-    // A borrowed job runs in the loans slice, under its own team's limits on its scope.
-    let (slice, limits) = match placed.as_ref().and_then(|p| p.lender.as_deref()) {
-        Some(lender) => {
-            let loans = props::slice_unit(crate::names::LOANS);
-            match sd.slice_device_policy(&loans).await {
-                Ok(p) if p == "closed" => {}
-                r => {
-                    return Err(JoinError::PlacementFailed(format!(
-                        "{loans} is not under gpuctl's device control ({}); cannot place a job \
-                         on team {lender}'s lent device",
-                        match r {
-                            Ok(p) => format!("DevicePolicy={p}"),
-                            Err(e) => e.to_string(),
-                        }
-                    )))
-                }
-            }
-            let host = crate::real::procfs::host_info(root);
-            let spec = t.limits.resolve(host.memory_bytes);
-            let limits = spec.bus_changes(&crate::settings::SliceSpec::default());
-            (loans, limits)
-        }
-        None => (slice, Vec::new()),
-    };
+    let (slice, limits) = scope_slice(sd, root, t, placed.as_ref(), slice).await?;
     // Recorded after the checks and right before the move, to put back what the after-check
     // rejects.
     let origin = record_origin(conn, root, pid, &pidfd).await;
@@ -554,12 +531,7 @@ pub async fn join(
             gpu_memory: opts.gpu_memory.or(t.placement.gpu_memory),
             borrowed_from: p.lender.clone(),
         };
-        let mut env = place::placed_env(team, &env, &p, lease.gpu_memory);
-        if let Some(lender) = &p.lender {
-            // The lender's CDI spec is not the borrower's to read: no container device.
-            env.remove(place::CDI_DEVICE);
-            env.insert("GPUCTL_BORROWED_FROM".into(), lender.clone());
-        }
+        let env = place::placed_env(team, &env, &p, lease.gpu_memory);
         (env, Some(p.allow), Some(lease))
     } else {
         let mut env = env;
@@ -616,9 +588,6 @@ pub async fn join(
             "pid {pid}: the process changed while it was placed in {scope}"
         )));
     }
-    if let Some(from) = lease.as_ref().and_then(|l| l.borrowed_from.as_deref()) {
-        crate::metrics::counters().lent(team, from);
-    }
     match &lease {
         Some(l) => info!(
             gpuctl_team = %team,
@@ -643,6 +612,41 @@ pub async fn join(
         ),
     }
     Ok((env.into_iter().collect(), scope))
+}
+
+/// The slice a job's scope goes in, and limits of its own. A borrowed job runs in the loans
+/// slice (closed, or nothing is placed there), with its own team's limits on its scope, since it
+/// is outside the team's slice; any other in `slice`, its team's.
+async fn scope_slice(
+    sd: &Systemd,
+    root: &Root,
+    team: &crate::policy::Team,
+    placed: Option<&place::Placed>,
+    slice: String,
+) -> Result<(String, Vec<(&'static str, zbus::zvariant::Value<'static>)>), JoinError> {
+    let Some(lender) = placed.and_then(|p| p.lender.as_deref()) else {
+        return Ok((slice, Vec::new()));
+    };
+    let loans = props::slice_unit(crate::names::LOANS);
+    match sd.slice_device_policy(&loans).await {
+        Ok(p) if p == "closed" => {}
+        r => {
+            return Err(JoinError::PlacementFailed(format!(
+                "{loans} is not under gpuctl's device control ({}); cannot place a job on team \
+                 {lender}'s lent device",
+                match r {
+                    Ok(p) => format!("DevicePolicy={p}"),
+                    Err(e) => e.to_string(),
+                }
+            )))
+        }
+    }
+    let host = crate::real::procfs::host_info(root);
+    let spec = team.limits.resolve(host.memory_bytes);
+    Ok((
+        loans,
+        spec.bus_changes(&crate::settings::SliceSpec::default()),
+    ))
 }
 
 /// A member scope's opaque id: 64 random bits in hex. Its scope's name and description are
@@ -842,6 +846,7 @@ async fn place_or_wait<'a>(
                             team.name,
                             devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>().join(",")
                         );
+                        crate::metrics::counters().lent(&team.name, &lender);
                         return Ok((guard, place::Placed::on(devices, Some(lender))));
                     }
                     let message = match &answer.reason {

@@ -556,6 +556,11 @@ pub fn placed_env(
         .map(|id| crate::cdi::device_name(&crate::cdi::device_of(team, id)))
         .collect();
     env.insert(CDI_DEVICE.into(), cdi.join(" "));
+    if let Some(lender) = &placed.lender {
+        // The lender's CDI spec is not the borrower's to read: no container device.
+        env.remove(CDI_DEVICE);
+        env.insert("GPUCTL_BORROWED_FROM".into(), lender.clone());
+    }
     env.remove("GPUCTL_DEVICES");
     for k in [
         "CUDA_MPS_PIPE_DIRECTORY",
