@@ -549,7 +549,7 @@ pub async fn join(
     }
     let description = join::scope_description(&id);
     if let Err(e) = sd
-        .start_scope_with(
+        .start_scope(
             jobs,
             &scope,
             &slice,

@@ -76,6 +76,17 @@ fn night() -> Snapshot {
     }
 }
 
+/// Train's request 7 took back interns' loan `b-2.scope` of GPU-b at `at`, with a 60 s grace.
+fn owner_7_takes_back_b2(at: u64) -> Reclaiming {
+    Reclaiming {
+        unit: "b-2.scope".into(),
+        devices: vec!["GPU-b".into()],
+        why: Why::Owner(7),
+        noticed_ms: at,
+        grace: Duration::from_secs(60),
+    }
+}
+
 fn places(d: &[Decision]) -> Vec<(Ticket, Vec<String>, Option<String>)> {
     d.iter()
         .filter_map(|d| match d {
@@ -254,13 +265,7 @@ fn an_owner_takes_back_the_latest_loan_and_the_borrower_stops_only_after_grace()
     );
     assert_eq!(d.len(), 2, "one reclaim for one device: {d:?}");
     // In flight: no second reclaim; no stop before the grace is over.
-    s.reclaims.push(Reclaiming {
-        unit: "b-2.scope".into(),
-        devices: vec!["GPU-b".into()],
-        why: Why::Owner(7),
-        noticed_ms: s.now_ms,
-        grace: Duration::from_secs(60),
-    });
+    s.reclaims.push(owner_7_takes_back_b2(s.now_ms));
     s.now_ms += 59_999;
     let d = decide(&s);
     assert_eq!(d.len(), 1, "{d:?}");
@@ -978,13 +983,7 @@ fn an_owner_that_takes_a_loan_back_waits_for_it_and_borrows_nothing_else() {
         "no borrowing beside its own reclaim: {d:?}"
     );
     // The next look, with the reclaim in flight: still no borrowing.
-    s.reclaims.push(Reclaiming {
-        unit: "b-2.scope".into(),
-        devices: vec!["GPU-b".into()],
-        why: Why::Owner(7),
-        noticed_ms: s.now_ms,
-        grace: Duration::from_secs(60),
-    });
+    s.reclaims.push(owner_7_takes_back_b2(s.now_ms));
     s.now_ms += 1000;
     let d = decide(&s);
     assert_eq!(places(&d), vec![], "{d:?}");

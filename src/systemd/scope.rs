@@ -147,24 +147,11 @@ impl Systemd {
     ///
     /// `devices`, when given, fences the scope itself (`DevicePolicy=closed` and exactly these
     /// nodes in `DeviceAllow=`) inside the slice's own fence: a placed job opens its devices
-    /// and not its neighbours', though both are the team's.
-    pub async fn start_scope(
-        &self,
-        jobs: &JobWaiter,
-        scope: &str,
-        slice: &str,
-        pid: u32,
-        description: String,
-        devices: Option<&[String]>,
-    ) -> Result<(), SystemdError> {
-        self.start_scope_with(jobs, scope, slice, pid, description, devices, Vec::new())
-            .await
-    }
-
-    /// [`Systemd::start_scope`] with resource properties of the scope's own: a borrowed job,
-    /// outside its team's slice, carries its team's limits itself.
+    /// and not its neighbours', though both are the team's. `limits` are resource properties of
+    /// the scope's own: a borrowed job, outside its team's slice, carries its team's limits
+    /// itself.
     #[allow(clippy::too_many_arguments)]
-    pub async fn start_scope_with(
+    pub async fn start_scope(
         &self,
         jobs: &JobWaiter,
         scope: &str,
