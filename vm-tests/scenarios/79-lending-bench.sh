@@ -1,5 +1,5 @@
 #!/bin/bash
-# 79 (benchmark, issue 45): what lending buys on a day of jobs. Six fake GPUs, two per team
+# 79 (benchmark): what lending buys on a day of jobs. Six fake GPUs, two per team
 # (train, interns, research); the compressed day of lib/lending-trace.tsv (why that day: its
 # header) is replayed twice in this guest: lending off (no lend tables, no --borrow), then on
 # (every team lends to all, after 1 s, grace 2 s; every job asks with --borrow). Each job is
