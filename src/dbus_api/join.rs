@@ -935,9 +935,7 @@ fn refresh_fair_order(cx: &JoinCtx<'_>, joining: u32) {
         return;
     };
     let half = policy.host.fair_share_half_life;
-    let now_ms = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64);
+    let now_ms = super::loans::now_ms();
     let days = {
         let mut cache = LEDGER_DAYS.lock().unwrap_or_else(|e| e.into_inner());
         match cache.as_ref() {

@@ -86,7 +86,8 @@ pub fn track_idle(
     map.iter().map(|(k, v)| (k.clone(), *v)).collect()
 }
 
-fn now_ms() -> u64 {
+/// Milliseconds since the epoch (loans, reclaims and queue tickets count in them).
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -543,8 +544,16 @@ fn loans_recorded(root: &crate::paths::Root) -> bool {
     let Ok(dir) = std::fs::read_dir(root.join(crate::paths::LEASE_DIR)) else {
         return false;
     };
-    dir.flatten()
-        .any(|e| std::fs::read_to_string(e.path()).is_ok_and(|t| t.contains("\"borrowed_from\"")))
+    dir.flatten().any(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(unit) = name.strip_suffix(".json") else {
+            return false;
+        };
+        std::fs::read_to_string(e.path())
+            .ok()
+            .and_then(|t| Lease::from_record(unit, &t))
+            .is_some_and(|l| l.borrowed_from.is_some())
+    })
 }
 
 #[cfg(test)]

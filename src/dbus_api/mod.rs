@@ -606,11 +606,7 @@ pub async fn serve(
         // ask again; new tickets follow the clock, so none repeats one of the last gpuctld's
         // (a reclaim records the ticket it was made for).
         let mut q = queue::Queues::default();
-        q.tickets_after(
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_millis() as u64),
-        );
+        q.tickets_after(loans::now_ms());
         let until = std::time::Instant::now() + join::RETURN_GRACE;
         q.restore(saved, until);
         q
