@@ -163,6 +163,7 @@ fn main() {
                         .count() as u32,
                     memory_used: None,
                     activity: None,
+                    outside: None,
                 })
                 .collect()
         })

@@ -511,6 +511,7 @@ impl<'a> Cx<'a> {
             held,
             memory_used: None,
             activity: None,
+            outside: None,
         }
     }
 

@@ -73,6 +73,18 @@ pub struct Candidate {
     pub memory_used: Option<u64>,
     /// Activity 0..=1 where NVML reports it (never for MIG handles).
     pub activity: Option<f64>,
+    /// A process on it outside every gpuctl job, in words (`pid 4242 (python) holds 2048
+    /// MiB`): a service started in the slice without `gpuctl run`, a container. It takes a
+    /// job's place on a device without MPS.
+    pub outside: Option<String>,
+}
+
+impl Candidate {
+    /// Jobs on it now: its leases, and one for a process outside every lease (an MPS device
+    /// serves its clients side by side, so nothing outside fills it).
+    pub fn taken(&self) -> u32 {
+        self.held + u32::from(self.outside.is_some() && !self.mps)
+    }
 }
 
 /// How many jobs a device takes: `jobs-per-device` when the policy sets it (0 never reaches
@@ -175,8 +187,8 @@ pub struct Request {
 /// as none), then the share's order.
 fn by_load(share: &[Candidate], a: usize, b: usize) -> Ordering {
     let (x, y) = (&share[a], &share[b]);
-    x.held
-        .cmp(&y.held)
+    x.taken()
+        .cmp(&y.taken())
         .then(x.memory_used.unwrap_or(0).cmp(&y.memory_used.unwrap_or(0)))
         .then(
             x.activity
@@ -194,7 +206,8 @@ pub fn choose(
     jobs_per_device: Option<u32>,
 ) -> Result<Vec<usize>, PlaceError> {
     let want = req.gpus.or(default_gpus).unwrap_or(Gpus::Count(1));
-    let free = |i: &usize| capacity(jobs_per_device, &share[*i]).is_none_or(|c| share[*i].held < c);
+    let free =
+        |i: &usize| capacity(jobs_per_device, &share[*i]).is_none_or(|c| share[*i].taken() < c);
     if let Some(asked) = &req.device {
         if want != Gpus::Count(1) && req.gpus.is_some() {
             return Err(PlaceError::DeviceAndCount(want));
@@ -310,7 +323,8 @@ pub fn serve(
                     let mut free: Vec<usize> = pool
                         .into_iter()
                         .filter(|i| {
-                            capacity(jobs_per_device, &cands[*i]).is_none_or(|c| cands[*i].held < c)
+                            capacity(jobs_per_device, &cands[*i])
+                                .is_none_or(|c| cands[*i].taken() < c)
                         })
                         .collect();
                     free.sort_by(|a, b| by_load(&cands, *a, *b));
@@ -485,6 +499,7 @@ mod tests {
             held,
             memory_used: None,
             activity: None,
+            outside: None,
         }
     }
 
@@ -496,6 +511,7 @@ mod tests {
             held,
             memory_used: mem,
             activity: None,
+            outside: None,
         }
     }
 
@@ -529,6 +545,45 @@ mod tests {
             })
         );
         // Two jobs per device: the least held goes first again.
+        assert_eq!(
+            choose(&share, &Request::default(), None, Some(2)),
+            Ok(vec![0])
+        );
+    }
+
+    #[test]
+    fn a_process_outside_every_lease_takes_a_jobs_place() {
+        let mut share: Vec<Candidate> = (0..2).map(|i| gpu(&format!("GPU-{i}"), 0, None)).collect();
+        share[0].outside = Some("pid 42 (python) holds 2048 MiB".into());
+        assert_eq!(choose(&share, &Request::default(), None, None), Ok(vec![1]));
+        assert_eq!(
+            choose(&share, &req(None, Some("GPU-0")), None, None),
+            Err(PlaceError::Busy {
+                want: 1,
+                full: vec![0]
+            })
+        );
+        assert_eq!(
+            choose(&share, &req(Some(Gpus::Count(2)), None), None, None),
+            Err(PlaceError::Busy {
+                want: 2,
+                full: vec![0]
+            })
+        );
+        // Two jobs per device: it counts as one of them, so the other device goes first.
+        share[1].held = 1;
+        assert_eq!(
+            choose(&share, &Request::default(), None, Some(2)),
+            Ok(vec![0])
+        );
+        share[0].held = 1;
+        assert_eq!(
+            choose(&share, &Request::default(), None, Some(2)),
+            Ok(vec![1])
+        );
+        // An MPS device serves its clients side by side: nothing outside fills it.
+        share[0].mps = true;
+        share[1].held = 2;
         assert_eq!(
             choose(&share, &Request::default(), None, Some(2)),
             Ok(vec![0])
@@ -759,6 +814,7 @@ mod serve_tests {
             held,
             memory_used: None,
             activity: None,
+            outside: None,
         }
     }
 

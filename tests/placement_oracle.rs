@@ -13,11 +13,17 @@ fn cap(jobs_per_device: Option<u32>, c: &Candidate) -> Option<u32> {
     jobs_per_device.or(if c.mps { None } else { Some(1) })
 }
 
-fn room(jobs_per_device: Option<u32>, c: &Candidate) -> bool {
-    cap(jobs_per_device, c).is_none_or(|n| c.held < n)
+/// Jobs on a device: its leases, plus one for a process outside every lease unless MPS
+/// serves it (docs/shell.md, "Placement": such a process takes a job's place).
+fn jobs(c: &Candidate) -> u32 {
+    c.held + u32::from(c.outside.is_some() && !c.mps)
 }
 
-/// A device's place in the documented order: leases, memory held, activity in millionths,
+fn room(jobs_per_device: Option<u32>, c: &Candidate) -> bool {
+    cap(jobs_per_device, c).is_none_or(|n| jobs(c) < n)
+}
+
+/// A device's place in the documented order: jobs on it, memory held, activity in millionths,
 /// position in the share.
 type Load = (u32, u64, u64, usize);
 
@@ -26,7 +32,7 @@ type Load = (u32, u64, u64, usize);
 fn load(share: &[Candidate], i: usize) -> Load {
     let c = &share[i];
     let activity = (c.activity.unwrap_or(0.0) * 1e6) as u64;
-    (c.held, c.memory_used.unwrap_or(0), activity, i)
+    (jobs(c), c.memory_used.unwrap_or(0), activity, i)
 }
 
 /// `--device`: a device's UUID, or its position in the share written in decimal digits.
@@ -133,19 +139,21 @@ fn arb_share() -> impl Strategy<Value = Vec<Candidate>> {
             0u32..3,
             prop::option::of(0u64..4),
             prop::option::of(0u32..4),
+            prop::bool::weighted(0.2),
         ),
         0..8,
     )
     .prop_map(|v| {
         v.into_iter()
             .enumerate()
-            .map(|(i, (mig, mps, held, mem, act))| Candidate {
+            .map(|(i, (mig, mps, held, mem, act, outside))| Candidate {
                 id: format!("{}-{i}", if mig { "MIG" } else { "GPU" }),
                 mig,
                 mps,
                 held,
                 memory_used: mem,
                 activity: act.map(|a| f64::from(a) / 4.0),
+                outside: outside.then(|| format!("pid {i} (python)")),
             })
             .collect()
     })
@@ -204,6 +212,7 @@ fn gpu(i: usize, held: u32, memory: u64, activity: f64) -> Candidate {
         held,
         memory_used: Some(memory),
         activity: Some(activity),
+        outside: None,
     }
 }
 

@@ -699,8 +699,11 @@ async fn place_or_wait<'a>(
             .as_ref()
             .is_none_or(|w| w.is_head() || w.is_granted());
         if look {
+            let usage = placement_usage(cx).await;
             let guard = cx.placing.lock().await;
-            let Some(mut snap) = snapshot(cx.backend, cx.sd, cx.root, team).await? else {
+            let Some(mut snap) =
+                snapshot(cx.backend, cx.sd, cx.root, team, usage.as_deref()).await?
+            else {
                 // A gpuctld that has just started (the waiters of the last one ask again at
                 // once) has no share yet: a request that may wait does.
                 const STARTING: &str = "gpuctld has not finished its first reconcile";
@@ -794,66 +797,20 @@ async fn place_or_wait<'a>(
                     return Ok((guard, p));
                 }
                 Some(Err(r)) if r.busy => {
-                    if let Some(w) = &waiting {
-                        cx.lock_queue().ungrant(&team.name, w.ticket);
-                    }
-                    // The own share is full: a lent device, or a loan taken back.
-                    let policy = cx.backend.policy()?;
-                    let lent_out = snap
-                        .leases
-                        .iter()
-                        .any(|l| l.borrowed_from.as_deref() == Some(&*team.name));
-                    // An owner whose devices are lent waits for them like a `--wait` request:
-                    // its reclaim needs a ticket.
-                    if waiting.is_none() && lent_out {
-                        waiting =
-                            Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow).ok();
-                    }
-                    let me = crate::lending::Waiter {
-                        ticket: waiting
-                            .as_ref()
-                            .map_or(super::loans::UNQUEUED, |w| w.ticket),
-                        team: team.name.to_string(),
-                        uid,
-                        gpus: opts.gpus,
-                        device: opts.device.clone(),
-                        borrow,
-                        passed_over: 0,
-                    };
-                    let ticket = me.ticket;
-                    let usage = super::collector::last_collection();
                     let leases = std::mem::take(&mut snap.leases);
-                    let answer = match super::loans::gather(
-                        &cx.loans(),
-                        &policy,
-                        leases,
-                        usage.as_deref(),
-                        Some(me),
-                    ) {
-                        Some(g) => {
-                            super::loans::decide_and_act(&cx.loans(), Some(conn), g, Some(ticket))
-                                .await
-                        }
-                        None => super::loans::Answer::default(),
+                    let ask = Ask {
+                        team,
+                        opts,
+                        uid,
+                        pid,
+                        borrow,
                     };
-                    if let Some((lender, devices)) = answer.borrowed {
-                        info!(
-                            gpuctl_team = %team.name,
-                            gpuctl_action = "borrowed",
-                            gpuctl_owner = %lender,
-                            uid,
-                            "uid {uid} of team {} borrows {} from team {lender}",
-                            team.name,
-                            devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>().join(",")
-                        );
-                        crate::metrics::counters().lent(&team.name, &lender);
-                        return Ok((guard, place::Placed::on(devices, Some(lender))));
-                    }
-                    let message = match &answer.reason {
-                        Some(why) => format!("{}; {why}", r.message),
-                        None => r.message.clone(),
+                    let lent = from_loans(cx, conn, &ask, &mut waiting, leases, usage.as_deref());
+                    let (message, coming_back) = match lent.await? {
+                        Lent::Placed(p) => return Ok((guard, p)),
+                        Lent::Wait(why, coming) => (format!("{}{why}", r.message), coming),
                     };
-                    if let Some(left) = answer.coming_back {
+                    if let Some(left) = coming_back {
                         // Wait for it: at most the reclaim's grace and the start.
                         limit = limit.max(started.elapsed() + left);
                         if !told_coming {
@@ -910,6 +867,86 @@ async fn place_or_wait<'a>(
             _ = tokio::time::sleep(WAIT_TICK.min(left)) => {}
         }
     }
+}
+
+/// A request its own share cannot serve now, as the lending side sees it.
+struct Ask<'t> {
+    team: &'t crate::policy::Team,
+    opts: &'t JoinOptions,
+    uid: u32,
+    pid: u32,
+    borrow: bool,
+}
+
+/// What lending gives such a request: a lent device, or why it waits (`"; …"`, added to its
+/// own share's refusal) and, when a loan is coming back for it, how long that takes at most.
+enum Lent {
+    Placed(place::Placed),
+    Wait(String, Option<std::time::Duration>),
+}
+
+/// Borrow for `ask`, or take a loan back for it, by the one decision ([`super::loans`]). An
+/// owner whose devices are lent gets a queue ticket in `waiting` even without `--wait`: its
+/// reclaim needs one.
+async fn from_loans<'a>(
+    cx: &'a JoinCtx<'a>,
+    conn: &Connection,
+    ask: &Ask<'_>,
+    waiting: &mut Option<Waiting<'a>>,
+    leases: Vec<Lease>,
+    usage: Option<&crate::usage::Usage>,
+) -> Result<Lent, JoinError> {
+    let team = ask.team;
+    if let Some(w) = waiting.as_ref() {
+        cx.lock_queue().ungrant(&team.name, w.ticket);
+    }
+    let policy = cx.backend.policy()?;
+    let lent_out = leases
+        .iter()
+        .any(|l| l.borrowed_from.as_deref() == Some(&*team.name));
+    if waiting.is_none() && lent_out {
+        *waiting = Waiting::new(
+            cx,
+            &team.name,
+            ask.uid,
+            ask.pid,
+            ask.opts.request(),
+            ask.borrow,
+        )
+        .ok();
+    }
+    let ticket = waiting
+        .as_ref()
+        .map_or(super::loans::UNQUEUED, |w| w.ticket);
+    let me = crate::lending::Waiter {
+        ticket,
+        team: team.name.to_string(),
+        uid: ask.uid,
+        gpus: ask.opts.gpus,
+        device: ask.opts.device.clone(),
+        borrow: ask.borrow,
+        passed_over: 0,
+    };
+    let answer = match super::loans::gather(&cx.loans(), &policy, leases, usage, Some(me)) {
+        Some(g) => super::loans::decide_and_act(&cx.loans(), Some(conn), g, Some(ticket)).await,
+        None => super::loans::Answer::default(),
+    };
+    let uid = ask.uid;
+    if let Some((lender, devices)) = answer.borrowed {
+        info!(
+            gpuctl_team = %team.name,
+            gpuctl_action = "borrowed",
+            gpuctl_owner = %lender,
+            uid,
+            "uid {uid} of team {} borrows {} from team {lender}",
+            team.name,
+            devices.iter().map(|d| d.id.as_str()).collect::<Vec<_>>().join(",")
+        );
+        crate::metrics::counters().lent(&team.name, &lender);
+        return Ok(Lent::Placed(place::Placed::on(devices, Some(lender))));
+    }
+    let why = answer.reason.map(|w| format!("; {w}")).unwrap_or_default();
+    Ok(Lent::Wait(why, answer.coming_back))
 }
 
 /// How often the first waiter of a team looks for a free device: a scope ends without telling
@@ -1027,16 +1064,17 @@ impl Drop for Waiting<'_> {
 struct Snapshot {
     share: Vec<place::ShareDevice>,
     leases: Vec<Lease>,
-    load: HashMap<String, (Option<u64>, Option<f64>)>,
+    load: HashMap<String, place::Load>,
 }
 
-/// Gather the [`Snapshot`] for `team` (no usage collection yet: placed by leases alone);
-/// `None` before the first reconcile has made the share.
+/// Gather the [`Snapshot`] for `team` with `usage` (none: placed by leases alone); `None`
+/// before the first reconcile has made the share.
 async fn snapshot(
     backend: &dyn Backend,
     sd: &Systemd,
     root: &Root,
     team: &crate::policy::Team,
+    usage: Option<&crate::usage::Usage>,
 ) -> Result<Option<Snapshot>, JoinError> {
     let share = {
         let state = backend.state();
@@ -1048,12 +1086,30 @@ async fn snapshot(
     let leases = place::leases(sd, root)
         .await
         .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
-    let load = super::collector::last_collection()
-        .map(|u| place::load_of(&u))
+    let load = usage
+        .map(|u| place::load_of(u, &leases))
         .unwrap_or_default();
     Ok(Some(Snapshot {
         share,
         leases,
         load,
     }))
+}
+
+/// How long a placement waits for a usage collection before it takes the last one.
+const USAGE_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The usage a placement looks at: a collection at most one interval old (a process outside
+/// every lease makes a device busy, so an old one would keep a freed device busy), waited
+/// for at most [`USAGE_WAIT`] (NVML can hang on a sick GPU), else the last one if it is at
+/// most a few intervals old, else none.
+async fn placement_usage(cx: &JoinCtx<'_>) -> Option<std::sync::Arc<crate::usage::Usage>> {
+    if let Ok(Ok(u)) =
+        tokio::time::timeout(USAGE_WAIT, super::collector::usage(cx.backend, cx.root)).await
+    {
+        return Some(std::sync::Arc::new(u));
+    }
+    let u = super::collector::last_collection()?;
+    let age = super::loans::now_ms().saturating_sub(u.collected_at_ms);
+    (age <= 3 * u.interval_ms.max(1000)).then_some(u)
 }

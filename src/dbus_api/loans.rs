@@ -101,36 +101,6 @@ pub fn in_play(policy: &Policy, leases: &[Lease], records: &[Reclaim]) -> bool {
         || !records.is_empty()
 }
 
-/// The processes on each device in `usage` (by UUID), and the first one outside every lease
-/// in words.
-fn processes(
-    usage: &crate::usage::Usage,
-    leases: &[Lease],
-) -> HashMap<String, (usize, Option<String>)> {
-    let units: std::collections::HashSet<&str> = leases.iter().map(|l| l.unit.as_str()).collect();
-    let mut m = HashMap::new();
-    let mut add = |id: &str, procs: &[crate::usage::ProcessUsage]| {
-        let foreign = procs
-            .iter()
-            .find(|p| !p.unit.as_deref().is_some_and(|u| units.contains(u)))
-            .map(|p| {
-                let what = p.command.as_deref().unwrap_or("?");
-                match p.used_memory {
-                    Some(b) => format!("pid {} ({what}) holds {} MiB", p.pid, b >> 20),
-                    None => format!("pid {} ({what})", p.pid),
-                }
-            });
-        m.insert(id.to_string(), (procs.len(), foreign));
-    };
-    for g in &usage.gpus {
-        add(&g.uuid, &g.processes);
-        for d in &g.mig_devices {
-            add(&d.uuid, &d.processes);
-        }
-    }
-    m
-}
-
 /// What [`gather`] read, besides the snapshot: each team's share (to place on a lender's
 /// device) and the records (to tell borrowers and clean up).
 pub struct Gathered {
@@ -169,7 +139,7 @@ pub fn gather(
     let out = super::health::out_of_service();
     let procs = usage
         .filter(|u| u.nvml_unavailable.is_none())
-        .map(|u| processes(u, &leases));
+        .map(|u| place::processes(u, &leases));
     let mut devices: Vec<lending::Device> = Vec::new();
     let mut seen: Vec<(String, Seen)> = Vec::new();
     for (team, share) in &shares {

@@ -253,13 +253,76 @@ pub fn holds(
         .collect()
 }
 
-/// Load figures per device id from a usage collection: memory held and activity.
-pub fn load_of(u: &crate::usage::Usage) -> HashMap<String, (Option<u64>, Option<f64>)> {
+/// What a usage collection says of one device: memory held, activity, and a process on it
+/// outside every gpuctl job ([`processes`]).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Load {
+    /// Device memory in use.
+    pub memory_used: Option<u64>,
+    /// Activity 0..=1 where NVML reports it.
+    pub activity: Option<f64>,
+    /// A process on it in no gpuctl job, in words.
+    pub outside: Option<String>,
+}
+
+/// Each device's [`Load`] by id, from a collection and the live leases.
+pub fn load_of(u: &crate::usage::Usage, leases: &[Lease]) -> HashMap<String, Load> {
+    let mut outside = processes(u, leases);
     let mut m = HashMap::new();
+    let mut add = |id: &str, memory_used, activity| {
+        let outside = outside.remove(id).and_then(|(_, o)| o);
+        m.insert(
+            id.to_string(),
+            Load {
+                memory_used,
+                activity,
+                outside,
+            },
+        );
+    };
     for g in &u.gpus {
-        m.insert(g.uuid.clone(), (g.memory_used, g.activity));
+        add(&g.uuid, g.memory_used, g.activity);
         for d in &g.mig_devices {
-            m.insert(d.uuid.clone(), (d.memory_used, d.activity));
+            add(&d.uuid, d.memory_used, d.activity);
+        }
+    }
+    m
+}
+
+/// The processes on each device of `usage` (by UUID): how many, and the first one outside
+/// every gpuctl job, in words. A process in a gpuctl job scope is never outside: its lease
+/// counts it while the scope lives, and once the scope is gone it is ending (a collection
+/// may still list it). Empty when NVML was not read.
+pub fn processes(
+    usage: &crate::usage::Usage,
+    leases: &[Lease],
+) -> HashMap<String, (usize, Option<String>)> {
+    let mut m = HashMap::new();
+    if usage.nvml_unavailable.is_some() {
+        return m;
+    }
+    let units: std::collections::HashSet<&str> = leases.iter().map(|l| l.unit.as_str()).collect();
+    let mut add = |id: &str, procs: &[crate::usage::ProcessUsage]| {
+        let outside = procs
+            .iter()
+            .find(|p| {
+                !p.unit
+                    .as_deref()
+                    .is_some_and(|u| units.contains(u) || crate::join::is_scope_name(u))
+            })
+            .map(|p| {
+                let what = p.command.as_deref().unwrap_or("?");
+                match p.used_memory {
+                    Some(b) => format!("pid {} ({what}) holds {} MiB", p.pid, b >> 20),
+                    None => format!("pid {} ({what})", p.pid),
+                }
+            });
+        m.insert(id.to_string(), (procs.len(), outside));
+    };
+    for g in &usage.gpus {
+        add(&g.uuid, &g.processes);
+        for d in &g.mig_devices {
+            add(&d.uuid, &d.processes);
         }
     }
     m
@@ -308,19 +371,20 @@ pub struct Refused {
 fn candidates(
     share: &[ShareDevice],
     leases: &[Lease],
-    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    load: &HashMap<String, Load>,
 ) -> Vec<Candidate> {
     share
         .iter()
         .map(|d| {
-            let (memory_used, activity) = load.get(&d.id).copied().unwrap_or((None, None));
+            let l = load.get(&d.id).cloned().unwrap_or_default();
             Candidate {
                 id: d.id.clone(),
                 mig: d.mig,
                 mps: d.mps.is_some(),
                 held: placement::held_counts(leases, &d.id),
-                memory_used,
-                activity,
+                memory_used: l.memory_used,
+                activity: l.activity,
+                outside: l.outside,
             }
         })
         .collect()
@@ -332,7 +396,7 @@ pub fn place(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
-    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    load: &HashMap<String, Load>,
     opts: &JoinOptions,
 ) -> Result<Placed, Refused> {
     let out = super::health::out_of_service();
@@ -344,7 +408,7 @@ pub fn place_in_service(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
-    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    load: &HashMap<String, Load>,
     opts: &JoinOptions,
     out: &BTreeMap<String, crate::health::OutOfService>,
 ) -> Result<Placed, Refused> {
@@ -364,7 +428,7 @@ pub fn serve_queue(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
-    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    load: &HashMap<String, Load>,
     waiting: &[Waiter],
     gpu_memory: &[Option<u64>],
 ) -> Vec<Result<Placed, Refused>> {
@@ -380,7 +444,7 @@ pub fn serve_in_service(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
-    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    load: &HashMap<String, Load>,
     waiting: &[Waiter],
     gpu_memory: &[Option<u64>],
     out: &BTreeMap<String, crate::health::OutOfService>,
@@ -453,7 +517,7 @@ fn serve_among(
     team: &Team,
     share: &[ShareDevice],
     leases: &[Lease],
-    load: &HashMap<String, (Option<u64>, Option<f64>)>,
+    load: &HashMap<String, Load>,
     waiting: &[Waiter],
     gpu_memory: &[Option<u64>],
 ) -> Vec<Result<Placed, Refused>> {
@@ -494,15 +558,29 @@ fn refused(
         // ahead.
         let kept = full
             .iter()
-            .filter(|i| placement::capacity(jpd, &cands[**i]).is_some_and(|c| cands[**i].held < c))
+            .filter(|i| {
+                placement::capacity(jpd, &cands[**i]).is_some_and(|c| cands[**i].taken() < c)
+            })
             .count();
         let ahead = match kept {
             0 => String::new(),
             n => format!("; {n} kept for requests ahead in the queue"),
         };
+        // A device taken by a process gpuctl did not start: who, so that it can be found.
+        let outside: String = full
+            .iter()
+            .filter(|i| !cands[**i].mps)
+            .filter_map(|i| {
+                let why = cands[*i].outside.as_deref()?;
+                Some(format!(
+                    "; {} is busy: {why}, outside every lease",
+                    cands[*i].id
+                ))
+            })
+            .collect();
         message = format!(
-            "team \"{}\" has no free device ({per}); held: {}{ahead}. Wait with --wait, or ask \
-             a holder",
+            "team \"{}\" has no free device ({per}); held: {}{outside}{ahead}. Wait with \
+             --wait, or ask a holder",
             team.name,
             placement::holders(leases, &ids, &team.name)
         );

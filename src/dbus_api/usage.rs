@@ -8,7 +8,7 @@
 //! costs one NVML collection per interval; collections run on a blocking thread, never on the
 //! runtime thread that serves the bus.
 
-use super::collector::collector;
+pub use super::collector::usage;
 use super::{AgentState, Backend};
 use crate::join::nss::Nss;
 use crate::join::Viewer;
@@ -22,34 +22,6 @@ use zbus::fdo;
 
 /// Output formats of `Metrics(s format)`.
 pub const FORMATS: &[&str] = &["openmetrics", "prometheus-text"];
-
-fn owners_and_lib(sh: &AgentState) -> (Owners, Option<std::path::PathBuf>) {
-    let owners = sh
-        .last_report
-        .as_ref()
-        .and_then(|r| r.view.as_ref())
-        .map(Owners::from)
-        .unwrap_or_default();
-    let lib = crate::nvml::library_path(
-        sh.policy
-            .as_ref()
-            .and_then(|p| p.host.nvml_library.as_deref()),
-    );
-    (owners, lib)
-}
-
-/// The usage now (at most one interval old), with owners and strays.
-pub async fn usage(backend: &dyn Backend, root: &Root) -> fdo::Result<Usage> {
-    let (owners, lib) = owners_and_lib(&backend.state());
-    let root = root.clone();
-    tokio::task::spawn_blocking(move || {
-        let mut u = collector(lib).get(&root, &owners, &Nss);
-        super::place::store::attribute_loans(&root, &mut u);
-        u
-    })
-    .await
-    .map_err(|e| fdo::Error::Failed(format!("usage collection failed: {e}")))
-}
 
 /// [`usage`] with each process the idle rules flag marked (`ProcessUsage::idle`), as the
 /// `Usage` call serves it to `gpuctl top`.

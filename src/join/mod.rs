@@ -522,6 +522,13 @@ pub fn scope_name(id: &str) -> String {
     format!("gpuctl-run-{id}.scope")
 }
 
+/// Whether `unit` is a job scope [`scope_name`] makes.
+pub fn is_scope_name(unit: &str) -> bool {
+    unit.strip_prefix("gpuctl-run-")
+        .and_then(|r| r.strip_suffix(".scope"))
+        .is_some_and(|id| !id.is_empty())
+}
+
 /// The scope's `Description=`: as neutral as its name, for the same reason.
 pub fn scope_description(id: &str) -> String {
     format!("gpuctl job {id}")

@@ -790,6 +790,7 @@ fn own_servable(s: &Snapshot, w: &Waiter) -> bool {
             held: 0,
             memory_used: None,
             activity: None,
+            outside: None,
         })
         .collect();
     let req = Request {

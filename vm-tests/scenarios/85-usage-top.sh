@@ -4,7 +4,9 @@
 # `gpuctl top --once --json` run by root shows each with the right user, team and unit, flags
 # the stray, and reports no utilisation for the MIG GPU (not a made-up 0). Who sees what: alice
 # (infer) sees her team's processes by name and only counts of train's and the stray; bob (no
-# team) sees every device and only counts.
+# team) sees every device and only counts. Admit what fits: infer-job, in infer's slice but in
+# no gpuctl job, holds GPU 0, so alice's `gpuctl run` there is refused naming it, and placed
+# once it is gone.
 # vmtest: timeout=300
 # vmtest: group=usage
 . lib/common.sh
@@ -63,5 +65,16 @@ check "and the stray line is marked" grep -Eq '^ +!- +\(hidden\) +- ' <<<"$hb"
 mb=$("${bob[@]}" gpuctl metrics 2>&1)
 check_output "bob's metrics: per-team process counts whole" \
     grep -q 'gpuctl_team_gpu_processes{.*team="train"} 1' <<<"$mb"
+
+out=$("${alice[@]}" gpuctl run --team infer -- true 2>&1); rc=$?
+_vm_show "$out" 4
+check "a job is refused a device a process outside every lease holds (exit 8, got $rc)" test $rc = 8
+check "... naming the process" grep -q "is busy: pid $P_INFER (sleep) holds 78000 MiB, outside every lease" <<<"$out"
+systemctl stop infer-job.service
+S=$FAKE_NVML_STATE
+flock "$S.lock" sh -c "jq '.processes |= map(select(.pid != $P_INFER))' '$S' >'$S.new' && mv '$S.new' '$S'"
+out=$("${alice[@]}" gpuctl run --team infer -- sh -c 'echo "on $CUDA_VISIBLE_DEVICES"' 2>&1); rc=$?
+_vm_show "$out" 4
+check "once it is gone the job is placed there" bash -c 'test "$1" = 0 && grep -q "^on GPU-" <<<"$2"' _ "$rc" "$out"
 usage_teardown
 finish

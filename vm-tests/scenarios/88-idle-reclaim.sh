@@ -2,12 +2,13 @@
 # 88: idle shares (issue 12). Two teams on three fake H100s (GPM activity). research has a stop
 # rule with short windows: its idle holder, a `gpuctl run` scope of alice's on GPU 0, is warned
 # (on her terminal and in the journal with her uid) and then stopped; its busy service on GPU 1
-# (GPM activity 80%) and an excluded idle service on GPU 0 survive. infer (report only) has an
+# (GPM activity 80%) and an excluded idle service on GPU 3 survive. infer (report only) has an
 # idle service on GPU 2: reported, untouched. The journal names user and unit. Who sees what:
 # carol (research) reads research's holders by name and infer's without; bob (no team) and the
 # exporter read no unit or user at all, root reads everything. Placement and idle reclaim
-# agree: with both research devices leased a `--wait` job of carol's queues, and alice's idle
-# stop hands it her device.
+# agree: with two research devices leased and the third held by the excluded service (a process
+# outside every lease: busy), a `--wait` job of carol's queues, and alice's idle stop hands it
+# her device.
 # vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
@@ -15,7 +16,7 @@
 . lib/gpuctld.sh
 . lib/usage.sh
 
-gpuctld_setup 3
+gpuctld_setup 4
 test_users
 mkdir -p /etc/systemd/system/gpuctld.service.d
 cat >/etc/systemd/system/gpuctld.service.d/60-vmtest-idle.conf <<'EOF'
@@ -39,7 +40,7 @@ members = ["@ml-infer"]
 after = "20s"
 action = "report"
 [[gpu]]
-index = [0, 1]
+index = [0, 1, 3]
 owner = "research"
 [[gpu]]
 index = [2]
@@ -77,18 +78,18 @@ check "the idle holder runs in a gpuctl run scope" test -n "$SCOPE"
 S=$FAKE_NVML_STATE
 flock "$S.lock" sh -c "jq '.processes += [
     {pid: $P_IDLE, gpu: 0, used_memory_mib: 2000},
-    {pid: $P_TRITON, gpu: 0, used_memory_mib: 1000},
+    {pid: $P_TRITON, gpu: 3, used_memory_mib: 1000},
     {pid: $P_BUSY, gpu: 1, used_memory_mib: 3000},
     {pid: $P_CJOB, gpu: 1, used_memory_mib: 1000},
     {pid: $P_INFER, gpu: 2, used_memory_mib: 500}]
   | .usage.gpus[\"1\"] = {utilization_gpu: 80, gpm_sm_activity: 80.0}' '$S' >'$S.new' && mv '$S.new' '$S'"
 
-# With both devices leased, carol's next job waits in the queue; the idle stop of alice's
-# scope ends its lease and the waiter gets GPU 0.
+# With GPUs 0 and 1 leased and GPU 3 held by triton (in no gpuctl job), carol's next job waits
+# in the queue; the idle stop of alice's scope ends its lease and the waiter gets GPU 0.
 rm -f /tmp/88-waited.dev
 setpriv --reuid=carol --regid=carol --init-groups gpuctl run --team research --wait=300s -- \
     sh -c 'echo $CUDA_VISIBLE_DEVICES >/tmp/88-waited.dev; exec sleep 406' >/dev/null 2>&1 &
-check "carol's third job waits in research's queue" \
+check "carol's third job waits in research's queue, GPU 3 busy with triton's memory" \
     wait_for 20 sh -c "gpuctl status | grep -q '^  research #1: carol'"
 
 j() { gpuctld_journal "$@" -o json | jq -r '[.GPUCTL_ACTION, .GPUCTL_UNIT, .GPUCTL_USER, .GPUCTL_UID, .MESSAGE] | @tsv'; }

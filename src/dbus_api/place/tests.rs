@@ -178,8 +178,15 @@ fn whole_gpus_with_mps_get_the_daemon_and_a_memory_cap_within_its_limit() {
         pinned_memory_limit: Some(8 << 30),
         ..Default::default()
     });
-    let load: HashMap<String, (Option<u64>, Option<f64>)> =
-        [("GPU-1".to_string(), (Some(5 << 30), Some(0.5)))].into();
+    let load: HashMap<String, Load> = [(
+        "GPU-1".to_string(),
+        Load {
+            memory_used: Some(5 << 30),
+            activity: Some(0.5),
+            outside: None,
+        },
+    )]
+    .into();
     let opts = JoinOptions {
         gpu_memory: Some(2 << 30),
         ..Default::default()
@@ -362,4 +369,91 @@ fn an_out_of_service_device_is_never_placed_on_nor_made_visible() {
         e.busy && e.message.contains("no device in service"),
         "{e:?}"
     );
+}
+
+/// A usage collection of GPU 0's four MIG devices, each with the processes given as
+/// (pid, unit).
+fn mig_usage(procs: [&[(u32, &str)]; 4]) -> crate::usage::Usage {
+    use crate::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
+    let mig_devices = procs
+        .iter()
+        .enumerate()
+        .map(|(i, ps)| MigUsage {
+            uuid: format!("MIG-{i}"),
+            processes: ps
+                .iter()
+                .map(|(pid, unit)| ProcessUsage {
+                    pid: *pid,
+                    kind: "compute".into(),
+                    used_memory: Some(2 << 30),
+                    command: Some("python".into()),
+                    unit: Some(unit.to_string()),
+                    ..Default::default()
+                })
+                .collect(),
+            ..Default::default()
+        })
+        .collect();
+    Usage {
+        gpus: vec![GpuUsage {
+            uuid: "GPU-0".into(),
+            mig: true,
+            mig_devices,
+            ..Default::default()
+        }],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_process_outside_every_gpuctl_job_makes_its_device_busy_and_the_refusal_names_it() {
+    let s = share(&view(), "interns");
+    let t = team("interns");
+    let bob = lease("interns", "bob", &["MIG-1"]);
+    // MIG-0: a service started in the slice by hand; MIG-1: bob's job; MIG-2: a job whose
+    // scope has just ended (the collection still lists it); MIG-3: nothing.
+    let u = mig_usage([
+        &[(42, "train-server.service")],
+        &[(43, &bob.unit)],
+        &[(44, "gpuctl-run-0ended.scope")],
+        &[],
+    ]);
+    let leases = [bob];
+    let load = load_of(&u, &leases);
+    assert_eq!(
+        load["MIG-0"].outside.as_deref(),
+        Some("pid 42 (python) holds 2048 MiB")
+    );
+    assert_eq!(load["MIG-1"].outside, None, "a lease's own process");
+    assert_eq!(load["MIG-2"].outside, None, "an ending job's process");
+    let opts = |device: &str| JoinOptions {
+        device: Some(device.into()),
+        ..Default::default()
+    };
+    let e = place(&t, &s, &leases, &load, &opts("MIG-0")).unwrap_err();
+    assert!(e.busy);
+    assert!(
+        e.message
+            .contains("MIG-0 is busy: pid 42 (python) holds 2048 MiB, outside every lease"),
+        "{}",
+        e.message
+    );
+    assert_eq!(
+        place(&t, &s, &leases, &load, &opts("MIG-2"))
+            .unwrap()
+            .devices[0]
+            .id,
+        "MIG-2"
+    );
+    let p = place(&t, &s, &leases, &load, &JoinOptions::default()).unwrap();
+    assert_eq!(p.devices[0].id, "MIG-2", "the first free one, never MIG-0");
+    // Without NVML nothing is known to be outside: placed by the leases alone.
+    let blind = crate::usage::Usage {
+        nvml_unavailable: Some("no driver".into()),
+        ..u
+    };
+    let load = load_of(&blind, &leases);
+    assert!(load.values().all(|l| l.outside.is_none()));
+    let p = place(&t, &s, &leases, &load, &JoinOptions::default()).unwrap();
+    assert_eq!(p.devices[0].id, "MIG-0");
 }
