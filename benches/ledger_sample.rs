@@ -50,6 +50,7 @@ fn day_bytes(users: usize, devices: usize, per_user: usize) -> usize {
                 memory_byte_s: 1.234_567_8e14,
                 reclaimed_ms: 3_600_000,
                 stops: 3,
+                ..Default::default()
             };
             d.figures.insert(key, f);
         }

@@ -150,6 +150,7 @@ fn the_link_checker_sees_a_broken_link() {
 /// (`docker run --gpus`, `systemd-run --wait`), ours is what the docs are checked against, so
 /// that a flag of ours that goes away cannot hide behind the other tool's.
 const OTHER_TOOLS: &[(&str, &[&str])] = &[
+    ("vm-tests/run", &["--short"]),
     (
         "cargo",
         &[

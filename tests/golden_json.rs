@@ -531,6 +531,31 @@ fn report_json() {
                         memory_byte_s: gib_s(2, 86_400_000),
                         reclaimed_ms: 1_800_000,
                         stops: 1,
+                        ..Default::default()
+                    },
+                );
+                // A night's loan of train's GPU 0 to interns: borrowed on bob's line, lent on
+                // train's.
+                put(
+                    "interns",
+                    "bob",
+                    "0",
+                    "gpu",
+                    Figures {
+                        held_ms: 28_800_000,
+                        active_ms: 28_800_000,
+                        borrowed_ms: 28_800_000,
+                        ..Default::default()
+                    },
+                );
+                put(
+                    "train",
+                    "",
+                    "0",
+                    "gpu",
+                    Figures {
+                        lent_ms: 28_800_000,
+                        ..Default::default()
                     },
                 );
             }

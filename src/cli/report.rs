@@ -82,21 +82,23 @@ fn util(r: &LedgerRow) -> String {
         .map_or_else(|| "-".into(), |u| format!("{:.0}%", u * 100.0))
 }
 
-fn name(v: &Option<String>) -> String {
-    match v.as_deref() {
-        Some("") => "(no team)".into(),
-        Some(v) => v.into(),
-        None => String::new(),
-    }
-}
-
+/// A row's name: its team (empty: processes outside every team slice), user (empty: the
+/// team's device-time held by borrowers), device and kind, as its grouping keeps them.
 fn who(r: &LedgerRow) -> String {
-    [&r.team, &r.user, &r.device, &r.kind]
-        .iter()
-        .filter(|v| v.is_some())
-        .map(|v| name(v))
-        .collect::<Vec<_>>()
-        .join(" ")
+    let named = |v: &Option<String>, empty: &str| {
+        v.as_deref()
+            .map(|v| if v.is_empty() { empty } else { v }.to_string())
+    };
+    [
+        named(&r.team, "(no team)"),
+        named(&r.user, "(lent)"),
+        named(&r.device, ""),
+        named(&r.kind, ""),
+    ]
+    .into_iter()
+    .flatten()
+    .collect::<Vec<_>>()
+    .join(" ")
 }
 
 /// The terminal view.
@@ -127,9 +129,26 @@ pub fn render(r: &LedgerReply) -> String {
         "device" => "DEVICE KIND",
         _ => "TEAM",
     };
+    // Loans only where a row has any: a host that does not lend keeps its table.
+    let loans = r.rows.iter().any(|x| x.lent_s > 0.0 || x.borrowed_s > 0.0);
+    let loan_cols = |lent: &str, borrowed: &str| {
+        if loans {
+            format!(" {lent:>8} {borrowed:>8}")
+        } else {
+            String::new()
+        }
+    };
     o.push_str(&format!(
-        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>5} {:>9} {:>10}\n",
-        head, "HELD h", "ACTIVE h", "UNKNOWN", "IDLE h", "UTIL", "MEM GiBh", "RECLAIMED"
+        "{:<28} {:>8} {:>8} {:>8} {:>8} {:>5} {:>9} {:>10}{}\n",
+        head,
+        "HELD h",
+        "ACTIVE h",
+        "UNKNOWN",
+        "IDLE h",
+        "UTIL",
+        "MEM GiBh",
+        "RECLAIMED",
+        loan_cols("LENT h", "BORROW h")
     ));
     for row in &r.rows {
         let with_rule = row
@@ -142,7 +161,7 @@ pub fn render(r: &LedgerReply) -> String {
             "-".into()
         };
         o.push_str(&format!(
-            "{:<28} {:>8} {:>8} {:>8} {:>8} {:>5} {:>9.1} {:>10}\n",
+            "{:<28} {:>8} {:>8} {:>8} {:>8} {:>5} {:>9.1} {:>10}{}\n",
             who(row),
             hours(row.held_s),
             hours(row.active_s),
@@ -150,7 +169,8 @@ pub fn render(r: &LedgerReply) -> String {
             hours(row.idle_s),
             util(row),
             row.memory_gib_hours,
-            reclaimed
+            reclaimed,
+            loan_cols(&hours(row.lent_s), &hours(row.borrowed_s))
         ));
     }
     if !r.top_idle.is_empty() {
@@ -184,14 +204,14 @@ fn csv_field(v: &str) -> String {
 pub fn csv(r: &LedgerReply) -> String {
     let mut o = String::from(
         "team,user,device,kind,held_hours,active_hours,unknown_hours,idle_hours,utilisation,\
-         memory_gib_hours,reclaimed_hours,stops\n",
+         memory_gib_hours,reclaimed_hours,stops,lent_hours,borrowed_hours\n",
     );
     for row in &r.rows {
         let h = |s: f64| format!("{:.4}", s / 3600.0);
         let f = [&row.team, &row.user, &row.device, &row.kind]
             .map(|v| csv_field(v.as_deref().unwrap_or("")));
         o.push_str(&format!(
-            "{},{},{},{},{},{},{},{},{},{:.4},{},{}\n",
+            "{},{},{},{},{},{},{},{},{},{:.4},{},{},{},{}\n",
             f[0],
             f[1],
             f[2],
@@ -203,7 +223,9 @@ pub fn csv(r: &LedgerReply) -> String {
             row.utilisation.map_or(String::new(), |u| format!("{u:.4}")),
             row.memory_gib_hours,
             h(row.reclaimed_s),
-            row.stops
+            row.stops,
+            h(row.lent_s),
+            h(row.borrowed_s)
         ));
     }
     o
@@ -336,6 +358,50 @@ mod tests {
             ..Default::default()
         };
         assert!(render(&empty).contains("accounting = \"on\""));
+    }
+
+    #[test]
+    fn loans_get_their_columns_only_where_a_row_has_any() {
+        let plain = render(&reply());
+        assert!(!plain.contains("LENT h"), "{plain}");
+        let mut r = reply();
+        r.by = "user".into();
+        r.rows[1].user = Some("bob".into());
+        r.rows[1].borrowed_s = 3_600.0;
+        r.rows.push(LedgerRow {
+            team: Some("train".into()),
+            user: Some(String::new()),
+            lent_s: 3_600.0,
+            ..Default::default()
+        });
+        let s = render(&r);
+        assert!(
+            s.lines()
+                .next()
+                .is_some_and(|_| s.contains("LENT h") && s.contains("BORROW h")),
+            "{s}"
+        );
+        let lent = s
+            .lines()
+            .find(|l| l.starts_with("train (lent)"))
+            .unwrap_or_default();
+        assert!(lent.trim_end().ends_with("1.0      0.0"), "{s}");
+        let bob = s
+            .lines()
+            .find(|l| l.starts_with("interns bob"))
+            .unwrap_or_default();
+        assert!(bob.trim_end().ends_with("0.0      1.0"), "{s}");
+        let c = csv(&r);
+        assert!(c
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .ends_with(",lent_hours,borrowed_hours"));
+        assert!(
+            c.lines()
+                .any(|l| l.starts_with("train,,,,0.0000,") && l.ends_with(",1.0000,0.0000")),
+            "{c}"
+        );
     }
 
     #[test]

@@ -38,6 +38,8 @@ fn row(k: &Key, f: &Figures, by: By) -> LedgerRow {
         memory_gib_hours: f.memory_byte_s / (1u64 << 30) as f64 / 3600.0,
         reclaimed_s: s(f.reclaimed_ms),
         stops: f.stops,
+        borrowed_s: s(f.borrowed_ms),
+        lent_s: s(f.lent_ms),
     }
 }
 
@@ -163,6 +165,8 @@ mod tests {
             memory_byte_s: (2u64 << 30) as f64 * 3600.0,
             reclaimed_ms: 900_000,
             stops: 2,
+            borrowed_ms: 600_000,
+            lent_ms: 300_000,
         }
     }
 
@@ -181,6 +185,8 @@ mod tests {
             memory_gib_hours: 2.0,
             reclaimed_s: 900.0,
             stops: 2,
+            borrowed_s: 600.0,
+            lent_s: 300.0,
             ..Default::default()
         };
         assert_eq!(row(&k, &figures(), By::Team), want);

@@ -659,6 +659,10 @@ pub struct LedgerRow {
     pub user: Option<String>,
     /// active / (held − unknown), 0–1; `None` when no held time has known activity.
     pub utilisation: Option<f64>,
+    /// Of held, on devices borrowed from other teams.
+    pub borrowed_s: f64,
+    /// The team's device-seconds held by borrowers (a line with no user, `by = user`).
+    pub lent_s: f64,
 }
 
 /// Version 1 of the documents `org.gpuctl.Agent1` returns, the one this build speaks: gpuctld

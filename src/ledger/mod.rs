@@ -11,7 +11,10 @@
 //! - **unknown**: held while the device reports no activity (a MIG device before Hopper): kept
 //!   apart, never idle nor active; idle = held − active − unknown;
 //! - **memory**: GPU-memory byte-seconds its processes held;
-//! - **reclaimed**: the held time of a stretch that an idle stop ended (with the count of stops).
+//! - **reclaimed**: the held time of a stretch that an idle stop ended (with the count of stops);
+//! - **borrowed**: held on a device another team lent (in the loans slice);
+//! - **lent**: a team's device-time held by borrowers, on a line of the owning team with no
+//!   user (the borrower's own line counts it as held and borrowed).
 //!
 //! Crediting: a sample credits the span since the previous one, at most one nominal interval.
 //! A span longer than [`GAP_FACTOR`] intervals (gpuctld stopped, NVML hung, the clock jumped
@@ -64,6 +67,12 @@ pub struct Figures {
     pub reclaimed_ms: u64,
     /// Idle stops.
     pub stops: u64,
+    /// Of held, on a device borrowed from another team.
+    #[serde(default)]
+    pub borrowed_ms: u64,
+    /// This team's device-time held by borrowers.
+    #[serde(default)]
+    pub lent_ms: u64,
 }
 
 impl Figures {
@@ -75,6 +84,8 @@ impl Figures {
         self.memory_byte_s += o.memory_byte_s;
         self.reclaimed_ms += o.reclaimed_ms;
         self.stops += o.stops;
+        self.borrowed_ms += o.borrowed_ms;
+        self.lent_ms += o.lent_ms;
     }
 
     /// Held with activity known but below the threshold.
@@ -101,6 +112,8 @@ pub struct Holder {
     pub memory: Option<u64>,
     /// The device's activity, percent; `None`: not reported.
     pub activity: Option<f64>,
+    /// The team that lent the device, for a borrower.
+    pub borrowed_from: Option<String>,
 }
 
 /// What one usage collection says about every holder.
@@ -152,6 +165,7 @@ pub fn from_usage(usage: &Usage) -> Option<LedgerSample> {
             unit,
             memory: None,
             activity,
+            borrowed_from: p.borrowed_from.clone(),
         });
         if let Some(b) = p.used_memory {
             h.memory = Some(h.memory.unwrap_or(0) + b);
@@ -328,8 +342,20 @@ impl Ledger {
                     Some(a) if a >= threshold => c.active_ms = dt,
                     Some(_) => {}
                 }
+                if h.borrowed_from.is_some() {
+                    c.borrowed_ms = dt;
+                }
             }
             c.memory_byte_s += h.memory.unwrap_or(0) as f64 * dt as f64 / 1000.0;
+            if let Some(owner) = &h.borrowed_from {
+                let lent = Key {
+                    team: owner.clone(),
+                    user: String::new(),
+                    ..h.key.clone()
+                };
+                // Once per device and span, however many borrowers hold it.
+                credit.entry(lent).or_default().lent_ms = dt;
+            }
         }
         self.open = open;
         for (k, c) in &credit {

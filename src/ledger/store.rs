@@ -35,12 +35,32 @@ struct DayFile {
     #[serde(default)]
     last_at_ms: Option<u64>,
     /// team, user, device, kind, held ms, active ms, unknown ms, memory byte-s, reclaimed ms,
-    /// stops: a positional line keeps the file small (docs/performance.md).
+    /// stops[, borrowed ms, lent ms]: a positional line keeps the file small
+    /// (docs/performance.md).
     rows: Vec<Row>,
 }
 
+/// A line: the loan figures only where one is counted, so a day without loans reads as it did
+/// before lending (and an older gpuctl still reads it).
 #[derive(Debug, Serialize, Deserialize)]
-struct Row(String, String, String, String, u64, u64, u64, f64, u64, u64);
+#[serde(untagged)]
+enum Row {
+    Plain(String, String, String, String, u64, u64, u64, f64, u64, u64),
+    Loans(
+        String,
+        String,
+        String,
+        String,
+        u64,
+        u64,
+        u64,
+        f64,
+        u64,
+        u64,
+        u64,
+        u64,
+    ),
+}
 
 /// Why the ledger could not be written or read.
 #[derive(Debug, thiserror::Error)]
@@ -227,18 +247,25 @@ pub fn encode(day: &Day, last_at_ms: Option<u64>) -> Vec<u8> {
         .figures
         .iter()
         .map(|(k, f)| {
-            Row(
+            let (t, u, d, kind) = (
                 k.team.clone(),
                 k.user.clone(),
                 k.device.clone(),
                 k.kind.clone(),
+            );
+            let (h, a, un, m, r, st) = (
                 f.held_ms,
                 f.active_ms,
                 f.unknown_ms,
                 f.memory_byte_s,
                 f.reclaimed_ms,
                 f.stops,
-            )
+            );
+            if f.borrowed_ms == 0 && f.lent_ms == 0 {
+                Row::Plain(t, u, d, kind, h, a, un, m, r, st)
+            } else {
+                Row::Loans(t, u, d, kind, h, a, un, m, r, st, f.borrowed_ms, f.lent_ms)
+            }
         })
         .collect();
     let file = DayFile {
@@ -268,7 +295,13 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<(Day, Option<u64>), StoreError> {
     let figures = f
         .rows
         .into_iter()
-        .map(|Row(team, user, device, kind, h, a, u, m, r, s)| {
+        .map(|row| {
+            let (team, user, device, kind, h, a, u, m, r, s, borrowed_ms, lent_ms) = match row {
+                Row::Plain(t, us, d, k, h, a, u, m, r, s) => (t, us, d, k, h, a, u, m, r, s, 0, 0),
+                Row::Loans(t, us, d, k, h, a, u, m, r, s, b, l) => {
+                    (t, us, d, k, h, a, u, m, r, s, b, l)
+                }
+            };
             let key = Key {
                 team,
                 user,
@@ -282,6 +315,8 @@ fn decode(path: &Path, bytes: &[u8]) -> Result<(Day, Option<u64>), StoreError> {
                 memory_byte_s: m,
                 reclaimed_ms: r,
                 stops: s,
+                borrowed_ms,
+                lent_ms,
             };
             (key, f)
         })

@@ -20,6 +20,7 @@ fn holder(team: &str, user: &str, device: &str, activity: Option<f64>) -> Holder
         unit: format!("{user}.service"),
         memory: Some(1 << 30),
         activity,
+        borrowed_from: None,
     }
 }
 
@@ -52,6 +53,52 @@ fn steady_samples_credit_the_time_between_them() {
     assert_eq!(b.utilisation(), Some(0.0));
     // 1 GiB for 60 s.
     assert_eq!(b.memory_byte_s, (1u64 << 30) as f64 * 60.0);
+}
+
+#[test]
+fn a_loan_counts_as_borrowed_to_the_borrower_and_as_lent_on_the_owners_line() {
+    let mut l = Ledger::new(I, None, None);
+    let none = BTreeMap::new();
+    for i in 0..=3 {
+        let mut bob = holder("interns", "bob", "2", Some(90.0));
+        bob.borrowed_from = Some("train".into());
+        // Two borrowed units on one device: one device's time, lent once.
+        let mut bob2 = holder("interns", "bob", "2", Some(90.0));
+        bob2.unit = "other.scope".into();
+        bob2.borrowed_from = Some("train".into());
+        let ann = holder("train", "ann", "0", Some(90.0));
+        l.observe(&at(T0 + i * I, vec![bob, bob2, ann]), &none);
+    }
+    let b = get(&l, &key("interns", "bob", "2"));
+    assert_eq!(
+        (b.held_ms, b.active_ms, b.borrowed_ms, b.lent_ms),
+        (3 * I, 3 * I, 3 * I, 0)
+    );
+    let lent = get(&l, &key("train", "", "2"));
+    assert_eq!(
+        (lent.held_ms, lent.lent_ms, lent.borrowed_ms),
+        (0, 3 * I, 0)
+    );
+    let a = get(&l, &key("train", "ann", "0"));
+    assert_eq!((a.held_ms, a.borrowed_ms, a.lent_ms), (3 * I, 0, 0));
+    // By team: train held 3 spans of its own and lent 3; interns held 3, all borrowed.
+    let by = summarise([l.today()], By::Team, |_| true);
+    let team = |t: &str| {
+        by[&Key {
+            team: t.into(),
+            user: String::new(),
+            device: String::new(),
+            kind: String::new(),
+        }]
+    };
+    assert_eq!(
+        (team("train").held_ms, team("train").lent_ms),
+        (3 * I, 3 * I)
+    );
+    assert_eq!(
+        (team("interns").held_ms, team("interns").borrowed_ms),
+        (3 * I, 3 * I)
+    );
 }
 
 #[test]
@@ -354,6 +401,7 @@ fn store_round_trips_and_drops_the_oldest_day_over_the_cap() {
             memory_byte_s: 2.5,
             reclaimed_ms: 4,
             stops: 1,
+            ..Default::default()
         },
     );
     let one = encode(&day, Some(7)).len() as u64;
@@ -372,6 +420,57 @@ fn store_round_trips_and_drops_the_oldest_day_over_the_cap() {
     assert_eq!((back, last), (day.clone(), Some(7)));
     let (days, problems) = store.range(20_003, 30_000);
     assert_eq!((days.len(), problems.len()), (2, 0));
+}
+
+#[test]
+fn loans_are_stored_only_where_counted_and_a_day_without_reads_as_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::at(dir.path().join("ledger"), 1 << 20);
+    let mut day = Day {
+        day: 20_000,
+        figures: BTreeMap::new(),
+    };
+    let plain = Figures {
+        held_ms: 5,
+        ..Default::default()
+    };
+    day.figures.insert(key("train", "ann", "0"), plain);
+    // The line format of a day before lending, as an older gpuctl wrote and reads it.
+    let text = String::from_utf8(encode(&day, None)).unwrap();
+    assert!(
+        text.contains(r#"["train","ann","0","gpu",5,0,0,0.0,0,0]"#),
+        "{text}"
+    );
+    day.figures.insert(
+        key("interns", "bob", "2"),
+        Figures {
+            held_ms: 7,
+            borrowed_ms: 7,
+            ..Default::default()
+        },
+    );
+    day.figures.insert(
+        key("train", "", "2"),
+        Figures {
+            lent_ms: 7,
+            ..Default::default()
+        },
+    );
+    let text = String::from_utf8(encode(&day, None)).unwrap();
+    assert!(
+        text.contains(r#"["interns","bob","2","gpu",7,0,0,0.0,0,0,7,0]"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"["train","","2","gpu",0,0,0,0.0,0,0,0,7]"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"["train","ann","0","gpu",5,0,0,0.0,0,0]"#),
+        "{text}"
+    );
+    store.save(&day, Some(3)).unwrap();
+    assert_eq!(store.load(20_000).unwrap(), Some((day, Some(3))));
 }
 
 /// Crash safety: a write killed midway leaves a partial temp file (the rename never happened)
