@@ -180,6 +180,7 @@ fn full_snapshot() -> Snapshot {
                     processes: vec![p(3, Some("train"), false)],
                     hidden: vec![],
                     leases: vec![],
+                    out_of_service: None,
                 }],
                 ..Default::default()
             },

@@ -115,6 +115,19 @@ fn lease_lines(o: &mut String, leases: &[DeviceLease]) {
     }
 }
 
+/// A device that takes no new work: why, since when, by whom (`gpuctl status` and `teams` say
+/// the same).
+fn out_line(o: &mut String, out: Option<&crate::usage::DeviceOut>) {
+    if let Some(d) = out {
+        o.push_str(&format!(
+            "     OUT OF SERVICE since {} ({}): {}\n",
+            crate::placement::utc(d.since),
+            d.by,
+            d.reason
+        ));
+    }
+}
+
 fn gpu_line(g: &GpuUsage) -> String {
     let util = match (g.mig, g.utilization_gpu, g.activity) {
         (true, _, _) => "n/a (MIG)".to_string(),
@@ -164,11 +177,13 @@ pub fn render(u: &Usage) -> String {
     ));
     for g in &u.gpus {
         o.push_str(&gpu_line(g));
+        out_line(&mut o, g.out_of_service.as_ref());
         lease_lines(&mut o, &g.leases);
         proc_lines(&mut o, &g.processes);
         hidden_lines(&mut o, &g.hidden);
         for m in &g.mig_devices {
             o.push_str(&mig_line(m));
+            out_line(&mut o, m.out_of_service.as_ref());
             lease_lines(&mut o, &m.leases);
             proc_lines(&mut o, &m.processes);
             hidden_lines(&mut o, &m.hidden);
@@ -331,6 +346,7 @@ mod tests {
                         }],
                         hidden: vec![],
                         leases: vec![],
+                        out_of_service: None,
                     }],
                     ..Default::default()
                 },
@@ -355,6 +371,28 @@ mod tests {
         assert!(s.contains("activity n/a"), "never a made-up 0: {s}");
         let stray = s.lines().find(|l| l.contains("cron.service")).unwrap();
         assert!(stray.trim_start().starts_with('!'), "{stray}");
+    }
+
+    #[test]
+    fn an_out_of_service_device_is_marked_under_its_line() {
+        let mut u = sample();
+        assert!(!render(&u).contains("OUT OF SERVICE"));
+        let out = crate::usage::DeviceOut {
+            reason: "XID 79 (GPU has fallen off the bus)".into(),
+            since: 1_764_783_110,
+            by: "gpuctld".into(),
+        };
+        let mig = u.gpus[1].mig_devices[0].uuid.clone();
+        u.mark_out(&mig, out);
+        let s = render(&u);
+        let lines: Vec<&str> = s.lines().collect();
+        let at = lines.iter().position(|l| l.contains("MIG gi2 ci0")).unwrap();
+        assert!(
+            lines[at + 1].contains("OUT OF SERVICE since ")
+                && lines[at + 1].ends_with("(gpuctld): XID 79 (GPU has fallen off the bus)"),
+            "{s}"
+        );
+        assert_eq!(s.matches("OUT OF SERVICE").count(), 1, "{s}");
     }
 
     #[test]

@@ -80,6 +80,14 @@ pub async fn usage_for(
     for l in super::place::leases(sd, root).await.unwrap_or_default() {
         add_lease(&mut u, l);
     }
+    for (id, o) in super::health::out_of_service() {
+        let out = crate::usage::DeviceOut {
+            reason: o.reason,
+            since: o.since,
+            by: o.by,
+        };
+        u.mark_out(&id, out);
+    }
     u.redact(|t| viewer.sees(t));
     Ok(u)
 }

@@ -72,6 +72,10 @@ pub struct GpuUsage {
     /// Placement leases on it (`gpuctl run`/`shell`), filled by gpuctld's `Usage` call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leases: Vec<DeviceLease>,
+    /// Out of service (a fatal health event or `gpuctl device drain`), filled by gpuctld's
+    /// `Usage` call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service: Option<DeviceOut>,
 }
 
 /// One MIG device.
@@ -104,6 +108,10 @@ pub struct MigUsage {
     /// Placement leases on it (`gpuctl run`/`shell`), filled by gpuctld's `Usage` call.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub leases: Vec<DeviceLease>,
+    /// Out of service (a fatal health event or `gpuctl device drain`), filled by gpuctld's
+    /// `Usage` call.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub out_of_service: Option<DeviceOut>,
 }
 
 /// Processes of a team whose per-process detail (user, pid, command, unit) the caller may not
@@ -138,6 +146,17 @@ pub struct DeviceLease {
     /// The job's MPS pinned device memory limit in bytes, where one was set.
     #[serde(default)]
     pub gpu_memory: Option<u64>,
+}
+
+/// Why and since when a device takes no new work.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct DeviceOut {
+    /// The fault or the admin's reason.
+    pub reason: String,
+    /// Unix seconds.
+    pub since: u64,
+    /// `gpuctld` (a health event) or the admin who drained it.
+    pub by: String,
 }
 
 /// One process on a GPU or MIG device.
@@ -263,6 +282,21 @@ impl Usage {
             for m in &mut g.mig_devices {
                 hide(&mut m.processes, &mut m.hidden, &sees);
                 unname(&mut m.leases);
+            }
+        }
+    }
+
+    /// Mark the device whose (GPU or MIG) UUID is `device` out of service; a device not in
+    /// this collection (gone since) is skipped.
+    pub fn mark_out(&mut self, device: &str, out: DeviceOut) {
+        for g in &mut self.gpus {
+            if g.uuid == device {
+                g.out_of_service = Some(out);
+                return;
+            }
+            if let Some(m) = g.mig_devices.iter_mut().find(|m| m.uuid == device) {
+                m.out_of_service = Some(out);
+                return;
             }
         }
     }

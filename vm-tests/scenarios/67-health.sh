@@ -75,6 +75,8 @@ check "gpuctl teams shows GPU 1 out in train's share" \
     sh -c "gpuctl teams | grep -A1 '\] $G1 out ' | grep -q 'OUT OF SERVICE since .* by gpuctld: XID 79'"
 check "gpuctl status marks GPU 1 out of service with the XID" \
     sh -c "gpuctl status | grep -q '^    OUT OF SERVICE $G1 since [0-9]* (unix) by gpuctld: XID 79'"
+check "gpuctl top marks GPU 1 out of service under its line" \
+    sh -c "gpuctl top --once | grep -A1 '^GPU 1 ' | grep -q 'OUT OF SERVICE since .* (gpuctld): XID 79'"
 check "the journal has the quarantine with its device and reason" \
     grep -q "device $G1 out of service: XID 79" <<<"$(gpuctld_journal GPUCTL_ACTION=health-quarantine GPUCTL_GPU="$G1")"
 check "alice was told on her terminal" wait_for 10 grep -q "$G1 is out of service: XID 79" /tmp/alice-tty.log
