@@ -54,6 +54,11 @@ pub struct Observed {
     /// Slurm, read only when the policy's `[slurm]` is enabled.
     #[serde(default)]
     pub slurm: Option<SlurmObserved>,
+    /// Devices (GPU or MIG UUIDs) out of service (a fatal health event, `gpuctl device
+    /// drain`): gpuctld's own state, not the host's, handed to the observer so that the team
+    /// env files leave them out.
+    #[serde(default)]
+    pub out_of_service: BTreeSet<String>,
 }
 
 /// One line of `/proc/devices`: a registered character or block major and its driver's name.

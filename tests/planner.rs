@@ -797,3 +797,38 @@ fn empty_mig_waits_for_a_busy_whole_gpu() {
         "{p:#?}"
     );
 }
+
+#[test]
+fn a_device_out_of_service_leaves_the_env_file_but_not_the_slice_and_comes_back() {
+    let p = policy(
+        vec![team("a")],
+        vec![assign(
+            Selector::Index(vec![0, 1]),
+            GpuUse::Owned("a".parse().unwrap()),
+        )],
+        Reconfigure::WhenIdle,
+    );
+    let mut h = SimHost::from_spec("h100-80gb*2").unwrap();
+    let (_, remaining) = apply(&p, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    let gpu1 = h.state.gpus[1].uuid.clone();
+    let cvd = |h: &SimHost| {
+        h.state.env_files["a"]
+            .lines()
+            .find(|l| l.starts_with("CUDA_VISIBLE_DEVICES="))
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert!(cvd(&h).contains(&gpu1));
+    h.state.out_of_service.insert(gpu1.clone());
+    let (_, remaining) = apply(&p, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(!cvd(&h).contains(&gpu1), "{}", cvd(&h));
+    assert!(cvd(&h).contains(&h.state.gpus[0].uuid));
+    // Its running jobs keep their device: the slice still allows it.
+    assert!(h.state.slices["a"].device_allow.contains("/dev/nvidia1"));
+    h.state.out_of_service.clear();
+    let (_, remaining) = apply(&p, &mut h);
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(cvd(&h).contains(&gpu1));
+}

@@ -386,7 +386,10 @@ mod tests {
         u.mark_out(&mig, out);
         let s = render(&u);
         let lines: Vec<&str> = s.lines().collect();
-        let at = lines.iter().position(|l| l.contains("MIG gi2 ci0")).unwrap();
+        let at = lines
+            .iter()
+            .position(|l| l.contains("MIG gi2 ci0"))
+            .unwrap();
         assert!(
             lines[at + 1].contains("OUT OF SERVICE since ")
                 && lines[at + 1].ends_with("(gpuctld): XID 79 (GPU has fallen off the bus)"),

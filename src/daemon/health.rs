@@ -81,8 +81,9 @@ impl HealthSide {
         }
     }
 
-    fn publish(&self, topo: &Topology) {
-        crate::dbus_api::health::publish(self.registry.out_of_service(topo));
+    /// Whether the devices out of service changed.
+    fn publish(&self, topo: &Topology) -> bool {
+        crate::dbus_api::health::publish(self.registry.out_of_service(topo))
     }
 }
 
@@ -269,9 +270,13 @@ pub async fn run(
             if s.registry != before {
                 s.save();
             }
-            s.publish(&topo);
-            effects
+            let changed = s.publish(&topo);
+            (effects, changed)
         };
+        let (effects, changed) = effects;
+        if changed {
+            reconcile_env(&*backend);
+        }
         for e in effects {
             act(&root, &*backend, &sd, &topo, &settings, e).await;
         }
@@ -486,11 +491,20 @@ fn journal_change(e: &Effect) {
     }
 }
 
+/// A reconcile, so that the team env files leave out (or take back) the devices out of
+/// service.
+pub fn reconcile_env(backend: &dyn Backend) {
+    backend.send(crate::dbus_api::Request::trigger(
+        crate::dbus_api::Trigger::Health,
+        crate::dbus_api::Observe::Units,
+    ));
+}
+
 /// Publish the out-of-service set again over the latest topology (after a reconcile: a GPU
-/// that is out takes its new MIG devices with it).
-pub fn republish(side: &SharedHealth, shared: &Mutex<Shared>) {
+/// that is out takes its new MIG devices with it); whether its devices changed.
+pub fn republish(side: &SharedHealth, shared: &Mutex<Shared>) -> bool {
     let topo = topology_of(shared);
-    super::lock(side).publish(&topo);
+    super::lock(side).publish(&topo)
 }
 
 /// `Health` for the bus.
@@ -521,7 +535,7 @@ pub fn change(
             .drain(&topo, device, reason, by, super::unix_now())?
     };
     s.save();
-    s.publish(&topo);
+    let _ = s.publish(&topo);
     let r = match &e {
         Effect::Drained { device, reason, by } | Effect::Resumed { device, reason, by } => {
             DeviceChangeReply {

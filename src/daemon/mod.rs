@@ -306,7 +306,9 @@ impl crate::dbus_api::Backend for BusBackend {
         reason: &str,
         by: &str,
     ) -> Result<crate::dbus_api::reply::DeviceChangeReply, crate::health::HealthError> {
-        health::change(&self.health, &self.shared, device, resume, reason, by)
+        let r = health::change(&self.health, &self.shared, device, resume, reason, by)?;
+        health::reconcile_env(self);
+        Ok(r)
     }
 }
 
@@ -375,6 +377,9 @@ struct Looper {
     policy_seen: Vec<Arc<tokio::sync::Notify>>,
     /// Device health: published again over each reconcile's devices.
     health: health::SharedHealth,
+    /// Requests to the loop itself: a reconcile again when that publication changed what is
+    /// out of service (the env files follow it).
+    tx: mpsc::UnboundedSender<Request>,
 }
 
 impl Looper {
@@ -489,7 +494,11 @@ impl Looper {
             .unwrap_or_default();
         }
         crate::dbus_api::usage::sync_hpc_job_map(&self.shared, &self.root);
-        health::republish(&self.health, &self.shared);
+        if health::republish(&self.health, &self.shared) {
+            let _ = self
+                .tx
+                .send(Request::trigger(Trigger::Health, Observe::Units));
+        }
         for n in &self.policy_seen {
             n.notify_one();
         }
@@ -756,7 +765,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(CoreReconciler::new(host))));
 
     let health_side = Arc::new(Mutex::new(health::HealthSide::load(&opts.root)));
-    health::republish(&health_side, &shared);
+    let _ = health::republish(&health_side, &shared);
     let backend = Arc::new(BusBackend {
         shared: shared.clone(),
         tx: tx.clone(),
@@ -855,6 +864,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         conn,
         policy_seen: vec![policy_seen, loans_seen],
         health: health_side,
+        tx: tx.clone(),
     };
     let extend = extend_start_while_progressing(
         looper.progress.clone(),

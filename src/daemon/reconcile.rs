@@ -109,6 +109,11 @@ impl CoreReconciler {
             policy.host.nvml_library.as_deref(),
         ));
         self.host.set_slurm(&policy.slurm);
+        self.host.set_out_of_service(
+            crate::dbus_api::health::out_of_service()
+                .into_keys()
+                .collect(),
+        );
         let fresh = match cached {
             Some(prev) => self.host.refresh(prev, &Default::default()),
             None => self.host.observe(),
@@ -202,7 +207,11 @@ impl CoreReconciler {
                     r.warnings.push(nvml_warning(why));
                 }
                 laps.lap("observe (none)");
-                o.clone()
+                let mut o = o.clone();
+                o.out_of_service = crate::dbus_api::health::out_of_service()
+                    .into_keys()
+                    .collect();
+                o
             }
             None => {
                 let Some(o) = self.observe(policy, prev.as_ref(), r) else {

@@ -9,9 +9,12 @@ use std::sync::RwLock;
 
 static OUT: RwLock<BTreeMap<String, OutOfService>> = RwLock::new(BTreeMap::new());
 
-/// Replace the published set (device UUID → why it is out).
-pub fn publish(out: BTreeMap<String, OutOfService>) {
-    *OUT.write().unwrap_or_else(|e| e.into_inner()) = out;
+/// Replace the published set (device UUID → why it is out); whether the devices in it changed.
+pub fn publish(out: BTreeMap<String, OutOfService>) -> bool {
+    let mut now = OUT.write().unwrap_or_else(|e| e.into_inner());
+    let changed = !now.keys().eq(out.keys());
+    *now = out;
+    changed
 }
 
 /// The published set.

@@ -42,6 +42,8 @@ pub enum Trigger {
     },
     /// A change waits for holders to go; nothing else says when they do.
     Recheck,
+    /// A device went out of service or came back: the team env files follow.
+    Health,
 }
 
 impl fmt::Display for Trigger {
@@ -68,6 +70,7 @@ impl fmt::Display for Trigger {
             Trigger::Majors => f.write_str("the registered device majors changed"),
             Trigger::Retry { attempt } => write!(f, "retry {attempt} after transient errors"),
             Trigger::Recheck => f.write_str("re-check of changes waiting for holders"),
+            Trigger::Health => f.write_str("a device went out of service or came back"),
         }
     }
 }

@@ -442,7 +442,14 @@ fn team_view(team: &Team, gpus: &[GpuDesired], observed: &Observed) -> TeamView 
             mps.insert(m.mps_instance(name), spec(vec![m.uuid.clone()]));
         }
     }
-    let env = env_content(name, &visible, &mps);
+    // A device out of service takes no new work: not in the env file a shell or a service
+    // reads, nor in the team's CDI device (its slice keeps it for the jobs that run there).
+    let in_service: Vec<String> = visible
+        .iter()
+        .filter(|u| !observed.out_of_service.contains(*u))
+        .cloned()
+        .collect();
+    let env = env_content(name, &in_service, &mps);
     let instances: Vec<&str> = mps.keys().map(String::as_str).collect();
     let share = crate::cdi::ContainerEdits::new(&slice.device_allow, &env, &instances);
     let cdi = crate::cdi::spec(

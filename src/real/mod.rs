@@ -80,6 +80,8 @@ pub struct RealHost {
     systemd: Option<Box<dyn SystemdSide>>,
     /// `[slurm]` and its `scontrol`; `None` or not enabled: Slurm is neither read nor touched.
     slurm: Option<slurm::SlurmSide>,
+    /// What every observation says is out of service ([`RealHost::set_out_of_service`]).
+    out_of_service: BTreeSet<String>,
 }
 
 impl RealHost {
@@ -93,7 +95,15 @@ impl RealHost {
             lib,
             systemd: None,
             slurm: None,
+            out_of_service: BTreeSet::new(),
         }
+    }
+
+    /// The devices out of service now (gpuctld calls this before each observation, from its
+    /// health registry): every observation carries them, so a plan after an apply sees the
+    /// same.
+    pub fn set_out_of_service(&mut self, devices: BTreeSet<String>) {
+        self.out_of_service = devices;
     }
 
     /// Follow the policy's `[slurm]` (gpuctld calls this before each observation). The
@@ -239,6 +249,7 @@ impl RealHost {
             obs.fences = sd.read_fences(&crate::plan::fence::FENCED_SLICES)?;
         }
         obs.cap_nodes = devnodes::existing(&self.root);
+        obs.out_of_service = self.out_of_service.clone();
         obs.slurm = match &mut self.slurm {
             Some(s) if s.settings.enabled => Some(s.observe(&self.root)),
             _ => None,

@@ -77,6 +77,9 @@ check "gpuctl status marks GPU 1 out of service with the XID" \
     sh -c "gpuctl status | grep -q '^    OUT OF SERVICE $G1 since [0-9]* (unix) by gpuctld: XID 79'"
 check "gpuctl top marks GPU 1 out of service under its line" \
     sh -c "gpuctl top --once | grep -A1 '^GPU 1 ' | grep -q 'OUT OF SERVICE since .* (gpuctld): XID 79'"
+ENV=/run/gpuctl/teams/train.env
+check_output "train's env file leaves GPU 1 out" wait_for 15 sh -c "grep '^CUDA_VISIBLE_DEVICES=' $ENV | grep -q '$G0' && ! grep -q '$G1' $ENV"
+check "its slice still allows /dev/nvidia1 for the job there" sh -c "systemctl show -P DeviceAllow gpu-train.slice | grep -q '/dev/nvidia1 '"
 check "the journal has the quarantine with its device and reason" \
     grep -q "device $G1 out of service: XID 79" <<<"$(gpuctld_journal GPUCTL_ACTION=health-quarantine GPUCTL_GPU="$G1")"
 check "alice was told on her terminal" wait_for 10 grep -q "$G1 is out of service: XID 79" /tmp/alice-tty.log
@@ -105,6 +108,7 @@ out=$(gpuctl device resume 1 --reason "reseated the board" 2>&1)
 echo "    resume: $out"
 check "gpuctl device resume brings GPU 1 back" grep -q "$G1: back in service (reseated the board by" <<<"$out"
 check "the journal has the resume with the reason" journal_has "device $G1 back in service .*: reseated the board"
+check "train's env file lists GPU 1 again" wait_for 15 grep -q "^CUDA_VISIBLE_DEVICES=.*$G1" "$ENV"
 out=$(su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
 check "a new job lands on GPU 1 again" test "$out" = "$G1"
 
