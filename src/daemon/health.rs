@@ -275,7 +275,7 @@ pub async fn run(
         };
         let (effects, changed) = effects;
         if changed {
-            reconcile_env(&*backend);
+            backend.send(env_reconcile());
         }
         for e in effects {
             act(&root, &*backend, &sd, &topo, &settings, e).await;
@@ -493,11 +493,11 @@ fn journal_change(e: &Effect) {
 
 /// A reconcile, so that the team env files leave out (or take back) the devices out of
 /// service.
-pub fn reconcile_env(backend: &dyn Backend) {
-    backend.send(crate::dbus_api::Request::trigger(
+pub fn env_reconcile() -> crate::dbus_api::Request {
+    crate::dbus_api::Request::trigger(
         crate::dbus_api::Trigger::Health,
         crate::dbus_api::Observe::Units,
-    ));
+    )
 }
 
 /// Publish the out-of-service set again over the latest topology (after a reconcile: a GPU

@@ -307,7 +307,7 @@ impl crate::dbus_api::Backend for BusBackend {
         by: &str,
     ) -> Result<crate::dbus_api::reply::DeviceChangeReply, crate::health::HealthError> {
         let r = health::change(&self.health, &self.shared, device, resume, reason, by)?;
-        health::reconcile_env(self);
+        self.send(health::env_reconcile());
         Ok(r)
     }
 }
@@ -495,9 +495,7 @@ impl Looper {
         }
         crate::dbus_api::usage::sync_hpc_job_map(&self.shared, &self.root);
         if health::republish(&self.health, &self.shared) {
-            let _ = self
-                .tx
-                .send(Request::trigger(Trigger::Health, Observe::Units));
+            let _ = self.tx.send(health::env_reconcile());
         }
         for n in &self.policy_seen {
             n.notify_one();

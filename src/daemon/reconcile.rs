@@ -109,11 +109,8 @@ impl CoreReconciler {
             policy.host.nvml_library.as_deref(),
         ));
         self.host.set_slurm(&policy.slurm);
-        self.host.set_out_of_service(
-            crate::dbus_api::health::out_of_service()
-                .into_keys()
-                .collect(),
-        );
+        self.host
+            .set_out_of_service(crate::dbus_api::health::out_of_service_ids());
         let fresh = match cached {
             Some(prev) => self.host.refresh(prev, &Default::default()),
             None => self.host.observe(),
@@ -208,9 +205,7 @@ impl CoreReconciler {
                 }
                 laps.lap("observe (none)");
                 let mut o = o.clone();
-                o.out_of_service = crate::dbus_api::health::out_of_service()
-                    .into_keys()
-                    .collect();
+                o.out_of_service = crate::dbus_api::health::out_of_service_ids();
                 o
             }
             None => {

@@ -17,6 +17,15 @@ pub fn publish(out: BTreeMap<String, OutOfService>) -> bool {
     changed
 }
 
+/// The devices (GPU or MIG UUIDs) in the published set.
+pub fn out_of_service_ids() -> std::collections::BTreeSet<String> {
+    OUT.read()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .cloned()
+        .collect()
+}
+
 /// The published set.
 pub fn out_of_service() -> BTreeMap<String, OutOfService> {
     OUT.read().unwrap_or_else(|e| e.into_inner()).clone()

@@ -1086,9 +1086,7 @@ async fn snapshot(
     let leases = place::leases(sd, root)
         .await
         .map_err(|e| JoinError::PlacementFailed(format!("cannot read the leases: {e}")))?;
-    let load = usage
-        .map(|u| place::load_of(u, &leases))
-        .unwrap_or_default();
+    let load = usage.map(place::load_of).unwrap_or_default();
     Ok(Some(Snapshot {
         share,
         leases,

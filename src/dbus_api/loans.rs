@@ -139,7 +139,7 @@ pub fn gather(
     let out = super::health::out_of_service();
     let procs = usage
         .filter(|u| u.nvml_unavailable.is_none())
-        .map(|u| place::processes(u, &leases));
+        .map(place::processes);
     let mut devices: Vec<lending::Device> = Vec::new();
     let mut seen: Vec<(String, Seen)> = Vec::new();
     for (team, share) in &shares {

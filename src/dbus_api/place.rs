@@ -265,9 +265,9 @@ pub struct Load {
     pub outside: Option<String>,
 }
 
-/// Each device's [`Load`] by id, from a collection and the live leases.
-pub fn load_of(u: &crate::usage::Usage, leases: &[Lease]) -> HashMap<String, Load> {
-    let mut outside = processes(u, leases);
+/// Each device's [`Load`] by id, from a collection.
+pub fn load_of(u: &crate::usage::Usage) -> HashMap<String, Load> {
+    let mut outside = processes(u);
     let mut m = HashMap::new();
     let mut add = |id: &str, memory_used, activity| {
         let outside = outside.remove(id).and_then(|(_, o)| o);
@@ -293,23 +293,15 @@ pub fn load_of(u: &crate::usage::Usage, leases: &[Lease]) -> HashMap<String, Loa
 /// every gpuctl job, in words. A process in a gpuctl job scope is never outside: its lease
 /// counts it while the scope lives, and once the scope is gone it is ending (a collection
 /// may still list it). Empty when NVML was not read.
-pub fn processes(
-    usage: &crate::usage::Usage,
-    leases: &[Lease],
-) -> HashMap<String, (usize, Option<String>)> {
+pub fn processes(usage: &crate::usage::Usage) -> HashMap<String, (usize, Option<String>)> {
     let mut m = HashMap::new();
     if usage.nvml_unavailable.is_some() {
         return m;
     }
-    let units: std::collections::HashSet<&str> = leases.iter().map(|l| l.unit.as_str()).collect();
     let mut add = |id: &str, procs: &[crate::usage::ProcessUsage]| {
         let outside = procs
             .iter()
-            .find(|p| {
-                !p.unit
-                    .as_deref()
-                    .is_some_and(|u| units.contains(u) || crate::join::is_scope_name(u))
-            })
+            .find(|p| !p.unit.as_deref().is_some_and(crate::join::is_scope_name))
             .map(|p| {
                 let what = p.command.as_deref().unwrap_or("?");
                 match p.used_memory {

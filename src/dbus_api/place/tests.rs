@@ -419,7 +419,7 @@ fn a_process_outside_every_gpuctl_job_makes_its_device_busy_and_the_refusal_name
         &[],
     ]);
     let leases = [bob];
-    let load = load_of(&u, &leases);
+    let load = load_of(&u);
     assert_eq!(
         load["MIG-0"].outside.as_deref(),
         Some("pid 42 (python) holds 2048 MiB")
@@ -452,7 +452,7 @@ fn a_process_outside_every_gpuctl_job_makes_its_device_busy_and_the_refusal_name
         nvml_unavailable: Some("no driver".into()),
         ..u
     };
-    let load = load_of(&blind, &leases);
+    let load = load_of(&blind);
     assert!(load.values().all(|l| l.outside.is_none()));
     let p = place(&t, &s, &leases, &load, &JoinOptions::default()).unwrap();
     assert_eq!(p.devices[0].id, "MIG-0");
