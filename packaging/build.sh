@@ -3,8 +3,8 @@
 #
 # Usage: packaging/build.sh [--debug] [--no-rpm] [OUTDIR]
 #   OUTDIR    where the packages go (default: target/packages)
-#   --debug   package the debug build (CI and vm-tests use it: it reuses what `cargo test` built);
-#             the default is the release build
+#   --debug   package the debug build (quicker to build, for trying a change in a VM; CI and
+#             vm-tests install the release build, the default)
 #   --no-rpm  skip the .rpm (e.g. on a host without rpmbuild)
 #
 # Produces OUTDIR/gpuctl_<version>-<release>_amd64.deb and OUTDIR/gpuctl-<version>-<release>.x86_64.rpm,
@@ -52,29 +52,22 @@ VERSION=$(awk -F'"' '/^\[package\]/{p=1} p && /^version *=/{print $2; exit}' Car
 SUMMARY=$(awk -F'"' '/^\[package\]/{p=1} p && /^description *=/{print $2; exit}' Cargo.toml)
 RELEASE=${GPUCTL_PKG_RELEASE:-1}
 
-# ---- 1. binaries and generated assets -----------------------------------------------------------
+# ---- 1. binaries ---------------------------------------------------------------------------------
 BINS=(--bin gpuctl --bin gpuctld --bin gpuctl-generator --bin gpuctl-exporter)
 if [ "$PROFILE" = release ]; then
     log "cargo build (release): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter"
     cargo build --locked -q --release "${BINS[@]}"
-    # gen-assets ships nothing (it writes the man pages and completions): the debug build, which
-    # `cargo test` has already made in CI, instead of compiling every dependency for it again.
-    GEN_PROFILE=debug
-    log "cargo build (debug): gen-assets"
-    cargo build --locked -q --example gen-assets
 else
-    # One invocation, as `cargo test` builds them: the same features, so nothing is rebuilt.
-    GEN_PROFILE=debug
-    log "cargo build (debug): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter, gen-assets"
-    cargo build --locked -q "${BINS[@]}" --example gen-assets
+    log "cargo build (debug): gpuctl, gpuctld, gpuctl-generator, gpuctl-exporter"
+    cargo build --locked -q "${BINS[@]}"
 fi
 # Where cargo put them: CARGO_TARGET_DIR when set (relative to the checkout, where cargo ran).
 TARGET=${CARGO_TARGET_DIR:-target}
 [[ $TARGET = /* ]] || TARGET=$ROOT/$TARGET
 BIN=$TARGET/$PROFILE
-GEN=$OUT/generated
-rm -rf "$GEN"
-"$TARGET/$GEN_PROFILE/examples/gen-assets" "$GEN"
+# The man pages and completions rendered from the clap command, checked in: tests/assets.rs fails
+# when they drift from the CLI (so no generator is built here, in a profile of its own).
+GEN=packaging/assets
 
 POLICY_MAN=docs/man/gpuctl.policy.5
 if [ ! -f "$POLICY_MAN" ]; then
