@@ -271,30 +271,30 @@ pub fn decayed<K: Eq + Hash>(
     out
 }
 
-/// Each user's recent usage from ledger days: the held device-time of every row whose user is
-/// one of `users` (a ledger row names its user as NSS did, else by uid), each day weighing half
-/// per `half_life` of age at its end.
-pub fn users_from_ledger(
+/// Recent usage from ledger days, each day weighing half per `half_life` of age at its end: per
+/// user, the held device-time of every row whose user is one of `users` (a ledger row names its
+/// user as NSS did, else by uid); per team, the device-time it borrowed (every row, whoever held
+/// it), which orders the loans.
+pub fn from_ledger(
     days: &[crate::ledger::Day],
     users: &HashMap<String, u32>,
     now_ms: u64,
     half_life: Duration,
-) -> HashMap<u32, f64> {
-    let samples = days.iter().flat_map(|d| {
-        d.figures.iter().filter_map(move |(k, f)| {
-            let uid = *users.get(&k.user)?;
-            let at_ms = (d.day + 1).saturating_mul(86_400_000);
-            let device_seconds = f.held_ms as f64 / 1000.0;
-            Some((
-                uid,
-                UsageSample {
-                    at_ms,
-                    device_seconds,
-                },
-            ))
-        })
-    });
-    decayed(samples, now_ms, half_life)
+) -> RecentUsage {
+    let sample = |d: &crate::ledger::Day, ms: u64| UsageSample {
+        at_ms: (d.day + 1).saturating_mul(86_400_000),
+        device_seconds: ms as f64 / 1000.0,
+    };
+    let rows = || days.iter().flat_map(|d| d.figures.iter().map(move |r| (d, r)));
+    let user_samples =
+        rows().filter_map(|(d, (k, f))| Some((*users.get(&k.user)?, sample(d, f.held_ms))));
+    let team_samples = rows()
+        .filter(|(_, (_, f))| f.borrowed_ms > 0)
+        .map(|(d, (k, f))| (k.team.clone(), sample(d, f.borrowed_ms)));
+    RecentUsage {
+        users: decayed(user_samples, now_ms, half_life),
+        teams: decayed(team_samples, now_ms, half_life),
+    }
 }
 
 /// Whether `w` has been passed over enough to go first.

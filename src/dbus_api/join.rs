@@ -963,9 +963,10 @@ const FAIR_REFRESH: std::time::Duration = std::time::Duration::from_secs(60);
 type CachedDays = Option<(std::time::Instant, std::sync::Arc<Vec<crate::ledger::Day>>)>;
 static LEDGER_DAYS: std::sync::Mutex<CachedDays> = std::sync::Mutex::new(None);
 
-/// Order the queue by each waiting user's recent usage from the ledger
-/// (`fair-share-half-life`; docs/policy.md, "Lending idle devices"): days back to four
-/// half-lives, at most 60. Without a ledger everyone has none and the order stays round-robin.
+/// Order the queue by each waiting user's recent usage from the ledger, and the loans by each
+/// team's recent borrowed time (`fair-share-half-life`; docs/policy.md, "Lending idle devices"):
+/// days back to four half-lives, at most 60. Without a ledger everyone has none and the order
+/// stays round-robin.
 fn refresh_fair_order(cx: &JoinCtx<'_>, joining: u32) {
     use crate::join::Directory;
     let Ok(policy) = cx.backend.policy() else {
@@ -994,7 +995,7 @@ fn refresh_fair_order(cx: &JoinCtx<'_>, joining: u32) {
         .into_iter()
         .map(|u| (Nss.user_by_uid(u).map_or(u.to_string(), |a| a.name), u))
         .collect();
-    let usage = crate::lending::users_from_ledger(&days, &names, now_ms, half);
+    let usage = crate::lending::from_ledger(&days, &names, now_ms, half);
     cx.lock_queue().set_usage(usage);
 }
 

@@ -183,7 +183,7 @@ pub fn gather(
         d.idle_since_ms = idle.get(&d.id).copied();
     }
     let queue = cx.queue.lock().unwrap_or_else(|e| e.into_inner());
-    let users = queue.usage().clone();
+    let usage = queue.usage().clone();
     let entries = queue.all_entries();
     drop(queue);
     let mut waiting: Vec<lending::Waiter> = entries
@@ -224,10 +224,7 @@ pub fn gather(
             .collect(),
         reclaims: records.iter().map(|r| r.reclaiming.clone()).collect(),
         waiting,
-        usage: lending::RecentUsage {
-            users,
-            ..lending::RecentUsage::default()
-        },
+        usage,
     };
     Some(Gathered {
         snapshot,

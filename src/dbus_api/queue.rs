@@ -99,9 +99,9 @@ pub struct Queues {
     next: Ticket,
     /// When the entries restored after a restart stop waiting for their clients.
     returning_until: Option<std::time::Instant>,
-    /// Each user's recent usage (decayed device-seconds from the ledger): in each round the
-    /// user with the least goes first.
-    usage: HashMap<u32, f64>,
+    /// Recent usage (decayed device-seconds from the ledger): in each round the user with the
+    /// least goes first; each team's borrowed time orders the loans.
+    usage: crate::lending::RecentUsage,
 }
 
 impl Queues {
@@ -185,7 +185,7 @@ impl Queues {
         let depth = q.tickets.values().map(VecDeque::len).max().unwrap_or(0);
         // Least recent usage first; equal usage (no ledger: everyone) keeps the turn order.
         let mut turn: Vec<u32> = q.turn.iter().copied().collect();
-        let used = |u: &u32| self.usage.get(u).copied().unwrap_or(0.0);
+        let used = |u: &u32| self.usage.users.get(u).copied().unwrap_or(0.0);
         turn.sort_by(|a, b| used(a).total_cmp(&used(b)));
         let mut out = Vec::new();
         for round in 0..depth {
@@ -394,13 +394,14 @@ impl Queues {
         !gone.is_empty()
     }
 
-    /// Set each user's recent usage (fair order); users not named have none.
-    pub fn set_usage(&mut self, usage: HashMap<u32, f64>) {
+    /// Set the recent usage (each user's orders the queue, each team's borrowed time the
+    /// loans); users and teams not named have none.
+    pub fn set_usage(&mut self, usage: crate::lending::RecentUsage) {
         self.usage = usage;
     }
 
     /// The recent usage the order follows.
-    pub fn usage(&self) -> &HashMap<u32, f64> {
+    pub fn usage(&self) -> &crate::lending::RecentUsage {
         &self.usage
     }
 
@@ -494,6 +495,13 @@ mod tests {
         assert_eq!(q.seen_by(&Viewer::All, name).len(), 2);
     }
 
+    fn users<const N: usize>(u: [(u32, f64); N]) -> crate::lending::RecentUsage {
+        crate::lending::RecentUsage {
+            users: u.into(),
+            ..Default::default()
+        }
+    }
+
     #[test]
     fn in_each_round_the_user_with_the_least_recent_usage_goes_first() {
         let mut q = Queues::default();
@@ -505,12 +513,12 @@ mod tests {
         assert_eq!(tickets(&q, "t"), [a1, b1, c1, a2]);
         // User 1 used the most, user 3 the least: 3, 2, 1 in the first round; 1's second
         // request still waits for the second round.
-        q.set_usage([(1, 900.0), (2, 50.0), (3, 10.0)].into());
+        q.set_usage(users([(1, 900.0), (2, 50.0), (3, 10.0)]));
         assert_eq!(tickets(&q, "t"), [c1, b1, a1, a2]);
         assert_eq!(q.head("t"), Some(c1));
         assert_eq!(q.position("t", a1), Some(3));
         // Ties keep the turn order.
-        q.set_usage([(1, 9.0), (2, 5.0), (3, 5.0)].into());
+        q.set_usage(users([(1, 9.0), (2, 5.0), (3, 5.0)]));
         assert_eq!(tickets(&q, "t"), [b1, c1, a1, a2]);
     }
 

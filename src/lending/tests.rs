@@ -911,37 +911,78 @@ proptest! {
 }
 
 #[test]
-fn ledger_days_become_each_waiting_users_decayed_usage() {
+fn ledger_days_become_each_waiting_users_and_each_borrowers_decayed_usage() {
     use crate::ledger::{Day, Figures, Key};
-    let key = |user: &str| Key {
-        team: "t".into(),
+    let key = |team: &str, user: &str| Key {
+        team: team.into(),
         user: user.into(),
         device: "0".into(),
         kind: "gpu".into(),
     };
-    let held = |s: u64| Figures {
+    let held = |s: u64, borrowed: u64| Figures {
         held_ms: s * 1000,
+        borrowed_ms: borrowed * 1000,
         ..Figures::default()
     };
     const DAY: u64 = 86_400_000;
     let days = vec![
         Day {
             day: 10,
-            figures: [(key("alice"), held(800)), (key("1002"), held(100))].into(),
+            figures: [
+                (key("t", "alice"), held(800, 0)),
+                (key("interns", "1002"), held(100, 100)),
+                (key("research", "dave"), held(600, 600)),
+            ]
+            .into(),
         },
         Day {
             day: 11,
-            figures: [(key("alice"), held(100)), (key("carol"), held(50))].into(),
+            figures: [
+                (key("t", "alice"), held(100, 0)),
+                (key("interns", "carol"), held(50, 40)),
+            ]
+            .into(),
         },
     ];
-    // alice by name, uid 1002 by its uid (no NSS name when it was written); carol is not waiting.
+    // alice by name, uid 1002 by its uid (no NSS name when it was written); carol and dave are
+    // not waiting, but their teams' borrowed time counts.
     let users: HashMap<String, u32> = [("alice".into(), 1000), ("1002".into(), 1002)].into();
     let half = Duration::from_millis(DAY);
     // Now is the end of day 11: day 11 weighs in full, day 10 half.
-    let u = users_from_ledger(&days, &users, 12 * DAY, half);
-    assert_eq!(u.len(), 2);
-    assert!((u[&1000] - (100.0 + 400.0)).abs() < 1e-6, "{u:?}");
-    assert!((u[&1002] - 50.0).abs() < 1e-6, "{u:?}");
+    let u = from_ledger(&days, &users, 12 * DAY, half);
+    assert_eq!(u.users.len(), 2);
+    assert!((u.users[&1000] - (100.0 + 400.0)).abs() < 1e-6, "{u:?}");
+    assert!((u.users[&1002] - 50.0).abs() < 1e-6, "{u:?}");
+    assert_eq!(u.teams.len(), 2, "only teams that borrowed: {u:?}");
+    assert!((u.teams["interns"] - (50.0 + 40.0)).abs() < 1e-6, "{u:?}");
+    assert!((u.teams["research"] - 300.0).abs() < 1e-6, "{u:?}");
+}
+
+#[test]
+fn the_team_that_borrowed_least_recently_gets_the_next_loan() {
+    // train lends one idle GPU to interns and research; research asked first, but borrowed more
+    // lately: interns gets it. With research's borrowed time below interns', research does.
+    let mut s = night();
+    s.teams.get_mut("train").unwrap().lend = Some(rule(&["interns", "research"], 10, 60, &[]));
+    s.teams.insert("research".into(), TeamRules::default());
+    s.devices.retain(|d| d.id != "GPU-b");
+    s.waiting = vec![waiter(1, "research", 1001, true), waiter(2, "interns", 1000, true)];
+    s.usage.teams = [("research".to_string(), 900.0), ("interns".to_string(), 100.0)].into();
+    assert_eq!(
+        places(&decide(&s)),
+        vec![(2, vec!["GPU-a".into()], Some("train".into()))]
+    );
+    s.usage.teams = [("research".to_string(), 50.0), ("interns".to_string(), 100.0)].into();
+    assert_eq!(
+        places(&decide(&s)),
+        vec![(1, vec!["GPU-a".into()], Some("train".into()))]
+    );
+    // A team's borrowed time outweighs its user's own usage.
+    s.usage.users = [(1001, 0.0), (1000, 5_000.0)].into();
+    assert_eq!(
+        places(&decide(&s)),
+        vec![(1, vec!["GPU-a".into()], Some("train".into()))]
+    );
 }
 
 #[test]
