@@ -285,7 +285,10 @@ pub fn from_ledger(
         at_ms: (d.day + 1).saturating_mul(86_400_000),
         device_seconds: ms as f64 / 1000.0,
     };
-    let rows = || days.iter().flat_map(|d| d.figures.iter().map(move |r| (d, r)));
+    let rows = || {
+        days.iter()
+            .flat_map(|d| d.figures.iter().map(move |r| (d, r)))
+    };
     let user_samples =
         rows().filter_map(|(d, (k, f))| Some((*users.get(&k.user)?, sample(d, f.held_ms))));
     let team_samples = rows()

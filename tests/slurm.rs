@@ -253,3 +253,65 @@ fn export_slurm_prints_the_gres_lines_and_the_node_gres_of_a_simulated_host() {
         "gpu:infer_3g.40gb:1,gpu:interns_1g.10gb:4"
     );
 }
+
+#[test]
+fn a_device_out_of_service_drains_the_node_until_it_is_back() {
+    let mut h = converged(OLD);
+    let p = slurm_policy(OLD);
+    apply(&p, &mut h); // drained by gpuctl for the first layout, idle: change + resume
+    assert!(!n(&h).drain);
+    let mig_uuid = h.state.gpus[0].mig.as_ref().unwrap().instances[2].compute[0]
+        .uuid
+        .clone();
+
+    // One MIG device of GPU 0 out of service: the node drains, naming the GPU.
+    h.state.out_of_service.insert(mig_uuid.clone());
+    let (first, remaining) = apply(&p, &mut h);
+    assert_eq!(
+        count(
+            &first,
+            |k| matches!(k, ActionKind::SlurmDrain { reason, .. } if reason == "gpuctl: GPU 0 out of service")
+        ),
+        1,
+        "{first:#?}"
+    );
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(n(&h).drain && n(&h).drained_by_gpuctl(), "{:?}", n(&h));
+
+    // Drained and idle, still out of service: no resume, nothing to do.
+    h.state.slurm.as_mut().unwrap().node = Ok(node(true, false, n(&h).reason.as_deref()));
+    assert!(
+        plan(&p, &h.state).is_converged(),
+        "{:#?}",
+        plan(&p, &h.state)
+    );
+    // ... not even after a MIG change that needed the drain.
+    let p2 = slurm_policy(NEW);
+    let (first, _) = apply(&p2, &mut h);
+    assert_eq!(
+        count(&first, |k| matches!(k, ActionKind::SlurmResume { .. })),
+        0,
+        "{first:#?}"
+    );
+    assert!(n(&h).drain);
+
+    // Back in service: gpuctl resumes the node it drained.
+    h.state.out_of_service.clear();
+    let (first, remaining) = apply(&p2, &mut h);
+    assert_eq!(
+        count(&first, |k| matches!(k, ActionKind::SlurmResume { .. })),
+        1,
+        "{first:#?}"
+    );
+    assert!(remaining.is_converged(), "{remaining:#?}");
+    assert!(!n(&h).drain);
+
+    // The whole GPU out of service while an admin drained the node: gpuctl leaves it as is.
+    h.state.slurm.as_mut().unwrap().node = Ok(node(true, false, Some("disk swap")));
+    h.state.out_of_service.insert(h.state.gpus[0].uuid.clone());
+    let pl = plan(&p2, &h.state);
+    assert!(pl.is_converged(), "{pl:#?}");
+    h.state.out_of_service.clear();
+    assert!(plan(&p2, &h.state).is_converged());
+    assert_eq!(n(&h).reason.as_deref(), Some("disk swap"));
+}

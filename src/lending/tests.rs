@@ -966,13 +966,24 @@ fn the_team_that_borrowed_least_recently_gets_the_next_loan() {
     s.teams.get_mut("train").unwrap().lend = Some(rule(&["interns", "research"], 10, 60, &[]));
     s.teams.insert("research".into(), TeamRules::default());
     s.devices.retain(|d| d.id != "GPU-b");
-    s.waiting = vec![waiter(1, "research", 1001, true), waiter(2, "interns", 1000, true)];
-    s.usage.teams = [("research".to_string(), 900.0), ("interns".to_string(), 100.0)].into();
+    s.waiting = vec![
+        waiter(1, "research", 1001, true),
+        waiter(2, "interns", 1000, true),
+    ];
+    s.usage.teams = [
+        ("research".to_string(), 900.0),
+        ("interns".to_string(), 100.0),
+    ]
+    .into();
     assert_eq!(
         places(&decide(&s)),
         vec![(2, vec!["GPU-a".into()], Some("train".into()))]
     );
-    s.usage.teams = [("research".to_string(), 50.0), ("interns".to_string(), 100.0)].into();
+    s.usage.teams = [
+        ("research".to_string(), 50.0),
+        ("interns".to_string(), 100.0),
+    ]
+    .into();
     assert_eq!(
         places(&decide(&s)),
         vec![(1, vec!["GPU-a".into()], Some("train".into()))]

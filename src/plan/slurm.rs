@@ -1,6 +1,7 @@
 //! The plan on a Slurm node (`[slurm] enabled`, docs/slurm.md): MIG changes wait until Slurm
 //! has drained the node, the GRES file follows the live layout, and the node is resumed after
-//! the change, unless someone else drained it.
+//! the change, unless someone else drained it. A device out of service drains the node too,
+//! until it is back.
 //!
 //! Slurm hands out devices on its own, so "busy" there is a job, not only a process: a job may
 //! hold a MIG device it has not opened yet. A MIG change therefore waits for the node to be
@@ -47,6 +48,9 @@ pub fn around(policy: &Policy, observed: &Observed, mut plan: Plan) -> Plan {
             return plan;
         }
     };
+    // GPUs with a device out of service (docs/health.md): the node stays drained while any is.
+    // Slurm 22.05 cannot take one GRES device out of a running node, so the node drains.
+    let out = out_of_service_gpus(observed);
     let content = gres.render(&node.name);
     let gres_action = s.gres_file.as_deref() != Some(content.as_str());
     let reason = || {
@@ -57,7 +61,7 @@ pub fn around(policy: &Policy, observed: &Observed, mut plan: Plan) -> Plan {
         if node.drain && !node.busy {
             // Drained and idle: the change runs now; the executor writes the GRES file from
             // its second plan, after the new instances exist, and resumes in the last phase.
-            if node.drained_by_gpuctl() {
+            if node.drained_by_gpuctl() && out.is_empty() {
                 push(
                     &mut plan.actions,
                     Phase::Resume,
@@ -105,7 +109,7 @@ pub fn around(policy: &Policy, observed: &Observed, mut plan: Plan) -> Plan {
                 "a MIG change waits for running jobs; no new job starts meanwhile",
             );
         }
-    } else if node.drained_by_gpuctl() {
+    } else if node.drained_by_gpuctl() && out.is_empty() {
         push(
             &mut plan.actions,
             Phase::Resume,
@@ -113,6 +117,22 @@ pub fn around(policy: &Policy, observed: &Observed, mut plan: Plan) -> Plan {
                 node: node.name.clone(),
             },
             "no MIG change left: resume the node gpuctl drained",
+        );
+    }
+    let draining = plan
+        .actions
+        .iter()
+        .any(|a| matches!(a.kind, ActionKind::SlurmDrain { .. }));
+    if !out.is_empty() && !node.drain && !draining {
+        let gpus: Vec<String> = out.iter().map(u32::to_string).collect();
+        push(
+            &mut plan.actions,
+            Phase::Drain,
+            ActionKind::SlurmDrain {
+                node: node.name.clone(),
+                reason: format!("{REASON_PREFIX} GPU {} out of service", gpus.join(",")),
+            },
+            "a device is out of service: no new Slurm job may land on it",
         );
     }
     let node_content = gres.render_node();
@@ -155,6 +175,23 @@ pub fn around(policy: &Policy, observed: &Observed, mut plan: Plan) -> Plan {
     }
     plan.actions.sort_by_key(|a| a.phase);
     plan
+}
+
+/// The GPUs, by index, with the whole GPU or one of its MIG devices out of service.
+fn out_of_service_gpus(observed: &Observed) -> Vec<u32> {
+    let out = &observed.out_of_service;
+    observed
+        .gpus
+        .iter()
+        .filter(|g| {
+            out.contains(&g.uuid)
+                || g.mig
+                    .iter()
+                    .flat_map(|m| &m.instances)
+                    .any(|gi| gi.compute.iter().any(|ci| out.contains(&ci.uuid)))
+        })
+        .map(|g| g.index)
+        .collect()
 }
 
 /// The plan while the node drains: nothing changes yet (every later action was computed

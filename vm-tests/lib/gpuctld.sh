@@ -29,6 +29,12 @@ FAKE_NVML_STATE=$VMTEST_NVML_DIR/state.json
 export FAKE_NVML_STATE
 
 gpu_uuid() { printf 'GPU-00000000-1111-2222-3333-%012d\n' "$1"; }
+# fake_xid GPU XID: the fake NVML raises a critical XID event on GPU (appended under its lock, as
+# every NVML call takes it).
+fake_xid() {
+    local S=$FAKE_NVML_STATE
+    flock "$S.lock" sh -c "jq '.health.events += [{gpu: $1, type: 8, data: $2}]' '$S' >'$S.new' && mv '$S.new' '$S'"
+}
 
 # fake_nvml_state MODEL N: a state file with N GPUs of MODEL (fake-nvml model key), MIG off,
 # UUIDs from gpu_uuid.

@@ -39,10 +39,6 @@ P
 policy
 gpuctld_start
 check "gpuctld converged" wait_converged 60
-S=$FAKE_NVML_STATE
-raise() { # GPU XID: append an XID event under the fake's lock, as every NVML call takes it
-    flock "$S.lock" sh -c "jq '.health.events += [{gpu: $1, type: 8, data: $2}]' '$S' >'$S.new' && mv '$S.new' '$S'"
-}
 G0=$(gpu_uuid 0) G1=$(gpu_uuid 1) G2=$(gpu_uuid 2)
 d=$(mktemp -d)
 chmod 777 "$d"
@@ -67,7 +63,7 @@ wait_for 20 queued
 check "every device is held: carol's job waits" test ! -e "$d/waited.dev"
 
 t0=$(date +%s%N)
-raise 1 79
+fake_xid 1 79
 check "GPU 1 is out of service within 15 s" wait_for 15 sh -c "gpuctl device list | grep '$G1' | grep -q 'OUT since .* by gpuctld: XID 79'"
 echo "BENCH XID 79 to out of service: $((($(date +%s%N) - t0) / 1000000)) ms"
 gpuctl device list | sed 's/^/    device| /'
@@ -96,7 +92,7 @@ systemctl kill -s KILL "$(scope_on "$G2")"
 wait_for 30 test -s "$d/waited.dev"
 check "the waiter got GPU 2, not GPU 1" test "$(cat "$d/waited.dev" 2>/dev/null)" = "$G2"
 
-raise 0 13
+fake_xid 0 13
 check "XID 13 on GPU 0 is counted" wait_for 15 sh -c "gpuctl device list | grep '$G0' | grep -q '13×1'"
 check "and GPU 0 stays in service" sh -c "gpuctl device list | grep '$G0' | grep -q 'in service'"
 
@@ -121,7 +117,7 @@ su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sleep 304" >/dev/n
 wait_for 30 sh -c "gpuctl status | grep -q '^  train $G1: .*gpuctl-run-'"
 s1=$(scope_on "$G1") s0=$(scope_on "$G0")
 echo "    GPU 1: ${s1:-none}, GPU 0: ${s0:-none}"
-raise 1 79
+fake_xid 1 79
 check "GPU 1 is out of service again" wait_for 15 sh -c "gpuctl device list | grep '$G1' | grep -q 'OUT since'"
 check "alice is told her job will be stopped" wait_for 10 grep -q "Jobs on it are stopped in 4 s" /tmp/alice-tty.log
 check "the job on GPU 1 is stopped" wait_for 30 sh -c "! systemctl is-active -q '$s1'"

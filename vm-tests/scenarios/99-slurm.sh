@@ -5,7 +5,8 @@
 # Slurm's device constraint); a member of another team cannot use the team's partition, nor a
 # member the other team's type in their own (the generated job_submit.lua); a
 # layout change while a job runs drains the node, waits for the job, applies, rewrites the GRES
-# file, restarts Slurm, resumes, and the next job sees the new types; `gpuctl top` names the job.
+# file, restarts Slurm, resumes, and the next job sees the new types; `gpuctl top` names the job;
+# a fatal XID drains the node until `gpuctl device resume`.
 # vmtest: timeout=600
 # vmtest: group=fleet
 # The node lists are meant to split; job output is indented with sed.
@@ -188,6 +189,16 @@ check "the new layout is applied" test "$(jq -c '[.gpus[0].gpu_instances[].profi
 check_output "gres.conf names the new types" sh -c "cat /etc/slurm/gres.d/gpuctl.conf; grep -q 'Type=train_3g.40gb MultipleFiles' /etc/slurm/gres.d/gpuctl.conf && ! grep -q 1g.10gb /etc/slurm/gres.d/gpuctl.conf"
 check_output "the next job gets the new type" timeout 120 srun -p debug --gres=gpu:train_3g.40gb:1 printenv CUDA_VISIBLE_DEVICES
 check_not "the old type is gone" timeout 60 srun -p debug --immediate=20 --gres=gpu:train_1g.10gb:1 true
+
+# A fatal XID on GPU 0 (docs/health.md): gpuctld takes it out of service and drains the node with
+# its reason (Slurm cannot take one GRES device out of a running node); a resume brings it back.
+fake_xid 0 79
+node_state() { scontrol show node -o $H | grep -o 'State=[^ ]*\|Reason=.*'; }
+check "a fatal XID on GPU 0 drains the node, naming the GPU" \
+    wait_for 30 sh -c "scontrol show node -o $H | grep -q 'State=[A-Z]*+DRAIN.*Reason=gpuctl: GPU 0 out of service'"
+node_state | sed 's/^/    node| /'
+gpuctl device resume 0 --reason "reseated" | sed 's/^/    resume| /'
+check "gpuctl device resume 0: gpuctld resumes the node" wait_for 30 sh -c "scontrol show node -o $H | grep -q 'State=IDLE '"
 [ "$VMTEST_CHECKS_FAILED" = 0 ] || { gpuctld_journal | tail -n 40 | sed 's/^/    gpuctld| /'; tail -n 30 /var/log/slurm/slurmd.log /var/log/slurm/slurmctld.log | sed 's/^/    log| /'; }
 
 systemctl stop slurmd slurmctld munge
