@@ -388,6 +388,8 @@ struct Cx<'a> {
     reclaiming: HashSet<&'a str>,
     /// Each team's share, device indices in order.
     shares: HashMap<&'a str, Vec<usize>>,
+    /// [`Cx::own_ever`] per team and size.
+    own_ever_memo: std::cell::RefCell<HashMap<(&'a str, Option<Gpus>), bool>>,
 }
 
 impl<'a> Cx<'a> {
@@ -421,6 +423,7 @@ impl<'a> Cx<'a> {
             reserved: vec![None; s.devices.len()],
             reclaiming: HashSet::new(),
             shares,
+            own_ever_memo: Default::default(),
         }
     }
 
@@ -506,9 +509,18 @@ impl<'a> Cx<'a> {
     }
 
     fn cand(&self, d: usize, held: u32) -> Candidate {
+        Candidate {
+            id: self.s.devices[d].id.clone(),
+            ..self.shape(d, held)
+        }
+    }
+
+    /// `cand` without the id, for what looks at the kind alone (no allocation: the hot
+    /// loops run once per waiting request and device).
+    fn shape(&self, d: usize, held: u32) -> Candidate {
         let dev = &self.s.devices[d];
         Candidate {
-            id: dev.id.clone(),
+            id: String::new(),
             mig: dev.mig,
             mps: dev.mps,
             held,
@@ -536,7 +548,10 @@ impl<'a> Cx<'a> {
         }
         let cands: Vec<Candidate> = open
             .iter()
-            .map(|&d| self.cand(d, self.held_by(d, &w.team)))
+            .map(|&d| match w.device {
+                Some(_) => self.cand(d, self.held_by(d, &w.team)),
+                None => self.shape(d, self.held_by(d, &w.team)),
+            })
             .collect();
         let req = Request {
             gpus: w.gpus,
@@ -548,16 +563,33 @@ impl<'a> Cx<'a> {
         Some(picked.into_iter().map(|i| open[i]).collect())
     }
 
-    /// Whether `w`'s own share could serve it with nothing else placed.
-    fn own_ever(&self, w: &Waiter) -> bool {
+    /// Whether `w`'s own share could serve it with nothing else placed. The same for every
+    /// request of a team and size without `--device`: worked out once per decision.
+    fn own_ever(&self, w: &'a Waiter) -> bool {
+        let key = (w.team.as_str(), w.gpus);
+        if w.device.is_none() {
+            if let Some(&ok) = self.own_ever_memo.borrow().get(&key) {
+                return ok;
+            }
+        }
         let share = self.share(&w.team);
-        let cands: Vec<Candidate> = share.iter().map(|&d| self.cand(d, 0)).collect();
+        let cands: Vec<Candidate> = share
+            .iter()
+            .map(|&d| match w.device {
+                Some(_) => self.cand(d, 0),
+                None => self.shape(d, 0),
+            })
+            .collect();
         let req = Request {
             gpus: w.gpus,
             device: w.device.clone(),
         };
         let gpus = self.rules(&w.team).and_then(|r| r.gpus);
-        placement::choose(&cands, &req, gpus, None).is_ok()
+        let ok = placement::choose(&cands, &req, gpus, None).is_ok();
+        if w.device.is_none() {
+            self.own_ever_memo.borrow_mut().insert(key, ok);
+        }
+        ok
     }
 
     /// `w`'s own devices that are open and have room, usable by it.
@@ -569,7 +601,7 @@ impl<'a> Cx<'a> {
             .copied()
             .filter(|&d| self.usable(w, d, named) && self.open_to_owner(d, w))
             .filter(|&d| {
-                let c = self.cand(d, self.held_by(d, &w.team));
+                let c = self.shape(d, self.held_by(d, &w.team));
                 placement::capacity(jpd, &c).is_none_or(|cap| c.held < cap)
             })
             .collect()
@@ -898,7 +930,7 @@ fn borrow<'a>(
             }
             continue;
         }
-        let cands: Vec<Candidate> = open.iter().map(|&d| cx.cand(d, 0)).collect();
+        let cands: Vec<Candidate> = open.iter().map(|&d| cx.shape(d, 0)).collect();
         let req = Request {
             gpus: Some(Gpus::Count(n)),
             device: None,

@@ -22,7 +22,7 @@ use std::cmp::Ordering;
 use std::fmt;
 
 /// How many devices a job asks for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Gpus {
     /// This many (at least 1).
