@@ -20,6 +20,7 @@
 //! - [`profiles`]: the MIG reference data; [`paths`]: host paths under an injectable root.
 #![warn(missing_docs)]
 
+pub mod alerts;
 pub mod apply;
 pub mod cdi;
 pub mod cli;

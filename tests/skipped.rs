@@ -18,6 +18,12 @@ const TOOLS: &[(&str, &str, &str, &[&str])] = &[
         &["tests/monitoring.rs", "tests/fleet_promql.rs"],
     ),
     (
+        "amtool",
+        "prometheus-alertmanager",
+        "GPUCTL_REQUIRE_AMTOOL",
+        &["tests/alertmanager.rs"],
+    ),
+    (
         "dbus-daemon",
         "dbus-daemon",
         "GPUCTL_REQUIRE_DBUS_DAEMON",

@@ -1,6 +1,7 @@
 //! `gpuctl export slurm`: the Slurm GRES of this host's live GPU layout (docs/slurm.md), for
 //! config management: the gres.conf lines gpuctld keeps in `[slurm] gres-file`, and the
-//! node's `Gres=` for its slurm.conf line.
+//! node's `Gres=` for its slurm.conf line. `gpuctl export alertmanager`: the routing of
+//! gpuctl's alerts to each team's receiver (docs/monitoring.md).
 use super::plan::{prepare, HostArgs};
 use super::Cli;
 use clap::{Args, Subcommand};
@@ -27,6 +28,43 @@ only in the partition named after the team.
 
 Exit status: 0 printed, 1 invalid policy, 2 a policy file could not be read.")]
     Slurm(SlurmArgs),
+    /// An alertmanager.yml routing gpuctl's alerts by their team label to one receiver per
+    /// team of the policy (and every alert to the admins' receiver).
+    #[command(after_long_help = "\
+Each of --webhook, --slack-channel, --slack-api-url-file and --email is a template: {team} \
+becomes the team's name, and \"admins\" in the admins' receiver (which gets every alert). A \
+device out of service inhibits the alerts about the same device it explains. Regenerate when \
+the teams change; check with `amtool check-config` (docs/monitoring.md, \"Alerts by team\").
+
+Exit status: 0 printed, 1 invalid policy or no receiver given, 2 a policy file could not be \
+read.")]
+    Alertmanager(AlertmanagerArgs),
+}
+
+/// Arguments of `gpuctl export alertmanager`.
+#[derive(Debug, Args)]
+pub struct AlertmanagerArgs {
+    /// Policy files to use instead of the host's policy directories, merged in the order given.
+    #[arg(value_name = "POLICY")]
+    pub policy: Vec<std::path::PathBuf>,
+    /// A webhook URL per team (`http://hooks.example.org/gpu/{team}`).
+    #[arg(long, value_name = "URL")]
+    pub webhook: Option<String>,
+    /// A Slack channel per team (`#gpu-{team}`).
+    #[arg(long, value_name = "CHANNEL", requires = "slack_api_url_file")]
+    pub slack_channel: Option<String>,
+    /// The file holding each team's Slack webhook URL (`/etc/alertmanager/slack-{team}.url`).
+    #[arg(long, value_name = "FILE", requires = "slack_channel")]
+    pub slack_api_url_file: Option<String>,
+    /// An e-mail address per team (`{team}-leads@example.org`).
+    #[arg(long, value_name = "ADDRESS", requires_all = ["smtp_smarthost", "smtp_from"])]
+    pub email: Option<String>,
+    /// The SMTP relay for --email (`smtp.example.org:25`).
+    #[arg(long, value_name = "HOST:PORT", requires = "email")]
+    pub smtp_smarthost: Option<String>,
+    /// The sender for --email.
+    #[arg(long, value_name = "ADDRESS", requires = "email")]
+    pub smtp_from: Option<String>,
 }
 
 /// Arguments of `gpuctl export slurm`.
@@ -52,7 +90,10 @@ pub struct SlurmArgs {
 
 /// Run `gpuctl export`.
 pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
-    let ExportTo::Slurm(a) = &args.to;
+    let a = match &args.to {
+        ExportTo::Slurm(a) => a,
+        ExportTo::Alertmanager(a) => return alertmanager(cli, a),
+    };
     let (p, _h, obs) = match prepare(cli, &a.host, false, false)? {
         Ok(x) => x,
         Err(code) => return Ok(code),
@@ -84,4 +125,44 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
         .unwrap_or_else(|| "localhost".into());
     print!("{}", g.render(&node));
     Ok(super::exit::OK)
+}
+
+fn alertmanager(cli: &Cli, a: &AlertmanagerArgs) -> anyhow::Result<i32> {
+    use crate::alerts::{Email, Slack, Templates};
+    let host = HostArgs {
+        simulate: None,
+        state: None,
+        policy: a.policy.clone(),
+    };
+    let p = match super::plan::load_policy(cli, &host, false) {
+        Ok(p) => p,
+        Err(code) => return Ok(code),
+    };
+    let t = Templates {
+        webhook: a.webhook.clone(),
+        slack: a
+            .slack_channel
+            .clone()
+            .zip(a.slack_api_url_file.clone())
+            .map(|(channel, api_url_file)| Slack {
+                channel,
+                api_url_file,
+            }),
+        email: a.email.clone().map(|to| Email {
+            to,
+            smarthost: a.smtp_smarthost.clone().unwrap_or_default(),
+            from: a.smtp_from.clone().unwrap_or_default(),
+        }),
+    };
+    let teams: Vec<&str> = p.teams.keys().map(|t| &**t).collect();
+    match crate::alerts::render(&teams, &t) {
+        Ok(y) => {
+            print!("{y}");
+            Ok(super::exit::OK)
+        }
+        Err(e) => {
+            eprintln!("gpuctl export alertmanager: {e}");
+            Ok(super::exit::INVALID)
+        }
+    }
 }

@@ -117,7 +117,7 @@ pub fn sim_host(a: &HostArgs) -> anyhow::Result<Option<SimHost>> {
 /// Load the policy under `--root`, printing diagnostics; `Err(code)` when it is unusable. With
 /// `json`, an unusable policy's diagnostics also go to stdout as `validate --json` prints them,
 /// so a JSON consumer is never left with nothing.
-fn load_policy(cli: &Cli, host: &HostArgs, json: bool) -> Result<Policy, i32> {
+pub(super) fn load_policy(cli: &Cli, host: &HostArgs, json: bool) -> Result<Policy, i32> {
     let out = if host.policy.is_empty() {
         policy::load(&Root::new(&cli.root))
     } else {

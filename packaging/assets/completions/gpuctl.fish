@@ -178,11 +178,12 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand report" -l json -d 'Print 
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand report" -l csv -d 'Print CSV (times in hours)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand report" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand report" -s V -l version -d 'Print version'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm help" -l root -d 'Resolve every host path (policy directories, /run, /var/lib, /dev, /proc) under DIR' -r -F
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm help" -s h -l help -d 'Print help'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm help" -s V -l version -d 'Print version'
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm help" -f -a "slurm" -d 'The gres.conf lines of the live layout (whole GPUs: File=, MIG devices: MultipleFiles= with their cap nodes), headed by the node\'s slurm.conf Gres='
-complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm alertmanager help" -l root -d 'Resolve every host path (policy directories, /run, /var/lib, /dev, /proc) under DIR' -r -F
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm alertmanager help" -s h -l help -d 'Print help'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm alertmanager help" -s V -l version -d 'Print version'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm alertmanager help" -f -a "slurm" -d 'The gres.conf lines of the live layout (whole GPUs: File=, MIG devices: MultipleFiles= with their cap nodes), headed by the node\'s slurm.conf Gres='
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm alertmanager help" -f -a "alertmanager" -d 'An alertmanager.yml routing gpuctl\'s alerts by their team label to one receiver per team of the policy (and every alert to the admins\' receiver)'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and not __fish_seen_subcommand_from slurm alertmanager help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from slurm" -l simulate -d 'Plan against a simulated host, e.g. `h100-80gb*8` or `a100-40gb*4,h200*2`. Models: every entry of data/gpu-profiles.json by its simulate name or alias (a100, a800, h100, h800, h20, h200-nvl, gh200, b200, gb200, b300, rtx-pro-6000, a30, …) and l40s (no MIG); an unknown name is answered with the list' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from slurm" -l state -d 'State file of the simulated host (JSON); created from SPEC when missing, updated by apply. Given alone, the host it describes is reused' -r -F
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from slurm" -l node -d 'The node\'s NodeName (default: [slurm] node-name, else the short host name)' -r
@@ -192,7 +193,17 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_su
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from slurm" -l job-submit -d 'Print a job_submit.lua that allows a team\'s GPU types (`team-types`) only in the partition named after the team (docs/slurm.md)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from slurm" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from slurm" -s V -l version -d 'Print version'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l webhook -d 'A webhook URL per team (`http://hooks.example.org/gpu/{team}`)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l slack-channel -d 'A Slack channel per team (`#gpu-{team}`)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l slack-api-url-file -d 'The file holding each team\'s Slack webhook URL (`/etc/alertmanager/slack-{team}.url`)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l email -d 'An e-mail address per team (`{team}-leads@example.org`)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l smtp-smarthost -d 'The SMTP relay for --email (`smtp.example.org:25`)' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l smtp-from -d 'The sender for --email' -r
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -l root -d 'Resolve every host path (policy directories, /run, /var/lib, /dev, /proc) under DIR' -r -F
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from alertmanager" -s V -l version -d 'Print version'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from help" -f -a "slurm" -d 'The gres.conf lines of the live layout (whole GPUs: File=, MIG devices: MultipleFiles= with their cap nodes), headed by the node\'s slurm.conf Gres='
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from help" -f -a "alertmanager" -d 'An alertmanager.yml routing gpuctl\'s alerts by their team label to one receiver per team of the policy (and every alert to the admins\' receiver)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand export; and __fish_seen_subcommand_from help" -f -a "help" -d 'Print this message or the help of the given subcommand(s)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from validate plan apply check shell run env teams status import doctor top metrics idle device report export help" -f -a "validate" -d 'Check policy files; exit 0 when valid, 1 when invalid, 2 when unreadable'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and not __fish_seen_subcommand_from validate plan apply check shell run env teams status import doctor top metrics idle device report export help" -f -a "plan" -d 'Show what would change to make the host match the policy'
@@ -217,3 +228,4 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subc
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from device" -f -a "drain" -d 'Take a device out of service (root)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from device" -f -a "resume" -d 'Bring a device back into service (root)'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from export" -f -a "slurm" -d 'The gres.conf lines of the live layout (whole GPUs: File=, MIG devices: MultipleFiles= with their cap nodes), headed by the node\'s slurm.conf Gres='
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand help; and __fish_seen_subcommand_from export" -f -a "alertmanager" -d 'An alertmanager.yml routing gpuctl\'s alerts by their team label to one receiver per team of the policy (and every alert to the admins\' receiver)'
