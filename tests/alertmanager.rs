@@ -9,6 +9,8 @@
 
 #[path = "common/golden.rs"]
 mod golden;
+#[path = "common/tool.rs"]
+mod tool;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -32,18 +34,7 @@ const ARGS: &[&str] = &[
 ];
 
 fn amtool() -> Option<PathBuf> {
-    let found = ["/usr/bin/amtool", "/usr/local/bin/amtool"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("GPUCTL_REQUIRE_AMTOOL").is_none(),
-            "amtool not found and GPUCTL_REQUIRE_AMTOOL is set (apt-get install prometheus-alertmanager)"
-        );
-        eprintln!("skipping: amtool not installed (Debian package prometheus-alertmanager)");
-    }
-    found
+    tool::find("amtool", "prometheus-alertmanager", "GPUCTL_REQUIRE_AMTOOL")
 }
 
 fn repo(rel: &str) -> PathBuf {

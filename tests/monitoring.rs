@@ -6,6 +6,9 @@
 //! promtool comes from Debian's `prometheus` package. Without it these tests skip, unless
 //! `GPUCTL_REQUIRE_PROMTOOL=1` (set by `.ci/run`, which installs the package).
 
+#[path = "common/tool.rs"]
+mod tool;
+
 use gpuctl::metrics::{self, cgroup::TeamCgroup, Snapshot, METRIC_NAMES};
 use gpuctl::usage::{GpuUsage, MigUsage, ProcessUsage, Usage};
 use std::collections::BTreeSet;
@@ -18,18 +21,7 @@ fn monitoring_dir() -> PathBuf {
 }
 
 fn promtool() -> Option<PathBuf> {
-    let found = ["/usr/bin/promtool", "/usr/local/bin/promtool"]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists());
-    if found.is_none() {
-        assert!(
-            std::env::var_os("GPUCTL_REQUIRE_PROMTOOL").is_none(),
-            "promtool not found and GPUCTL_REQUIRE_PROMTOOL is set (apt-get install prometheus)"
-        );
-        eprintln!("skipping: promtool not installed (Debian package prometheus)");
-    }
-    found
+    tool::find("promtool", "prometheus", "GPUCTL_REQUIRE_PROMTOOL")
 }
 
 fn run(cmd: &mut Command) -> (bool, String) {
