@@ -90,6 +90,12 @@ gpuctl export slurm --node "$H" >/etc/slurm/gres.d/gpuctl.conf
 gpuctl export slurm --node-file >/etc/slurm/gres.d/node.conf
 sed 's/^/    gres| /' /etc/slurm/gres.d/gpuctl.conf /etc/slurm/gres.d/node.conf
 [ -s /etc/munge/munge.key ] || mungekey -c
+# Under TCG, slurmd's cgroup/v2 set-up can give up waiting for its stepd scope to show up after
+# the D-Bus call ("Long time waiting for ..._slurmstepd.scope") and exit: it starts again, as a
+# site's unit would be set to (the scope exists by then).
+mkdir -p /etc/systemd/system/slurmd.service.d
+printf '[Service]\nRestart=on-failure\nRestartSec=2\n' >/etc/systemd/system/slurmd.service.d/50-vmtest-restart.conf
+systemctl daemon-reload
 systemctl start munge slurmctld slurmd
 slurm_policy true
 systemctl daemon-reload
@@ -202,5 +208,5 @@ check "gpuctl device resume 0: gpuctld resumes the node" wait_for 30 sh -c "scon
 [ "$VMTEST_CHECKS_FAILED" = 0 ] || { gpuctld_journal | tail -n 40 | sed 's/^/    gpuctld| /'; tail -n 30 /var/log/slurm/slurmd.log /var/log/slurm/slurmctld.log | sed 's/^/    log| /'; }
 
 systemctl stop slurmd slurmctld munge
-rm -f /etc/systemd/system/gpuctld.service.d/60-slurm.conf
+rm -f /etc/systemd/system/gpuctld.service.d/60-slurm.conf /etc/systemd/system/slurmd.service.d/50-vmtest-restart.conf
 finish
