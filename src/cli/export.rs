@@ -129,12 +129,7 @@ pub fn run(cli: &Cli, args: &ExportArgs) -> anyhow::Result<i32> {
 
 fn alertmanager(cli: &Cli, a: &AlertmanagerArgs) -> anyhow::Result<i32> {
     use crate::alerts::{Email, Slack, Templates};
-    let host = HostArgs {
-        simulate: None,
-        state: None,
-        policy: a.policy.clone(),
-    };
-    let p = match super::plan::load_policy(cli, &host, false) {
+    let p = match super::plan::load_policy(cli, &a.policy, false) {
         Ok(p) => p,
         Err(code) => return Ok(code),
     };

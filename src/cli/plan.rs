@@ -117,11 +117,11 @@ pub fn sim_host(a: &HostArgs) -> anyhow::Result<Option<SimHost>> {
 /// Load the policy under `--root`, printing diagnostics; `Err(code)` when it is unusable. With
 /// `json`, an unusable policy's diagnostics also go to stdout as `validate --json` prints them,
 /// so a JSON consumer is never left with nothing.
-pub(super) fn load_policy(cli: &Cli, host: &HostArgs, json: bool) -> Result<Policy, i32> {
-    let out = if host.policy.is_empty() {
+pub(super) fn load_policy(cli: &Cli, files: &[PathBuf], json: bool) -> Result<Policy, i32> {
+    let out = if files.is_empty() {
         policy::load(&Root::new(&cli.root))
     } else {
-        policy::load_files(&host.policy)
+        policy::load_files(files)
     };
     for d in &out.diagnostics {
         eprintln!("{d}");
@@ -172,7 +172,7 @@ pub(super) fn prepare(
     json: bool,
 ) -> anyhow::Result<Result<(Policy, Target, Observed), i32>> {
     let sim = sim_host(host)?;
-    let p = match load_policy(cli, host, json) {
+    let p = match load_policy(cli, &host.policy, json) {
         Ok(p) => p,
         Err(code) => return Ok(Err(code)),
     };
