@@ -28,6 +28,7 @@ pub mod daemon;
 pub mod dbus_api;
 pub mod docker;
 pub mod doctor;
+pub mod events;
 pub mod exporter;
 pub mod files;
 pub mod geometry;

@@ -186,6 +186,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
         "systemd-run/systemctl",
         &["--scope", "--slice", "--now", "--pty"],
     ),
+    ("busctl", &["--system", "--match"]),
     (
         "examples/fuzz.rs",
         &["--seconds", "--seed", "--out", "--target", "--execs"],

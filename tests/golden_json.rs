@@ -675,3 +675,71 @@ fn health_json() {
     );
     check("health.txt", &gpuctl::cli::device::render(&r));
 }
+
+/// `events --json` (one object per line) and its lines in words: an idle warning of
+/// alice's, a queued job of bob's placed on a loan, a device drained (the host's).
+#[test]
+fn events_json() {
+    use gpuctl::dbus_api::reply::v1::{EventRecord, EventsReply};
+    let (_, _, view) = converged();
+    let mig = mig_uuids(&view, "interns");
+    let at = |s: u64| (AT + s) * 1000;
+    let r = EventsReply {
+        started_ms: at(0) - 3_600_000,
+        next: 7,
+        lost: false,
+        events: vec![
+            EventRecord {
+                seq: 4,
+                at_ms: at(0),
+                kind: "idle-warn".into(),
+                team: Some("interns".into()),
+                user: Some("alice".into()),
+                uid: Some(1001),
+                unit: Some("gpuctl-run-3f2a.scope".into()),
+                device: Some(mig[0].clone()),
+                message: format!(
+                    "Your GPU job gpuctl-run-3f2a.scope (team interns) on device {}: idle for \
+                     30m00s (activity below 5%). It will be stopped in 10m00s unless it becomes \
+                     active.",
+                    mig[0]
+                ),
+            },
+            EventRecord {
+                seq: 6,
+                at_ms: at(40),
+                kind: "queue-placed".into(),
+                team: Some("interns".into()),
+                uid: Some(1002),
+                device: Some(mig[1].clone()),
+                message: format!(
+                    "Your queued job (team interns) starts after 95 s in the queue, on {}.",
+                    mig[1]
+                ),
+                ..EventRecord::default()
+            },
+            EventRecord {
+                seq: 7,
+                at_ms: at(60),
+                kind: "device-out".into(),
+                device: Some(mig[0].clone()),
+                message: format!(
+                    "GPU device {} is out of service, drained by root: memory test",
+                    mig[0]
+                ),
+                ..EventRecord::default()
+            },
+        ],
+    };
+    let doc = serde_json::to_string(&r).unwrap_or_default();
+    let back: EventsReply = serde_json::from_str(&doc).unwrap();
+    assert_eq!(back, r);
+    let lines = |f: fn(&EventRecord) -> String| {
+        r.events.iter().map(f).collect::<Vec<_>>().join("\n") + "\n"
+    };
+    check(
+        "events.jsonl",
+        &lines(|e| serde_json::to_string(e).unwrap_or_default()),
+    );
+    check("events.txt", &lines(gpuctl::cli::events::render));
+}

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 pub mod device;
 pub mod doctor;
 pub mod env;
+pub mod events;
 pub mod export;
 pub mod idle;
 pub mod import;
@@ -103,6 +104,9 @@ pub enum Command {
     Device(device::DeviceArgs),
     /// GPU-hours held and used per team, user or device, from gpuctld's ledger.
     Report(report::ReportArgs),
+    /// Your events: idle warnings and stops, queued jobs started, loans taken back, devices out
+    /// of service.
+    Events(events::EventsArgs),
     /// This host's GPUs in another tool's terms: Slurm's gres.conf lines and Gres=.
     Export(export::ExportArgs),
 }
@@ -135,6 +139,7 @@ pub fn run() -> i32 {
         Command::Idle(a) => return idle::run(a),
         Command::Device(a) => return device::run(a),
         Command::Report(a) => return report::run(a),
+        Command::Events(a) => return events::run(a),
     };
     match result {
         Ok(code) => code,

@@ -12,6 +12,7 @@
 use super::Shared;
 use crate::dbus_api::reply::{DeviceChangeReply, HealthReply};
 use crate::dbus_api::Backend;
+use crate::events::Kind;
 use crate::health::{Effect, GpuTopo, HealthError, MigDevice, Observation, Registry, Topology};
 use crate::nvml::health::{HealthWatch, Waited};
 use crate::observe::GpuState;
@@ -321,6 +322,7 @@ async fn stop_due(
             settings.grace.as_secs()
         );
         tell_all(root, &uids, &text).await;
+        post(Kind::DeviceStop, &device, text);
         let mut stopped = Vec::new();
         for l in &on {
             match sd.stop_unit(&l.unit).await {
@@ -438,6 +440,7 @@ async fn act(
                  there.{then}"
             );
             let n = tell_all(root, &uids, &text).await;
+            post(Kind::DeviceOut, &device, text);
             warn!(
                 gpuctl_action = "health-quarantine",
                 gpuctl_gpu = %device,
@@ -470,23 +473,39 @@ async fn act(
     }
 }
 
-/// The journal entry of a drain or a resume, with who and why.
+/// A device's own event (`gpuctl events`): the host's, every caller's.
+fn post(kind: Kind, device: &str, text: String) {
+    crate::events::post(crate::events::Event {
+        device: Some(device.to_string()),
+        ..crate::events::Event::new(kind, None, text)
+    });
+}
+
+/// The journal entry and the event of a drain or a resume, with who and why.
 fn journal_change(e: &Effect) {
     match e {
-        Effect::Drained { device, reason, by } => warn!(
-            gpuctl_action = "health-drain",
-            gpuctl_gpu = %device,
-            gpuctl_reason = %reason,
-            gpuctl_user = %by,
-            "device {device} drained by {by}: {reason}"
-        ),
-        Effect::Resumed { device, reason, by } => info!(
-            gpuctl_action = "health-resume",
-            gpuctl_gpu = %device,
-            gpuctl_reason = %reason,
-            gpuctl_user = %by,
-            "device {device} back in service ({by}): {reason}"
-        ),
+        Effect::Drained { device, reason, by } => {
+            warn!(
+                gpuctl_action = "health-drain",
+                gpuctl_gpu = %device,
+                gpuctl_reason = %reason,
+                gpuctl_user = %by,
+                "device {device} drained by {by}: {reason}"
+            );
+            let text = format!("GPU device {device} is out of service, drained by {by}: {reason}");
+            post(Kind::DeviceOut, device, text);
+        }
+        Effect::Resumed { device, reason, by } => {
+            info!(
+                gpuctl_action = "health-resume",
+                gpuctl_gpu = %device,
+                gpuctl_reason = %reason,
+                gpuctl_user = %by,
+                "device {device} back in service ({by}): {reason}"
+            );
+            let text = format!("GPU device {device} is back in service ({by}): {reason}");
+            post(Kind::DeviceBack, device, text);
+        }
         _ => {}
     }
 }

@@ -12,6 +12,7 @@
 use super::Shared;
 use crate::dbus_api::reply::IdleReply;
 use crate::dbus_api::Backend;
+use crate::events::Kind;
 use crate::idle::{not_stoppable, sample, Event, IdleHolder, Tracker};
 use crate::paths::Root;
 use crate::policy::{Accounting, IdleRule};
@@ -145,6 +146,17 @@ async fn tell(root: &Root, h: &IdleHolder, text: String) -> usize {
         .unwrap_or(0)
 }
 
+/// The holder's own event (`gpuctl events`), saying what its terminals were told.
+fn post(kind: Kind, h: &IdleHolder, text: String) {
+    crate::events::post(crate::events::Event {
+        user: h.user.clone(),
+        uid: h.uid,
+        unit: Some(h.unit.clone()),
+        device: Some(h.device.clone()),
+        ..crate::events::Event::new(kind, Some(&h.team), text)
+    });
+}
+
 /// Carry out one event; `true` when it sent a stop.
 async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: Event) -> bool {
     let user = |h: &IdleHolder| h.user.clone().unwrap_or_else(|| "?".into());
@@ -203,6 +215,7 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
                 secs(h.idle_seconds)
             );
             let n = tell(root, &h, text.clone()).await;
+            post(Kind::IdleWarn, &h, text.clone());
             warn!(
                 gpuctl_action = "idle-warn",
                 gpuctl_team = %h.team,
@@ -243,7 +256,8 @@ async fn act(root: &Root, sd: &Systemd, rules: &BTreeMap<String, IdleRule>, e: E
                 why(&h),
                 secs(h.idle_seconds)
             );
-            tell(root, &h, text).await;
+            tell(root, &h, text.clone()).await;
+            post(Kind::IdleStop, &h, text);
             warn!(
                 gpuctl_action = "idle-stop",
                 gpuctl_team = %h.team,

@@ -43,6 +43,9 @@ pub trait Agent1 {
     fn device_resume(&self, device: &str, reason: &str) -> zbus::Result<String>;
     /// JSON of [`crate::dbus_api::reply::LedgerReply`].
     fn report(&self, from: &str, to: &str, by: &str) -> zbus::Result<String>;
+    /// JSON of [`crate::dbus_api::reply::EventsReply`]: the caller's events after `after`,
+    /// waiting up to `wait_ms` for a first one.
+    fn events(&self, after: u64, wait_ms: u32) -> zbus::Result<String>;
     /// Prometheus metrics (`openmetrics` or `prometheus-text`).
     fn metrics(&self, format: &str) -> zbus::Result<String>;
     /// One-line status.

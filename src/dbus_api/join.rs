@@ -786,13 +786,7 @@ async fn place_or_wait<'a>(
                         .collect();
                     cx.lock_queue().passed_over(&team.name, &ahead);
                     if waiting.is_some() {
-                        info!(
-                            gpuctl_team = %team.name,
-                            gpuctl_action = "queue-placed",
-                            uid,
-                            "uid {uid}'s request placed after {} ms in the queue",
-                            started.elapsed().as_millis()
-                        );
+                        placed_after_wait(&team.name, uid, &p, started.elapsed());
                     }
                     return Ok((guard, p));
                 }
@@ -807,7 +801,12 @@ async fn place_or_wait<'a>(
                     };
                     let lent = from_loans(cx, conn, &ask, &mut waiting, leases, usage.as_deref());
                     let (message, coming_back) = match lent.await? {
-                        Lent::Placed(p) => return Ok((guard, p)),
+                        Lent::Placed(p) => {
+                            if waiting.is_some() {
+                                placed_after_wait(&team.name, uid, &p, started.elapsed());
+                            }
+                            return Ok((guard, p));
+                        }
                         Lent::Wait(why, coming) => (format!("{}{why}", r.message), coming),
                     };
                     if let Some(left) = coming_back {
@@ -1111,4 +1110,31 @@ async fn placement_usage(cx: &JoinCtx<'_>) -> Option<std::sync::Arc<crate::usage
     let u = super::collector::last_collection()?;
     let age = super::loans::now_ms().saturating_sub(u.collected_at_ms);
     (age <= 3 * u.interval_ms.max(1000)).then_some(u)
+}
+
+/// A request that waited is placed: the journal entry, and the requester's event (a job they
+/// may have walked away from starts now).
+fn placed_after_wait(team: &str, uid: u32, p: &super::place::Placed, waited: std::time::Duration) {
+    let ms = waited.as_millis();
+    info!(
+        gpuctl_team = %team,
+        gpuctl_action = "queue-placed",
+        uid,
+        "uid {uid}'s request placed after {ms} ms in the queue"
+    );
+    let devices: Vec<&str> = p.devices.iter().map(|d| d.id.as_str()).collect();
+    let devices = devices.join(",");
+    let lent = p
+        .lender
+        .as_ref()
+        .map_or_else(String::new, |l| format!(", lent by team {l}"));
+    let text = format!(
+        "Your queued job (team {team}) starts after {} s in the queue, on {devices}{lent}.",
+        ms / 1000
+    );
+    crate::events::post(crate::events::Event {
+        uid: Some(uid),
+        device: Some(devices),
+        ..crate::events::Event::new(crate::events::Kind::QueuePlaced, Some(team), text)
+    });
 }

@@ -11,6 +11,7 @@
 
 use super::lend::{self, Reclaim};
 use super::place::{self, ShareDevice};
+use crate::events::{Event, Kind};
 use crate::lending::{self, Decision, Held, Reclaiming, Ticket, Why};
 use crate::placement::Lease;
 use crate::policy::Policy;
@@ -355,12 +356,18 @@ async fn take_back(cx: &Cx<'_>, conn: Option<&zbus::Connection>, r: &Reclaim, ui
         rc.unit,
         r.borrower
     );
+    let text = format!(
+        "Your borrowed GPU job {} (team {}) on {devices}: {why}. It gets SIGTERM now and is \
+         stopped in {grace} s; save your work.",
+        rc.unit, r.borrower
+    );
+    crate::events::post(Event {
+        uid,
+        unit: Some(rc.unit.clone()),
+        device: Some(devices.clone()),
+        ..Event::new(Kind::LoanReclaim, Some(&r.borrower), text.clone())
+    });
     if let Some(uid) = uid {
-        let text = format!(
-            "Your borrowed GPU job {} (team {}) on {devices}: {why}. It gets SIGTERM now and is \
-             stopped in {grace} s; save your work.",
-            rc.unit, r.borrower
-        );
         let root = cx.root.clone();
         let _ =
             tokio::task::spawn_blocking(move || crate::real::tty::tell(&root, uid, &text)).await;
@@ -424,6 +431,16 @@ async fn stop(cx: &Cx<'_>, unit: &str, records: &[Reclaim]) {
     );
     if let Some(r) = r {
         crate::metrics::counters().overran(&r.borrower, &r.owner);
+        let text = format!(
+            "The grace of your borrowed GPU job {unit} (team {}) is over: it is stopped now; \
+             team {} has its device back.",
+            r.borrower, r.owner
+        );
+        crate::events::post(Event {
+            unit: Some(unit.to_string()),
+            device: Some(r.reclaiming.devices.join(",")),
+            ..Event::new(Kind::LoanStop, Some(&r.borrower), text)
+        });
     }
     if let Err(e) = cx
         .sd

@@ -16,6 +16,9 @@
 //! | `Health() -> s` | method, JSON of [`reply::HealthReply`]: every device in or out of service, XID counts, standing conditions | anyone |
 //! | `DeviceDrain(s device, s reason) -> s`, `DeviceResume(s device, s reason) -> s` | methods, JSON of [`reply::DeviceChangeReply`]: take a GPU or MIG device (UUID or GPU index) out of service or bring it back, journalled with who and why | root |
 //! | `Metrics(s format) -> s` | method: Prometheus metrics, `openmetrics` or `prometheus-text` | anyone (same) |
+//! | `Events(t after, u wait_ms) -> s` | method, JSON of [`reply::EventsReply`]: the caller's events after a position, waiting up to `wait_ms` (at most [`events::MAX_WAIT`]) for a first one ([`crate::events`]) | anyone (its teams' events and the host's; root all) |
+//! | `Event(t position, s kind, s team)` | signal: an event was posted (`team` empty: the host's); what happened to whom is read through `Events` | anyone |
+//! | `LoanReclaimed(s scope, s borrower, s owner, t grace)` | signal: a lent device is taken back | anyone |
 //! | `StatusText` | property `s`, emits `PropertiesChanged` | anyone |
 //! | `LastReconcileStartUsec`, `Reconciling` | properties `t`, `b` | anyone |
 //! | `InterfaceVersion` | property `u`, constant: the version of the JSON documents ([`reply::v1`]) | anyone |
@@ -54,6 +57,7 @@ use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
 mod collector;
+pub mod events;
 pub mod health;
 pub mod join;
 pub mod ledger;
@@ -564,6 +568,23 @@ impl Agent {
         ledger::report(&*self.backend, &self.root, conn, &hdr, (&from, &to, &by)).await
     }
 
+    /// The caller's events after position `after` (0: all gpuctld keeps), as JSON of
+    /// [`reply::EventsReply`]; with `wait_ms` > 0 the reply waits up to that long (at most
+    /// [`events::MAX_WAIT`]) for a first one, so a follower asks again as soon as it has read.
+    async fn events(
+        &self,
+        after: u64,
+        wait_ms: u32,
+        #[zbus(header)] hdr: Header<'_>,
+        #[zbus(connection)] conn: &Connection,
+    ) -> fdo::Result<String> {
+        self.admit(conn, &hdr, &self.reads, "Events").await?;
+        let uid = caller_uid(conn, &hdr).await?;
+        let v = usage::viewer(&*self.backend, conn, &hdr).await?;
+        let r = events::read(uid, &v, after, wait_ms).await;
+        serde_json::to_string(&r).map_err(|e| fdo::Error::Failed(e.to_string()))
+    }
+
     /// Wall-clock µs at which the latest reconcile started.
     #[zbus(property)]
     async fn last_reconcile_start_usec(&self) -> u64 {
@@ -620,6 +641,7 @@ pub async fn serve(
         (placing.clone(), queue.clone(), queue_changed.clone()),
         policy_seen,
     ));
+    tokio::spawn(events::signals(conn.clone()));
     let reads = Limits::reads_from_env().unwrap_or_else(|e| {
         tracing::warn!("{e}: the default read budget applies");
         Limits::reads()

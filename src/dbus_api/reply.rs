@@ -606,6 +606,63 @@ impl IdleReply {
     }
 }
 
+/// `Events`: the caller's events after the position asked (`gpuctl events`, docs/events.md).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventsReply {
+    /// When this gpuctld started (Unix ms): positions are this start's; a reader whose
+    /// position came from another start asks from 0 again.
+    pub started_ms: u64,
+    /// The position to ask from next.
+    pub next: u64,
+    /// Events after the asked position were forgotten before this read (gpuctld keeps the
+    /// last 1,024; the journal has them all).
+    pub lost: bool,
+    /// The events, oldest first: those of the caller's teams and the host's own (root: all).
+    pub events: Vec<EventRecord>,
+}
+
+/// One event of an [`EventsReply`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EventRecord {
+    /// Position in this gpuctld's sequence.
+    pub seq: u64,
+    /// Unix ms.
+    pub at_ms: u64,
+    /// `idle-warn`, `idle-stop`, `queue-placed`, `loan-reclaim`, `loan-stop`, `device-out`,
+    /// `device-back`, `device-stop`.
+    pub kind: String,
+    /// The team it concerns; none: the host's (a device's service state).
+    pub team: Option<String>,
+    /// The user it concerns, by name where known.
+    pub user: Option<String>,
+    /// The user's uid where known.
+    pub uid: Option<u32>,
+    /// The job's unit.
+    pub unit: Option<String>,
+    /// The device(s).
+    pub device: Option<String>,
+    /// What the user is told.
+    pub message: String,
+}
+
+impl From<&crate::events::Event> for EventRecord {
+    fn from(e: &crate::events::Event) -> Self {
+        EventRecord {
+            seq: e.seq,
+            at_ms: e.at_ms,
+            kind: e.kind.as_str().to_string(),
+            team: e.team.clone(),
+            user: e.user.clone(),
+            uid: e.uid,
+            unit: e.unit.clone(),
+            device: e.device.clone(),
+            message: e.message.clone(),
+        }
+    }
+}
+
 /// `Report`: GPU device-time held and used over whole UTC days (`gpuctl report`,
 /// docs/ledger.md). Times are seconds.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -688,6 +745,8 @@ pub mod v1 {
     pub use super::{DeviceChangeReply, DeviceHealthStatus, HealthReply};
     // `Report`.
     pub use super::{LedgerReply, LedgerRow};
+    // `Events`.
+    pub use super::{EventRecord, EventsReply};
     // `Usage`.
     pub use crate::usage::Usage;
 }

@@ -6,7 +6,8 @@
 # alice's job ends carol's waiter does not get GPU 1, a new job is refused naming GPU 1 as out of
 # service, and the waiter gets GPU 2 when that frees. XID 13 on GPU 0 only counts. The quarantine
 # survives a gpuctld restart; a non-root drain is refused; `gpuctl device resume 1 --reason`
-# brings GPU 1 back (journalled with the reason) and the next job may land there.
+# brings GPU 1 back (journalled with the reason) and the next job may land there. Both are
+# events (`gpuctl events`) that anyone reads, a user in no team too.
 # vmtest: timeout=600
 # vmtest: group=daemon
 . lib/common.sh
@@ -79,6 +80,10 @@ check "its slice still allows /dev/nvidia1 for the job there" sh -c "systemctl s
 check "the journal has the quarantine with its device and reason" \
     grep -q "device $G1 out of service: XID 79" <<<"$(gpuctld_journal GPUCTL_ACTION=health-quarantine GPUCTL_GPU="$G1")"
 check "alice was told on her terminal" wait_for 10 grep -q "$G1 is out of service: XID 79" /tmp/alice-tty.log
+# The host's events: anyone reads them, bob (in no team) too.
+ev=$(su -s /bin/sh bob -c "gpuctl events --json" 2>&1)
+check_output "bob reads GPU 1's device-out event in gpuctl events" \
+    jq -se --arg d "$G1" 'any(.[]; .kind == "device-out" and .device == $d and .team == null and (.message | test("XID 79")))' <<<"$ev"
 
 systemctl kill -s KILL "$(scope_on "$G1")"
 sleep 3
@@ -104,6 +109,9 @@ out=$(gpuctl device resume 1 --reason "reseated the board" 2>&1)
 echo "    resume: $out"
 check "gpuctl device resume brings GPU 1 back" grep -q "$G1: back in service (reseated the board by" <<<"$out"
 check "the journal has the resume with the reason" journal_has "device $G1 back in service .*: reseated the board"
+ev=$(su -s /bin/sh alice -c "gpuctl events --json" 2>&1)
+check_output "alice reads its device-back event" \
+    jq -se --arg d "$G1" 'any(.[]; .kind == "device-back" and .device == $d and (.message | test("reseated the board")))' <<<"$ev"
 check "train's env file lists GPU 1 again" wait_for 15 grep -q "^CUDA_VISIBLE_DEVICES=.*$G1" "$ENV"
 out=$(su -s /bin/sh alice -c "gpuctl run --team train --device 1 -- sh -c 'echo \$CUDA_VISIBLE_DEVICES'" 2>&1)
 check "a new job lands on GPU 1 again" test "$out" = "$G1"

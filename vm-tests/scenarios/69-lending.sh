@@ -8,7 +8,8 @@
 # open the GPU afterwards. Again with `kill -9` of gpuctld mid-grace: the restarted gpuctld stops
 # the borrower on time, not early. A lend window that closes takes a loan back. A reconcile after
 # a restart leaves the loans slice as it is; it follows a lender that gives its GPU up and goes
-# when nobody lends. A team named "loans" is refused with its file:line.
+# when nobody lends. A team named "loans" is refused with its file:line. The borrower reads the
+# reclaim in `gpuctl events`; the owner's member does not.
 # vmtest: timeout=420
 # vmtest: group=daemon
 . lib/common.sh
@@ -101,7 +102,14 @@ check "the borrower gets SIGTERM at once" test -s "$d/term1"
 bob_uid=$(id -u bob)
 check "the journal names the reclaim with GPUCTL_UID" \
     sh -c "journalctl -u gpuctld -o cat --since @${VMTEST_SCENARIO_START:-0} GPUCTL_ACTION=loan-reclaim GPUCTL_UID=$bob_uid | grep -q 'taking back'"
-sleep 2
+ev=$(as bob "gpuctl events --json" 2>&1)
+check_output "bob reads the reclaim of his job in gpuctl events" \
+    jq -se --arg s "$bscope" --argjson u "$bob_uid" 'any(.[]; .kind == "loan-reclaim" and .unit == $s and .uid == $u and .team == "interns")' <<<"$ev"
+rc=0
+ec=$(as carol "gpuctl events --json" 2>&1) || rc=$?
+check "carol's gpuctl events answers (rc $rc)" test "$rc" = 0
+check_not "... with no event of interns' (she is in train)" grep -q '"team":"interns"' <<<"$ec"
+sleep 1
 check "the borrower still runs inside its grace" systemctl is-active -q "$bscope"
 wait_for $((GRACE + 20)) test -s "$d/carol1.env"
 waited=$(awk "BEGIN { printf \"%.1f\", $(cat "$d/t1") - $(cat "$d/t0") }")

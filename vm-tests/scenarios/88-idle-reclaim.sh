@@ -8,7 +8,8 @@
 # exporter read no unit or user at all, root reads everything. Placement and idle reclaim
 # agree: with two research devices leased and the third held by the excluded service (a process
 # outside every lease: busy), a `--wait` job of carol's queues, and alice's idle stop hands it
-# her device.
+# her device. `gpuctl events --follow` as alice prints her warning and stop as they happen and
+# carol's queued job starting (her team's); as bob it prints nothing of theirs.
 # vmtest: timeout=600
 # vmtest: group=usage
 . lib/common.sh
@@ -49,6 +50,13 @@ P
 check_output "the policy with idle rules validates" gpuctl validate /etc/gpuctl/policy.d/88-idle.toml
 gpuctld_start
 check "gpuctld converged" wait_converged 60
+# Following from now on (-n 0), before anything happens.
+setpriv --reuid=alice --regid=alice --init-groups \
+    gpuctl events --follow -n 0 --json >/tmp/88-alice.events 2>/tmp/88-alice.events.err &
+A_EV=$!
+setpriv --reuid=bob --regid=bob --init-groups \
+    gpuctl events --follow -n 0 --json >/tmp/88-bob.events 2>/tmp/88-bob.events.err &
+B_EV=$!
 
 # alice's terminal: a pty she owns (script(1) run as her), its output kept in a file.
 rm -f /tmp/alice-tty.log
@@ -109,6 +117,32 @@ wait_for 10 test -s /tmp/88-waited.dev
 check "the waiter started once the idle stop ended alice's lease, on her device" \
     test "$(cat /tmp/88-waited.dev 2>&1)" = "$(gpu_uuid 0)"
 check "the warning reached alice's terminal" grep -q "Message from gpuctld" /tmp/alice-tty.log
+# The position of alice's event of kind $1 for unit $2 (empty: none).
+seq_of() { jq -r --arg k "$1" --arg s "$2" 'select(.kind == $k and .unit == $s) | .seq' /tmp/88-alice.events; }
+# alice_has JQ [jq options]: one of alice's events matches JQ (read as one array: jq 1.6's -e
+# looks at the last line only).
+# shellcheck disable=SC2317 # called through wait_for and check
+alice_has() { jq -se "${@:2}" "any(.[]; $1)" /tmp/88-alice.events >/dev/null; }
+# shellcheck disable=SC2317 # called through wait_for and check
+placed_seen() { alice_has '.kind == "queue-placed" and .uid == $u' --argjson u "$(id -u carol)"; }
+wait_for 10 placed_seen
+sed 's/^/    alice events| /' /tmp/88-alice.events /tmp/88-alice.events.err
+sed 's/^/    bob events| /' /tmp/88-bob.events /tmp/88-bob.events.err
+check "alice's follower printed her warning with her uid and device" \
+    alice_has '.kind == "idle-warn" and .unit == $s and .uid == $u and .team == "research" and .device == "0"' \
+    --arg s "$SCOPE" --argjson u "$uid"
+WSEQ=$(seq_of idle-warn "$SCOPE")
+SSEQ=$(seq_of idle-stop "$SCOPE")
+check "and her stop, after the warning (positions $WSEQ, $SSEQ)" test "${SSEQ:-0}" -gt "${WSEQ:-0}" -a -n "$WSEQ"
+check "and carol's queued job starting (alice's team's)" placed_seen
+check "alice's follower still runs" kill -0 "$A_EV"
+check "bob's follower still runs" kill -0 "$B_EV"
+check_not "bob (no team) was shown no event of research" grep -q . /tmp/88-bob.events
+ea=$(setpriv --reuid=alice --regid=alice --init-groups gpuctl events 2>&1)
+check_output "gpuctl events as alice, in words" grep -E "^[0-9T:-]+Z idle-warn research alice: Your GPU job $SCOPE" <<<"$ea"
+er=$(gpuctl events --json 2>&1)
+check_output "root reads the same events" grep -q "\"unit\":\"$SCOPE\"" <<<"$er"
+kill "$A_EV" "$B_EV" 2>/dev/null || true
 check_output "the busy service survives" systemctl is-active train-busy.service
 check_output "the excluded idle service survives" systemctl is-active triton-x.service
 check_output "the excluded service was reported" grep -P "^idle\ttriton-x.service\t" "$J"
