@@ -34,6 +34,8 @@ pub struct EventsArgs {
 
 /// How long one call waits for a first new event.
 const WAIT_MS: u32 = 30_000;
+/// The shortest round of a follower that got nothing.
+const MIN_ROUND: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// One event in words: `2026-12-06T10:04:00Z idle-warn research alice: <message>`.
 pub fn render(e: &EventRecord) -> String {
@@ -112,6 +114,7 @@ pub fn run(args: &EventsArgs) -> i32 {
                 } else {
                     0
                 };
+                let asked = std::time::Instant::now();
                 let text = match p.events(pos.next, wait).await {
                     Ok(t) => t,
                     Err(e) if args.follow && transient(&e) => return Ok(Some(e.to_string())),
@@ -142,6 +145,11 @@ pub fn run(args: &EventsArgs) -> i32 {
                     return Ok(None);
                 }
                 told = false;
+                if wait > 0 && r.events.is_empty() && asked.elapsed() < MIN_ROUND {
+                    // gpuctld answered at once (this uid has its most waiting calls already):
+                    // ask again later, not in a loop.
+                    tokio::time::sleep(MIN_ROUND).await;
+                }
             }
         });
         match r {

@@ -50,7 +50,8 @@ P
 check_output "the policy with idle rules validates" gpuctl validate /etc/gpuctl/policy.d/88-idle.toml
 gpuctld_start
 check "gpuctld converged" wait_converged 60
-# Following from now on (-n 0), before anything happens.
+# Following from now on (-n 0), before anything happens; and the bus's Event signals.
+timeout 400 busctl --system --json=short monitor org.gpuctl.Agent1 >/tmp/88-bus.json 2>/dev/null &
 setpriv --reuid=alice --regid=alice --init-groups \
     gpuctl events --follow -n 0 --json >/tmp/88-alice.events 2>/tmp/88-alice.events.err &
 A_EV=$!
@@ -135,6 +136,8 @@ WSEQ=$(seq_of idle-warn "$SCOPE")
 SSEQ=$(seq_of idle-stop "$SCOPE")
 check "and her stop, after the warning (positions $WSEQ, $SSEQ)" test "${SSEQ:-0}" -gt "${WSEQ:-0}" -a -n "$WSEQ"
 check "and carol's queued job starting (alice's team's)" placed_seen
+check_output "the bus carried the Event signal of the warning, its team and not its user" \
+    jq -se --argjson n "${WSEQ:-0}" 'any(.[]; .member == "Event" and .payload.data == [$n, "idle-warn", "research"])' /tmp/88-bus.json
 check "alice's follower still runs" kill -0 "$A_EV"
 check "bob's follower still runs" kill -0 "$B_EV"
 check_not "bob (no team) was shown no event of research" grep -q . /tmp/88-bob.events
@@ -143,6 +146,7 @@ check_output "gpuctl events as alice, in words" grep -E "^[0-9T:-]+Z idle-warn r
 er=$(gpuctl events --json 2>&1)
 check_output "root reads the same events" grep -q "\"unit\":\"$SCOPE\"" <<<"$er"
 kill "$A_EV" "$B_EV" 2>/dev/null || true
+pkill -f 'busctl --system --json=short monitor' || true
 check_output "the busy service survives" systemctl is-active train-busy.service
 check_output "the excluded idle service survives" systemctl is-active triton-x.service
 check_output "the excluded service was reported" grep -P "^idle\ttriton-x.service\t" "$J"
