@@ -103,8 +103,9 @@ stage() {
     install -D -m 644 packaging/files/policy.toml "$d/etc/gpuctl/policy.toml"
     # Shipped disabled: an admin links it into /etc/systemd/system/gpuctld.service.d/.
     install -D -m 644 packaging/files/nss-network.conf "$d/usr/share/gpuctl/gpuctld.service.d/nss-network.conf"
-    # Monitoring (docs/monitoring.md): alert rules, their promtool unit tests, Grafana dashboard.
-    for f in gpuctl.rules.yml gpuctl.rules.test.yml gpuctl-dashboard.json; do
+    # Monitoring (docs/monitoring.md): alert rules, their promtool unit tests, Grafana dashboard,
+    # an Alertmanager routing example.
+    for f in gpuctl.rules.yml gpuctl.rules.test.yml gpuctl-dashboard.json alertmanager.example.yml; do
         install -D -m 644 "monitoring/$f" "$d/usr/share/gpuctl/$f"
     done
     install -d -m 755 "$d/etc/gpuctl/policy.d" "$d/usr/lib/gpuctl/policy.d"

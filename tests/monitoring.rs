@@ -717,3 +717,48 @@ fn rules_and_dashboard_select_only_labels_the_series_carry() {
         [("gpuctl_x".to_string(), vec!["team".into(), "device".into()])]
     );
 }
+
+/// The alerts `(group, interval)` they are evaluated in, from the rules file's own lines.
+fn alert_groups(text: &str) -> Vec<(String, String, Option<String>)> {
+    let (mut group, mut interval) = (String::new(), None);
+    let mut out = Vec::new();
+    for l in text.lines() {
+        let t = l.trim();
+        if let Some(g) = t.strip_prefix("- name:") {
+            (group, interval) = (g.trim().to_string(), None);
+        } else if let Some(i) = t.strip_prefix("interval:") {
+            interval = Some(i.trim().to_string());
+        } else if let Some(a) = t.strip_prefix("- alert:") {
+            out.push((a.trim().to_string(), group.clone(), interval.clone()));
+        }
+    }
+    out
+}
+
+/// An alert in a group with an interval of its own (the ledger's 5 minutes) would be seen that
+/// much late: GpuctlDeviceOutOfService once sat there and fired minutes after the fault.
+#[test]
+fn every_alert_is_evaluated_at_prometheus_own_interval() {
+    let text = std::fs::read_to_string(monitoring_dir().join("gpuctl.rules.yml")).unwrap();
+    let alerts = alert_groups(&text);
+    assert!(alerts.len() >= 10, "alerts found: {alerts:?}");
+    assert!(
+        alerts.iter().any(|(a, ..)| a == "GpuctlDeviceOutOfService"),
+        "{alerts:?}"
+    );
+    let late: Vec<_> = alerts.iter().filter(|(.., i)| i.is_some()).collect();
+    assert!(
+        late.is_empty(),
+        "alerts in a group with its own interval: {late:?}"
+    );
+    let ledger = "  - name: gpuctl-ledger\n    interval: 5m\n    rules:\n      - alert: X\n";
+    assert_eq!(
+        alert_groups(ledger),
+        [(
+            "X".to_string(),
+            "gpuctl-ledger".to_string(),
+            Some("5m".to_string())
+        )],
+        "the scanner sees a group's interval"
+    );
+}

@@ -156,7 +156,7 @@ mmdebstrap --mode=root --variant=minbase --include="$PKGS" \
   --customize-hook='printf "%s\n" "$UNIT" > "$1/etc/systemd/system/vmtest.service"; chroot "$1" systemctl enable vmtest.service' \
   --customize-hook='rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap" "$1/var/lib/man-db/auto-update"' \
   --customize-hook='chroot "$1" systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer e2scrub_reap.service systemd-pstore.service getty@tty1.service' \
-  --customize-hook='for u in prometheus prometheus-node-exporter slapd nslcd podman podman-restart podman-auto-update podman-auto-update.timer podman-clean-transient slurmctld slurmd munge docker docker.socket containerd apparmor; do chroot "$1" systemctl disable "$u" >/dev/null 2>&1 || true; done' \
+  --customize-hook='for u in prometheus prometheus-alertmanager prometheus-node-exporter slapd nslcd podman podman-restart podman-auto-update podman-auto-update.timer podman-clean-transient slurmctld slurmd munge docker docker.socket containerd apparmor; do chroot "$1" systemctl disable "$u" >/dev/null 2>&1 || true; done' \
   --customize-hook='mkdir -p "$1/etc/systemd/system-generators"; for g in $MASK_GENERATORS; do ln -sf /dev/null "$1/etc/systemd/system-generators/$g"; done' \
   --customize-hook='chroot "$1" systemctl enable serial-getty@ttyS0.service >/dev/null 2>&1' \
   --customize-hook='cp -L "$1/vmlinuz" "'"$OUT"'/vmlinuz"; cp -L "$1/initrd.img" "'"$OUT"'/initrd.img"; chmod 644 "'"$OUT"'/initrd.img"' \
