@@ -35,6 +35,7 @@ expected=(
     /lib/systemd/system/gpuctl-textfile.timer
     /usr/libexec/gpuctl-exporter
     /usr/share/doc/gpuctl/monitoring.md
+    /usr/share/gpuctl/alertmanager.example.yml
     /usr/share/gpuctl/gpuctl-dashboard.json
     /usr/share/gpuctl/gpuctl.rules.test.yml
     /usr/share/gpuctl/gpuctl.rules.yml
