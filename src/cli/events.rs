@@ -37,7 +37,7 @@ const WAIT_MS: u32 = 30_000;
 /// The shortest round of a follower that got nothing.
 const MIN_ROUND: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// One event in words: `2026-12-06T10:04:00Z idle-warn research alice: <message>`.
+/// One event in words: its UTC time, kind, team (or `host`), user, and the message.
 pub fn render(e: &EventRecord) -> String {
     let who = match (&e.user, e.uid) {
         (Some(u), _) => format!(" {u}"),
@@ -152,21 +152,15 @@ pub fn run(args: &EventsArgs) -> i32 {
                 }
             }
         });
-        match r {
+        let why = match r {
             Ok(None) => return super::exit::OK,
-            Ok(Some(why)) => {
-                if !told {
-                    eprintln!("gpuctl: {why}; trying again");
-                    told = true;
-                }
-            }
-            Err(f) if args.follow && f.code == super::exit::NO_DAEMON => {
-                if !told {
-                    eprintln!("gpuctl: {}; trying again", f.message);
-                    told = true;
-                }
-            }
+            Ok(Some(why)) => why,
+            Err(f) if args.follow && f.code == super::exit::NO_DAEMON => f.message,
             Err(f) => return f.report(),
+        };
+        if !told {
+            eprintln!("gpuctl: {why}; trying again");
+            told = true;
         }
         std::thread::sleep(std::time::Duration::from_secs(1));
     }

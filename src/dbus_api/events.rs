@@ -60,9 +60,10 @@ pub async fn read(uid: u32, viewer: &Viewer, after: u64, wait_ms: u32) -> Events
     let hub = hub();
     let wait = Duration::from_millis(wait_ms.into()).min(MAX_WAIT);
     let sees = |e: &Event| visible(viewer, e);
-    let page = match (wait.is_zero(), Waiting::enter(uid)) {
-        (false, Some(_place)) => hub.wait(after, PAGE, wait, sees).await,
-        _ => hub.after(after, PAGE, sees),
+    let place = (!wait.is_zero()).then(|| Waiting::enter(uid)).flatten();
+    let page = match place {
+        Some(_place) => hub.wait(after, PAGE, wait, sees).await,
+        None => hub.after(after, PAGE, sees),
     };
     EventsReply {
         started_ms: hub.started_ms(),
