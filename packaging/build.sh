@@ -108,6 +108,10 @@ stage() {
     for f in gpuctl.rules.yml gpuctl.rules.test.yml gpuctl-dashboard.json alertmanager.example.yml; do
         install -D -m 644 "monitoring/$f" "$d/usr/share/gpuctl/$f"
     done
+    # JupyterHub (docs/jupyterhub.md): the spawner a hub imports from here, and its config.
+    for f in gpuctl_spawner.py jupyterhub_config.py; do
+        install -D -m 644 "contrib/jupyterhub/$f" "$d/usr/share/gpuctl/jupyterhub/$f"
+    done
     install -d -m 755 "$d/etc/gpuctl/policy.d" "$d/usr/lib/gpuctl/policy.d"
     local m
     for m in "$GEN"/man/*.1; do install -D -m 644 "$m" "$d/usr/share/man/man1/${m##*/}"; done
@@ -122,6 +126,7 @@ stage() {
         install -m 644 policies/*.toml "$d/usr/share/doc/gpuctl/examples/"
     fi
     install -D -m 644 docs/monitoring.md "$d/usr/share/doc/gpuctl/monitoring.md"
+    install -D -m 644 docs/jupyterhub.md "$d/usr/share/doc/gpuctl/jupyterhub.md"
 }
 
 # $1: maintainer script body; prints a self-contained POSIX sh script.
@@ -181,6 +186,7 @@ if [ "$RPM" = 1 ]; then
         echo '%dir /usr/lib/gpuctl'
         echo '%dir /usr/lib/gpuctl/policy.d'
         echo '%dir /usr/share/gpuctl'
+        echo '%dir /usr/share/gpuctl/jupyterhub'
         [ -d usr/share/doc/gpuctl ] && echo '%dir /usr/share/doc/gpuctl'
         [ -d usr/share/doc/gpuctl/examples ] && echo '%dir /usr/share/doc/gpuctl/examples'
         echo '%dir /usr/share/licenses/gpuctl'

@@ -195,6 +195,8 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
     ("node_exporter", &["--collector"]),
     ("dcgm-exporter", &["--hpc-job-mapping-dir"]),
     ("a team's own service (docs/shell.md)", &["--port"]),
+    ("pip (docs/jupyterhub.md)", &["--break-system-packages"]),
+    ("jupyterhub (docs/jupyterhub.md)", &["--upgrade-db"]),
     (
         "vm-tests/run",
         &[

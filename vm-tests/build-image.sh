@@ -5,12 +5,15 @@
 #
 # Usage: build-image.sh [OUTDIR]          (default OUTDIR: /var/tmp/vm-image)
 # Env:   VM_EXTRA_PACKAGES="pkg1,pkg2"  extra Debian packages to put into the guest
-#        VM_IMAGE_SIZE=2G               size of the (sparse) ext4 root image
+#        VM_IMAGE_SIZE=3G               size of the (sparse) ext4 root image
 #        DEBIAN_MIRROR=URL              the Debian mirror (the URL before /debian); default:
 #                                       the one this host's apt uses (/etc/apt/sources.list*),
 #                                       so a host behind a local mirror builds from it
 #        DEBIAN_SECURITY_MIRROR=URL     the same for debian-security (default: the host's, else
 #                                       DEBIAN_MIRROR)
+#        PYPI_FILES=URL                 where Python wheels are fetched from (default:
+#                                       https://files.pythonhosted.org; a host behind a mirror of
+#                                       PyPI's files sets it); each wheel is pinned by sha256
 #        VM_CUSTOMIZE='cmd'             extra mmdebstrap --customize-hook ($1 = guest root dir),
 #                                       e.g. 'cp ./agent "$1/usr/local/bin/"'
 #
@@ -19,7 +22,7 @@
 set -euo pipefail
 
 OUT=${1:-/var/tmp/vm-image}
-SIZE=${VM_IMAGE_SIZE:-2G}
+SIZE=${VM_IMAGE_SIZE:-3G}
 SUITE=bookworm
 # The base URL of the host's apt source whose path ends in /$1 (debian, debian-security): from
 # deb822 files (URIs:) and one-line ones (deb [opts] URL suite ...).
@@ -52,6 +55,7 @@ need=()
 command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
 command -v mmdebstrap          >/dev/null || need+=(mmdebstrap)
 command -v mke2fs              >/dev/null || need+=(e2fsprogs)
+command -v curl                >/dev/null || need+=(curl ca-certificates)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing host packages: ${need[*]}"
   apt-get update -qq
@@ -64,9 +68,27 @@ ROOT=$(mktemp -d "$OUT/rootdir.XXXXXX")
 cleanup() {  # never follow a mount left behind by an interrupted mmdebstrap
   set +e
   findmnt -rno TARGET | grep -F "$ROOT/" | sort -r | xargs -r -n1 umount -l 2>/dev/null
-  rm -rf --one-file-system "$ROOT"
+  rm -rf --one-file-system "$ROOT" "$ROOT.wheels"
 }
 trap cleanup EXIT
+
+# Python packages Debian does not have, from the Python package index, pinned (the wheel's path
+# under PyPI's file host and its sha256): jupyterhub-systemdspawner 1.0.2 for the JupyterHub
+# scenario. Pure-Python wheels, unpacked into the guest's /usr/local site-packages next to
+# Debian's jupyterhub.
+WHEELS="packages/6c/18/99cbc20baa19cc8256ed4fb3c9890d5a0427079fd750653c12ef6d7b27aa/jupyterhub_systemdspawner-1.0.2-py3-none-any.whl b99e78b555b82187a5ee28387d0ebc6ee4e0bdc83cb67f5272c71377cb54c2a4"
+PYPI=${PYPI_FILES:-https://files.pythonhosted.org}
+mkdir -p "$ROOT.wheels"
+while read -r path sha; do
+  [ -n "$path" ] || continue
+  whl=${path##*/}
+  log "fetching $whl"
+  curl -fsSL --retry 3 -o "$ROOT.wheels/$whl" "$PYPI/$path" \
+    || { echo "build-image.sh: cannot fetch $whl from $PYPI (set PYPI_FILES)" >&2; exit 1; }
+  echo "$sha  $ROOT.wheels/$whl" | sha256sum -c --quiet - \
+    || { echo "build-image.sh: $whl does not have the pinned sha256" >&2; exit 1; }
+done <<<"$WHEELS"
+export WHEEL_DIR=$ROOT.wheels
 
 PKGS=systemd,systemd-sysv,dbus,udev,libpam-systemd,procps,iproute2,kmod,util-linux,bash,coreutils,tar,tiny-initramfs,linux-image-cloud-amd64
 [ -n "$EXTRA" ] && PKGS="$PKGS,$EXTRA"
@@ -156,7 +178,8 @@ mmdebstrap --mode=root --variant=minbase --include="$PKGS" \
   --customize-hook='printf "%s\n" "$UNIT" > "$1/etc/systemd/system/vmtest.service"; chroot "$1" systemctl enable vmtest.service' \
   --customize-hook='rm -f "$1/etc/dpkg/dpkg.cfg.d/99mmdebstrap" "$1/var/lib/man-db/auto-update"' \
   --customize-hook='chroot "$1" systemctl mask apt-daily.timer apt-daily-upgrade.timer dpkg-db-backup.timer e2scrub_all.timer fstrim.timer e2scrub_reap.service systemd-pstore.service getty@tty1.service' \
-  --customize-hook='for u in prometheus prometheus-alertmanager prometheus-node-exporter slapd nslcd podman podman-restart podman-auto-update podman-auto-update.timer podman-clean-transient slurmctld slurmd munge docker docker.socket containerd apparmor; do chroot "$1" systemctl disable "$u" >/dev/null 2>&1 || true; done' \
+  --customize-hook='for u in jupyterhub prometheus prometheus-alertmanager prometheus-node-exporter slapd nslcd podman podman-restart podman-auto-update podman-auto-update.timer podman-clean-transient slurmctld slurmd munge docker docker.socket containerd apparmor; do chroot "$1" systemctl disable "$u" >/dev/null 2>&1 || true; done' \
+  --customize-hook='site=$(chroot "$1" python3 -c "import sysconfig; print(sysconfig.get_path(\"purelib\"))") && mkdir -p "$1$site" && for w in "$WHEEL_DIR"/*.whl; do cp "$w" "$1/tmp/w.whl" && chroot "$1" python3 -m zipfile -e /tmp/w.whl "$site/" && rm "$1/tmp/w.whl" || exit 1; done' \
   --customize-hook='mkdir -p "$1/etc/systemd/system-generators"; for g in $MASK_GENERATORS; do ln -sf /dev/null "$1/etc/systemd/system-generators/$g"; done' \
   --customize-hook='chroot "$1" systemctl enable serial-getty@ttyS0.service >/dev/null 2>&1' \
   --customize-hook='cp -L "$1/vmlinuz" "'"$OUT"'/vmlinuz"; cp -L "$1/initrd.img" "'"$OUT"'/initrd.img"; chmod 644 "'"$OUT"'/initrd.img"' \

@@ -39,6 +39,9 @@ expected=(
     /usr/share/gpuctl/gpuctl-dashboard.json
     /usr/share/gpuctl/gpuctl.rules.test.yml
     /usr/share/gpuctl/gpuctl.rules.yml
+    /usr/share/gpuctl/jupyterhub/gpuctl_spawner.py
+    /usr/share/gpuctl/jupyterhub/jupyterhub_config.py
+    /usr/share/doc/gpuctl/jupyterhub.md
 )
 missing=()
 for p in "${expected[@]}"; do
