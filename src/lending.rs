@@ -308,46 +308,54 @@ fn starving(w: &Waiter) -> bool {
 /// The order requests are served in, as indices into `waiting`: the starving ones first, by
 /// arrival; then by their user's recent usage, least first; ties by arrival.
 pub fn fair_order(waiting: &[Waiter], usage: &RecentUsage) -> Vec<usize> {
-    let used = |w: &Waiter| usage.users.get(&w.uid).copied().unwrap_or(0.0);
-    let mut order: Vec<usize> = (0..waiting.len()).collect();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (&waiting[a], &waiting[b]);
+    // The usage looked up once per request, not once per comparison.
+    let mut keyed: Vec<(usize, f64)> = waiting
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (i, usage.users.get(&w.uid).copied().unwrap_or(0.0)))
+        .collect();
+    keyed.sort_by(|a, b| {
+        let (x, y) = (&waiting[a.0], &waiting[b.0]);
         starving(y)
             .cmp(&starving(x))
             .then_with(|| {
                 if starving(x) {
                     std::cmp::Ordering::Equal
                 } else {
-                    used(x).total_cmp(&used(y))
+                    a.1.total_cmp(&b.1)
                 }
             })
             .then(x.ticket.cmp(&y.ticket))
     });
-    order
+    keyed.into_iter().map(|k| k.0).collect()
 }
 
 /// The order borrowers are served in: the starving first, by arrival; then by their team's
 /// recent borrowed time, their user's usage, arrival.
 fn loan_order(waiting: &[Waiter], cands: &[usize], usage: &RecentUsage) -> Vec<usize> {
-    let team = |w: &Waiter| usage.teams.get(&w.team).copied().unwrap_or(0.0);
-    let user = |w: &Waiter| usage.users.get(&w.uid).copied().unwrap_or(0.0);
-    let mut order = cands.to_vec();
-    order.sort_by(|&a, &b| {
-        let (x, y) = (&waiting[a], &waiting[b]);
+    // (index, team's borrowed time, user's usage), looked up once per request.
+    let mut keyed: Vec<(usize, f64, f64)> = cands
+        .iter()
+        .map(|&i| {
+            let w = &waiting[i];
+            let team = usage.teams.get(&w.team).copied().unwrap_or(0.0);
+            (i, team, usage.users.get(&w.uid).copied().unwrap_or(0.0))
+        })
+        .collect();
+    keyed.sort_by(|a, b| {
+        let (x, y) = (&waiting[a.0], &waiting[b.0]);
         starving(y)
             .cmp(&starving(x))
             .then_with(|| {
                 if starving(x) {
                     std::cmp::Ordering::Equal
                 } else {
-                    team(x)
-                        .total_cmp(&team(y))
-                        .then(user(x).total_cmp(&user(y)))
+                    a.1.total_cmp(&b.1).then(a.2.total_cmp(&b.2))
                 }
             })
             .then(x.ticket.cmp(&y.ticket))
     });
-    order
+    keyed.into_iter().map(|k| k.0).collect()
 }
 
 /// `interns'`, `train's`.
@@ -501,11 +509,29 @@ impl<'a> Cx<'a> {
     }
 
     /// Whether `d` could be one of `w`'s devices (shape only).
+    /// Whether `w` is a request whose reason depends on its team, size and `--borrow` alone:
+    /// no `--device`, nothing kept or taken back for its ticket (what else the reason reads
+    /// is the team's).
+    fn plain(&self, w: &Waiter) -> bool {
+        w.device.is_none()
+            && !self.reserved.contains(&Some(w.ticket))
+            && !self
+                .s
+                .reclaims
+                .iter()
+                .any(|r| r.why == Why::Owner(w.ticket))
+    }
+
     fn usable(&self, w: &Waiter, d: usize, named: Option<usize>) -> bool {
+        self.usable_for(w, d, named, self.need(w))
+    }
+
+    /// `usable` with `w`'s need worked out already (loops over devices work it out once).
+    fn usable_for(&self, w: &Waiter, d: usize, named: Option<usize>, need: usize) -> bool {
         if w.device.is_some() {
             return named == Some(d);
         }
-        self.need(w) <= 1 || !self.s.devices[d].mig
+        need <= 1 || !self.s.devices[d].mig
     }
 
     fn cand(&self, d: usize, held: u32) -> Candidate {
@@ -596,10 +622,11 @@ impl<'a> Cx<'a> {
     fn free_own(&self, w: &Waiter) -> Vec<usize> {
         let named = self.named(w);
         let jpd = self.jpd(&w.team);
+        let need = self.need(w);
         self.share(&w.team)
             .iter()
             .copied()
-            .filter(|&d| self.usable(w, d, named) && self.open_to_owner(d, w))
+            .filter(|&d| self.usable_for(w, d, named, need) && self.open_to_owner(d, w))
             .filter(|&d| {
                 let c = self.shape(d, self.held_by(d, &w.team));
                 placement::capacity(jpd, &c).is_none_or(|cap| c.held < cap)
@@ -848,6 +875,9 @@ pub fn decide(s: &Snapshot) -> Vec<Decision> {
     // Waits, in pass-1 order, with their positions, passed-over counts and reasons.
     let mut position: HashMap<&str, usize> = HashMap::new();
     let mut lent_to: HashMap<&str, HashSet<usize>> = HashMap::new();
+    // Most waiting requests share their reason with every other of their team and size (see
+    // `reason_parts`): worked out once each.
+    let mut reasons: HashMap<(&str, Option<Gpus>, bool), String> = HashMap::new();
     for &wi in &order {
         if placed[wi] {
             continue;
@@ -870,17 +900,26 @@ pub fn decide(s: &Snapshot) -> Vec<Decision> {
         // Passed over: a device it could use went to another request, before or after it in
         // order (so the fair order alone cannot starve a heavy user either).
         let borrows = may_borrow(&cx, w);
+        let need = cx.need(w);
         let passed = placements.iter().any(|devs| {
             devs.iter().any(|&d| {
-                (cx.s.devices[d].owners.contains(&w.team) && cx.usable(w, d, named))
-                    || (borrows && lent_to_me.contains(&d) && cx.usable(w, d, None))
+                (cx.s.devices[d].owners.contains(&w.team) && cx.usable_for(w, d, named, need))
+                    || (borrows && lent_to_me.contains(&d) && cx.usable_for(w, d, None, need))
             })
         });
+        let parts = if cx.plain(w) {
+            reasons
+                .entry((w.team.as_str(), w.gpus, w.borrow))
+                .or_insert_with(|| reason_parts(&cx, w, &still))
+                .clone()
+        } else {
+            reason_parts(&cx, w, &still)
+        };
         out.push(Decision::Wait {
             ticket: w.ticket,
             position: *pos,
             passed_over: w.passed_over + u32::from(passed),
-            reason: reason(&cx, w, &still, *pos),
+            reason: reason(parts, w, *pos),
         });
     }
     out
@@ -974,8 +1013,17 @@ fn reclaim(l: &Held, owner: &str, why: Why, grace: Duration) -> Decision {
     }
 }
 
-/// Why `w` waits: its own share, what comes back to it, what it could borrow, its place.
-fn reason(cx: &Cx<'_>, w: &Waiter, still: &HashSet<&str>, position: usize) -> String {
+/// Why `w` waits: `reason_parts`, then whether it goes first and its place.
+fn reason(mut parts: String, w: &Waiter, position: usize) -> String {
+    if starving(w) {
+        parts.push_str("; first in line (passed over often)");
+    }
+    format!("{parts}; you are {}", ordinal(position))
+}
+
+/// Why `w` waits, but for its place: its own share, what comes back to it, what it could
+/// borrow. The same for every [`Cx::plain`] request of one team, size and `--borrow`.
+fn reason_parts(cx: &Cx<'_>, w: &Waiter, still: &HashSet<&str>) -> String {
     let team = &w.team;
     let mut parts = Vec::new();
     let share = cx.share(team);
@@ -1063,11 +1111,7 @@ fn reason(cx: &Cx<'_>, w: &Waiter, still: &HashSet<&str>, position: usize) -> St
             });
         }
     }
-    let mut r = parts.join("; ");
-    if starving(w) {
-        r.push_str("; first in line (passed over often)");
-    }
-    format!("{r}; you are {}", ordinal(position))
+    parts.join("; ")
 }
 
 #[cfg(test)]
