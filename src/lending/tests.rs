@@ -1049,3 +1049,61 @@ fn an_owner_that_takes_a_loan_back_waits_for_it_and_borrows_nothing_else() {
         "{d:?}"
     );
 }
+
+#[test]
+fn requests_of_one_team_share_a_reason_only_where_nothing_is_theirs_alone() {
+    // Both of train's GPUs lent to interns; train's request 7 took back GPU-b, 8 takes back
+    // GPU-a now; 11 is 8's size and 9 and 12 ask for both GPUs; interns' 10 borrows.
+    let mut s = night();
+    s.leases.push(held(
+        "b-1.scope",
+        "interns",
+        &["GPU-a"],
+        10 * MIN,
+        Some("train"),
+    ));
+    s.leases.push(held(
+        "b-2.scope",
+        "interns",
+        &["GPU-b"],
+        20 * MIN,
+        Some("train"),
+    ));
+    s.devices[0].idle_since_ms = None;
+    s.devices[1].idle_since_ms = None;
+    s.reclaims.push(owner_7_takes_back_b2(s.now_ms));
+    let both = |t: Ticket, uid: u32| Waiter {
+        gpus: Some(Gpus::Count(2)),
+        ..waiter(t, "train", uid, false)
+    };
+    s.waiting = vec![
+        waiter(7, "train", 2000, false),
+        waiter(8, "train", 2001, false),
+        both(9, 2002),
+        waiter(10, "interns", 3000, true),
+        waiter(11, "train", 2003, false),
+        both(12, 2004),
+    ];
+    let w = waits(&decide(&s));
+    let of = |t: Ticket| w.iter().find(|x| x.0 == t).unwrap().3.clone();
+    let none = "no free device in train's share";
+    assert_eq!(
+        of(7),
+        format!("{none}; GPU-b comes back in 60 s at most; you are 1st")
+    );
+    assert_eq!(
+        of(8),
+        format!("{none}; a lent device is being taken back for it; you are 2nd")
+    );
+    assert_eq!(of(9), format!("{none}; you are 3rd"));
+    assert_eq!(
+        of(11),
+        format!("{none}; you are 4th"),
+        "8's size, nothing of 8's"
+    );
+    assert_eq!(of(12), format!("{none}; you are 5th"));
+    assert_eq!(
+        of(10),
+        "no free device in interns' share; train's own requests wait; you are 1st"
+    );
+}
