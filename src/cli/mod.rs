@@ -14,6 +14,7 @@ pub mod import;
 pub mod metrics;
 pub mod plan;
 pub mod report;
+pub mod requeue;
 pub mod run;
 pub mod shell;
 pub mod status;

@@ -17,6 +17,11 @@ pub struct RunArgs {
     /// Which of the share's devices.
     #[command(flatten)]
     pub place: PlaceArgs,
+    /// On a borrowed device: when its owner takes it back, run CMD again once a device is
+    /// free (queued like --wait, for its DURATION, else without limit). gpuctl then stays as
+    /// CMD's parent instead of replacing itself.
+    #[arg(long)]
+    pub requeue: bool,
     /// The command and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -27,7 +32,8 @@ const RUN_HELP: &str = concat!(
 (CUDA_VISIBLE_DEVICES, NVIDIA_VISIBLE_DEVICES, MPS directories, GPUCTL_TEAM, GPUCTL_CDI_DEVICE: \
 the CDI name of the placed device for `podman run --device`; inherited CUDA_*, \
 NVIDIA_* and GPUCTL_* are dropped). gpuctl replaces itself with CMD, so CMD keeps the terminal, \
-stdin and signals, and its exit status is gpuctl's.\n\n",
+stdin and signals, and its exit status is gpuctl's (with --requeue gpuctl stays as CMD's parent, \
+with the same exit status).\n\n",
     exit_table!("CMD")
 );
 
@@ -61,6 +67,7 @@ pub fn parse_fast(argv: &[OsString]) -> Option<Fast> {
         "run" if rest.len() >= 2 && rest[0] == "--" => Some(Fast::Run(RunArgs {
             team: team.into(),
             place: PlaceArgs::default(),
+            requeue: false,
             command: rest[1..].to_vec(),
         })),
         _ => None,
@@ -81,8 +88,20 @@ pub fn run(args: &RunArgs) -> i32 {
     let Some((program, rest)) = args.command.split_first() else {
         return Failure::new(super::exit::UNREADABLE, "no command given").report();
     };
+    if args.requeue {
+        return super::requeue::supervise(&super::requeue::Job {
+            team: &args.team,
+            place: &args.place,
+            command: &args.command,
+        });
+    }
     match checked_team(&args.team).and_then(|team| join_team(&team, &args.place)) {
-        Ok(env) => exec_with(program, rest, &env),
+        Ok(env) => {
+            if let Some(scope) = env.get("GPUCTL_SCOPE") {
+                super::requeue::report_scope(scope);
+            }
+            exec_with(program, rest, &env)
+        }
         Err(f) => f.report(),
     }
 }

@@ -9,7 +9,8 @@
 # the borrower on time, not early. A lend window that closes takes a loan back. A reconcile after
 # a restart leaves the loans slice as it is; it follows a lender that gives its GPU up and goes
 # when nobody lends. A team named "loans" is refused with its file:line. The borrower reads the
-# reclaim in `gpuctl events`; the owner's member does not.
+# reclaim in `gpuctl events`; the owner's member does not. A `--requeue` borrower whose loan the
+# window takes back is queued again and runs on its own team's GPU once that frees.
 # vmtest: timeout=420
 # vmtest: group=daemon
 . lib/common.sh
@@ -62,14 +63,18 @@ chmod 777 "$d"
 GRACE=8
 # shellcheck disable=SC2317 # called through wait_for
 gone() { ! systemctl is-active -q "$1"; }
-# borrower N: bob's --borrow job, recording its devices, its lender, what it opens, and when it
-# gets SIGTERM, which it ignores (a job that does not stop by itself).
+# borrower N [OPTION...]: bob's --borrow job, recording its devices, its lender, what it opens,
+# and when it gets SIGTERM, which it ignores (a job that does not stop by itself); gpuctl's exit
+# status goes to bN.rc.
 borrower() {
-    as bob "gpuctl run --team interns --borrow -- bash -c 'trap \"date +%s.%N >$d/term$1\" TERM; \
-        echo \$CUDA_VISIBLE_DEVICES >$d/b$1.env; echo \$GPUCTL_BORROWED_FROM >$d/b$1.from; \
-        (exec 3<>/dev/nvidia1) 2>$d/b$1.open1; (exec 3<>/dev/nvidia0) 2>$d/b$1.open0; \
-        echo \$GPUCTL_SCOPE >$d/b$1.scope; while :; do sleep 0.2; done'" >"$d/b$1.out" 2>&1 &
-    wait_for 30 test -s "$d/b$1.scope"
+    local n=$1
+    shift
+    { as bob "gpuctl run --team interns --borrow $* -- bash -c 'trap \"date +%s.%N >$d/term$n\" TERM; \
+        echo \$CUDA_VISIBLE_DEVICES >$d/b$n.env; echo \$GPUCTL_BORROWED_FROM >$d/b$n.from; \
+        (exec 3<>/dev/nvidia1) 2>$d/b$n.open1; (exec 3<>/dev/nvidia0) 2>$d/b$n.open0; \
+        echo \$GPUCTL_SCOPE >$d/b$n.scope; while :; do sleep 0.2; done'" >"$d/b$n.out" 2>&1
+        echo $? >"$d/b$n.rc"; } &
+    wait_for 30 test -s "$d/b$n.scope"
 }
 # Interns' own GPU is busy.
 as bob "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/own.env; echo \$GPUCTL_SCOPE >$d/own.scope; exec sleep 900'" >/dev/null 2>&1 &
@@ -149,7 +154,8 @@ lending_policy "$LEND
 when = [\"Mon..Sun\"]" interns train | put_policy 69-lending.toml
 reload_wait
 sleep 2
-borrower 3
+# This one with --requeue: taken back, it runs again when a device frees.
+borrower 3 --requeue
 bscope=$(cat "$d/b3.scope")
 check "inside its window train lends" test "$(cat "$d/b3.from")" = train
 lending_policy "$LEND
@@ -160,7 +166,25 @@ check "the window closing sends the borrower SIGTERM" test -s "$d/term3"
 wait_for $((GRACE + 10)) gone "$bscope"
 check "... and stops it after the grace" gone "$bscope"
 check "the journal says why" journal_has "lending window closed"
+# --requeue: queued again, and placed when interns' own GPU frees (nothing is lent now).
+wait_for 20 grep -q 'queued again' "$d/b3.out"
+sed 's/^/    b3| /' "$d/b3.out"
+check "bob's --requeue job says its loan was taken back and it is queued again" \
+    grep -q "^gpuctl: the lent device of $bscope was taken back by its owner; queued again (--requeue)$" "$d/b3.out"
+check "... and waits in interns' queue" wait_for 20 sh -c "gpuctl status | grep -q '^  interns #1: bob'"
+rm -f "$d/b3.scope" "$d/b3.env" "$d/b3.from"
 systemctl kill -s KILL "$(cat "$d/own.scope")"
+wait_for 30 test -s "$d/b3.scope"
+check "... and runs again on interns' own GPU once it frees" \
+    test "$(cat "$d/b3.env" 2>&1)" = "$(cat "$d/own.env")"
+check "... as interns' own job, not a loan" test -z "$(cat "$d/b3.from" 2>&1)"
+check "... in a new scope" test "$(cat "$d/b3.scope")" != "$bscope"
+# Its end now is its own (killed, not taken back): gpuctl ends with the command's status.
+systemctl kill -s KILL "$(cat "$d/b3.scope")"
+wait_for 20 test -s "$d/b3.rc"
+check "a round not taken back ends gpuctl --requeue with the command's status (137)" \
+    test "$(cat "$d/b3.rc" 2>&1)" = 137
+check "... queued again only once" test "$(grep -c 'queued again' "$d/b3.out")" = 1
 lending_policy "$LEND" interns train | put_policy 69-lending.toml
 reload_wait
 

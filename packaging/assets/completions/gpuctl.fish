@@ -85,6 +85,7 @@ complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l gpu-memory -d 'Cap
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l wait -d 'When no device is free, wait in gpuctld\'s queue (round-robin across users) for at most DURATION (e.g. 10m), or without a limit when none is given' -r
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l root -d 'Resolve every host path (policy directories, /run, /var/lib, /dev, /proc) under DIR' -r -F
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l borrow -d 'When the team\'s own share has no free device, run on a device another team lends (its `[teams.NAME.lend]`); the job is preemptible: it gets a notice, SIGTERM and the lender\'s grace when the owner wants the device back. Default: the team\'s `borrow`'
+complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -l requeue -d 'On a borrowed device: when its owner takes it back, run CMD again once a device is free (queued like --wait, for its DURATION, else without limit). gpuctl then stays as CMD\'s parent instead of replacing itself'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand run" -s V -l version -d 'Print version'
 complete -c gpuctl -n "__fish_gpuctl_using_subcommand env" -s t -l team -d 'The team' -r
