@@ -96,10 +96,11 @@ class GpuctlSpawner(SystemdSpawner):
 
     async def get_options_form(self):
         teams = await self.user_teams()
-        # One team (or none, which start() handles): nothing to choose, spawn at once.
-        if len(teams) < 2:
-            return ""
         last = (self.user_options or {}).get("team")
+        # One team (or none, which start() handles): nothing to choose, spawn at once. Unless
+        # the hub would reuse a last choice that is no longer the user's: then pick again.
+        if len(teams) < 2 and (last is None or last in teams):
+            return ""
         choices = "\n".join(
             '<option value="{0}"{1}>{0}</option>'.format(
                 html.escape(t), " selected" if t == last else ""
