@@ -9,7 +9,8 @@
 # only, and it opens its own cap nodes and not train's GPU. A team she is not in is refused,
 # naming hers; bob (no team) is refused (the default) and no unit starts. The idle rule stops
 # her GPU-idle server, the hub reports it stopped and the lease is gone; her next spawn gets a
-# device again, and stopping it through the hub ends that lease.
+# device again, and stopping it through the hub ends that lease. Dropped from train, alice is not
+# spawned on a last choice that is no longer hers: her form offers infer alone.
 # vmtest: timeout=480
 # vmtest: group=fleet
 . lib/common.sh
@@ -24,7 +25,9 @@ cat >/etc/systemd/system/gpuctld.service.d/60-vmtest-idle.conf <<'EOF'
 Environment=GPUCTL_IDLE_INTERVAL_MS=2000 GPUCTL_USAGE_INTERVAL_MS=500
 EOF
 systemctl daemon-reload
-put_policy 83-jupyterhub.toml <<'P'
+# policy TRAIN_MEMBERS: the policy, train's members as given.
+policy() {
+    cat <<P
 version = 1
 [teams.infer]
 members = ["@ml-infer"]
@@ -33,7 +36,7 @@ after = "10s"
 action = "stop"
 grace = "5s"
 [teams.train]
-members = ["alice", "carol"]
+members = [$1]
 # Not alice's: the form and the refusal list her teams, not all of them.
 [teams.research]
 members = ["carol"]
@@ -44,6 +47,8 @@ mig = [{ profile = "1g.10gb", owner = "infer", count = 2 }]
 index = [1]
 owner = "train"
 P
+}
+policy '"alice", "carol"' | put_policy 83-jupyterhub.toml
 gpuctld_start
 check "gpuctld converged" wait_converged 60 3 2
 
@@ -142,7 +147,10 @@ UNIT=jupyter-alice-singleuser.service
 # The spawn page alice sees after logging in (PAM, a password set here) offers her two teams
 # (infer through her group, train by name), as gpuctld lists them for her.
 echo 'alice:vmtest-83-pw' | chpasswd
-form=$(python3 - <<'PY'
+# alice_form: the teams alice's spawn page offers, comma-separated (empty: no form).
+alice_form() {
+    local form
+    form=$(python3 - <<'PY'
 import http.cookiejar, urllib.parse, urllib.request
 o = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
 base = "http://127.0.0.1:8000/hub/"
@@ -150,9 +158,10 @@ o.open(base + "login", urllib.parse.urlencode({"username": "alice", "password": 
 print(o.open(base + "spawn", timeout=60).read().decode())
 PY
 )
-grep -o '<select[^>]*name="team"[^>]*>\|<option [^>]*>[^<]*</option>' <<<"$form" | sed 's/^/    form| /'
-check "alice's spawn form offers exactly her teams, infer and train" \
-    test "$(grep -o '<option value="[^"]*"' <<<"$form" | cut -d'"' -f2 | paste -sd, -)" = infer,train
+    grep -o '<select[^>]*name="team"[^>]*>\|<option [^>]*>[^<]*</option>' <<<"$form" | sed 's/^/    form| /' >&2
+    grep -o '<option value="[^"]*"' <<<"$form" | cut -d'"' -f2 | paste -sd, -
+}
+check "alice's spawn form offers exactly her teams, infer and train" test "$(alice_form)" = infer,train
 
 r=$(api POST /users/alice/server '{"team": "infer"}')
 echo "    spawn alice/infer: $r"
@@ -216,6 +225,13 @@ r=$(api POST /users/alice/server '{"team": "ops"}')
 echo "    spawn alice/ops: $r"
 check "a team alice is not in is refused, naming hers" grep -q "may not use team 'ops'; yours: infer, train" <<<"$r"
 check_not "and no server unit started" systemctl is-active -q "$UNIT"
+
+# The hub keeps her last choice (ops) for a spawn that names none. With one team left (train
+# drops her), that stale choice is not reused: she gets the form again, offering infer alone.
+policy '"carol"' | put_policy 83-jupyterhub.toml
+reload_wait
+check "with one team left and a stale last choice, alice's form offers infer alone" \
+    test "$(alice_form)" = infer
 
 systemctl stop jupyterhub.service
 systemctl stop 'jupyter-*' 2>/dev/null || true
