@@ -88,6 +88,7 @@ pub fn report_scope(scope: &str) {
 
 /// The child of the round now running, for the signal handler (0: none).
 static CHILD: AtomicI32 = AtomicI32::new(0);
+/// The stop signal sent to this parent, if any (0: none): no round after it.
 static TERMINATED: AtomicI32 = AtomicI32::new(0);
 
 extern "C" fn forward(sig: nix::libc::c_int) {

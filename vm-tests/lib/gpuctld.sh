@@ -6,6 +6,7 @@
 #                           through the fake NVML, the fake MPS control daemon, /etc/gpuctl/policy.d
 #   gpu_uuid I              the UUID the fake NVML reports for GPU I
 #   put_policy NAME <TEXT   drop a policy file into /etc/gpuctl/policy.d atomically (rename)
+#   idle_sampling_fast      gpuctld samples idleness every 2 s (a drop-in; before gpuctld_start)
 #   gpuctld_start           (re)start gpuctld and wait for READY=1
 #   reload_wait             SIGHUP, then wait until a reconcile that started after it finished
 #   status_text             gpuctld's StatusText
@@ -160,6 +161,16 @@ probe() {
         "") echo OK ;;
         *) echo "other: $out" ;;
     esac
+}
+
+# Usage every 0.5 s too: idle rules with windows of seconds act on time.
+idle_sampling_fast() {
+    mkdir -p /etc/systemd/system/gpuctld.service.d
+    cat >/etc/systemd/system/gpuctld.service.d/60-vmtest-idle.conf <<'EOF'
+[Service]
+Environment=GPUCTL_IDLE_INTERVAL_MS=2000 GPUCTL_USAGE_INTERVAL_MS=500
+EOF
+    systemctl daemon-reload
 }
 
 put_policy() {

@@ -14,13 +14,8 @@ gpuctld_setup 3
 # GPU 2 is an L40S (no MIG): the fake NVML's state names each GPU's model.
 jq '.gpus[2].model = "L40S"' "$FAKE_NVML_STATE" >"$FAKE_NVML_STATE.new" && mv "$FAKE_NVML_STATE.new" "$FAKE_NVML_STATE"
 test_users
-mkdir -p /etc/systemd/system/gpuctld.service.d
 # Short idle windows, so that the tour can show a warning within seconds.
-cat >/etc/systemd/system/gpuctld.service.d/60-vmtest-idle.conf <<'EOF'
-[Service]
-Environment=GPUCTL_IDLE_INTERVAL_MS=2000 GPUCTL_USAGE_INTERVAL_MS=500
-EOF
-systemctl daemon-reload
+idle_sampling_fast
 tour_policy() {
     put_policy 50-tour.toml <<P
 # The tour's policy: infer and train share GPU 0 in MIG halves; train also has GPU 1 whole

@@ -19,12 +19,7 @@
 
 gpuctld_setup 4
 test_users
-mkdir -p /etc/systemd/system/gpuctld.service.d
-cat >/etc/systemd/system/gpuctld.service.d/60-vmtest-idle.conf <<'EOF'
-[Service]
-Environment=GPUCTL_IDLE_INTERVAL_MS=2000 GPUCTL_USAGE_INTERVAL_MS=500
-EOF
-systemctl daemon-reload
+idle_sampling_fast
 put_policy 88-idle.toml <<'P'
 version = 1
 [teams.research]
