@@ -508,7 +508,6 @@ impl<'a> Cx<'a> {
         }
     }
 
-    /// Whether `d` could be one of `w`'s devices (shape only).
     /// Whether `w` is a request whose reason depends on its team, size and `--borrow` alone:
     /// no `--device`, nothing kept or taken back for its ticket (what else the reason reads
     /// is the team's).
@@ -522,6 +521,7 @@ impl<'a> Cx<'a> {
                 .any(|r| r.why == Why::Owner(w.ticket))
     }
 
+    /// Whether `d` could be one of `w`'s devices (shape only).
     fn usable(&self, w: &Waiter, d: usize, named: Option<usize>) -> bool {
         self.usable_for(w, d, named, self.need(w))
     }
