@@ -10,9 +10,10 @@
 # naming hers; bob (no team) is refused (the default) and no unit starts. The idle rule stops
 # her GPU-idle server, the hub reports it stopped and the lease is gone; her next spawn gets a
 # device again, and stopping it through the hub ends that lease. Dropped from train, alice is not
-# spawned on a last choice that is no longer hers: her form offers infer alone.
+# spawned on a last choice that is no longer hers: her form offers infer alone. With no_team =
+# "cpu", bob gets a server outside every share, CUDA_VISIBLE_DEVICES empty, no lease.
 # vmtest: timeout=480
-# vmtest: group=fleet
+# vmtest: group=usage
 . lib/common.sh
 . lib/fake-hw.sh
 . lib/gpuctld.sh
@@ -227,6 +228,25 @@ policy '"carol"' | put_policy 83-jupyterhub.toml
 reload_wait
 check "with one team left and a stale last choice, alice's form offers infer alone" \
     test "$(alice_form)" = infer
+
+# The other policy for a user in no team: a CPU-only server, outside every share.
+echo 'c.GpuctlSpawner.no_team = "cpu"' >>/etc/jupyterhub/jupyterhub_config.py
+systemctl restart jupyterhub.service
+check "the hub is back with no_team = cpu" wait_for 120 hub_up
+r=$(api POST /users/bob/server)
+echo "    spawn bob, no_team = cpu: $r"
+check "bob's spawn is taken now" grep -Eq '^20[12] ' <<<"$r"
+check "his server becomes ready" wait_for 240 ready bob
+BUNIT=jupyter-bob-singleuser.service
+BPID=$(systemctl show -P MainPID "$BUNIT")
+echo "    bob's server: pid $BPID, slice $(systemctl show -P Slice "$BUNIT"), cgroup $(cat "/proc/$BPID/cgroup")"
+check "it runs outside every team's slice" \
+    sh -c "! grep -q '/gpu.slice/' /proc/$BPID/cgroup && test '$(systemctl show -P Slice "$BUNIT")' = system.slice"
+check "its environment sets CUDA_VISIBLE_DEVICES empty" \
+    sh -c "tr '\\0' '\\n' </proc/$BPID/environ | grep -qx 'CUDA_VISIBLE_DEVICES='"
+check "and no lease is bob's" no_lease ': bob '
+api DELETE /users/bob/server >/dev/null
+check "stopping it through the hub stops it" wait_for 60 stopped bob
 
 systemctl stop jupyterhub.service
 systemctl stop 'jupyter-*' 2>/dev/null || true
