@@ -76,6 +76,29 @@ fn night() -> Snapshot {
     }
 }
 
+/// [`night`] with both of train's GPUs lent to interns: `b-1.scope` on GPU-a (started at 10
+/// minutes), `b-2.scope` on GPU-b (at 20).
+fn both_lent() -> Snapshot {
+    let mut s = night();
+    s.leases.push(held(
+        "b-1.scope",
+        "interns",
+        &["GPU-a"],
+        10 * MIN,
+        Some("train"),
+    ));
+    s.leases.push(held(
+        "b-2.scope",
+        "interns",
+        &["GPU-b"],
+        20 * MIN,
+        Some("train"),
+    ));
+    s.devices[0].idle_since_ms = None;
+    s.devices[1].idle_since_ms = None;
+    s
+}
+
 /// Train's request 7 took back interns' loan `b-2.scope` of GPU-b at `at`, with a 60 s grace.
 fn owner_7_takes_back_b2(at: u64) -> Reclaiming {
     Reclaiming {
@@ -232,23 +255,7 @@ fn foreign_memory_makes_an_own_device_busy_with_that_reason() {
 
 #[test]
 fn an_owner_takes_back_the_latest_loan_and_the_borrower_stops_only_after_grace() {
-    let mut s = night();
-    s.leases.push(held(
-        "b-1.scope",
-        "interns",
-        &["GPU-a"],
-        10 * MIN,
-        Some("train"),
-    ));
-    s.leases.push(held(
-        "b-2.scope",
-        "interns",
-        &["GPU-b"],
-        20 * MIN,
-        Some("train"),
-    ));
-    s.devices[0].idle_since_ms = None;
-    s.devices[1].idle_since_ms = None;
+    let mut s = both_lent();
     s.waiting = vec![waiter(7, "train", 2000, false)];
     let d = decide(&s);
     assert_eq!(
@@ -1054,23 +1061,7 @@ fn an_owner_that_takes_a_loan_back_waits_for_it_and_borrows_nothing_else() {
 fn requests_of_one_team_share_a_reason_only_where_nothing_is_theirs_alone() {
     // Both of train's GPUs lent to interns; train's request 7 took back GPU-b, 8 takes back
     // GPU-a now; 11 is 8's size and 9 and 12 ask for both GPUs; interns' 10 borrows.
-    let mut s = night();
-    s.leases.push(held(
-        "b-1.scope",
-        "interns",
-        &["GPU-a"],
-        10 * MIN,
-        Some("train"),
-    ));
-    s.leases.push(held(
-        "b-2.scope",
-        "interns",
-        &["GPU-b"],
-        20 * MIN,
-        Some("train"),
-    ));
-    s.devices[0].idle_since_ms = None;
-    s.devices[1].idle_since_ms = None;
+    let mut s = both_lent();
     s.reclaims.push(owner_7_takes_back_b2(s.now_ms));
     let both = |t: Ticket, uid: u32| Waiter {
         gpus: Some(Gpus::Count(2)),
