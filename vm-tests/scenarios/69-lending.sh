@@ -65,11 +65,12 @@ GRACE=8
 gone() { ! systemctl is-active -q "$1"; }
 # borrower N [OPTION...]: bob's --borrow job, recording its devices, its lender, what it opens,
 # and when it gets SIGTERM, which it ignores (a job that does not stop by itself); gpuctl's exit
-# status goes to bN.rc.
+# status goes to bN.rc. The trap forks nothing: systemd's SIGTERM reaches every new process of
+# the scope, and a forked `date` would die before it wrote.
 borrower() {
     local n=$1
     shift
-    { as bob "gpuctl run --team interns --borrow $* -- bash -c 'trap \"date +%s.%N >$d/term$n\" TERM; \
+    { as bob "gpuctl run --team interns --borrow $* -- bash -c 'trap \"echo \\\$EPOCHREALTIME >$d/term$n\" TERM; \
         echo \$CUDA_VISIBLE_DEVICES >$d/b$n.env; echo \$GPUCTL_BORROWED_FROM >$d/b$n.from; \
         (exec 3<>/dev/nvidia1) 2>$d/b$n.open1; (exec 3<>/dev/nvidia0) 2>$d/b$n.open0; \
         echo \$GPUCTL_SCOPE >$d/b$n.scope; while :; do sleep 0.2; done'" >"$d/b$n.out" 2>&1
