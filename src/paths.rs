@@ -52,6 +52,9 @@ pub const HEALTH_REGISTRY: &str = "/run/gpuctl/health.json";
 /// gpuctld restart keeps each reclaim's notice time, so a borrower's grace neither restarts
 /// nor is cut short.
 pub const RECLAIM_DIR: &str = "/run/gpuctl/reclaims";
+/// The layout gpuctld switched each re-sliced GPU to, since when and why
+/// ([`crate::reslice::state`]); not kept over a reboot, which ends every MIG instance anyway.
+pub const LAYOUTS: &str = "/run/gpuctl/layouts.json";
 /// Where the NVIDIA driver lists MIG capability minors.
 pub const MIG_MINORS: &str = "/proc/driver/nvidia-caps/mig-minors";
 

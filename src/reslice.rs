@@ -463,5 +463,7 @@ impl std::fmt::Display for Switch {
     }
 }
 
+pub mod state;
+
 #[cfg(test)]
 mod tests;

@@ -187,6 +187,7 @@ fn full_snapshot() -> Snapshot {
     c.lent("interns", "train");
     c.reclaim("interns", "train", "owner");
     c.overran("interns", "train");
+    c.resliced(1, "night", "waiting");
     Snapshot {
         usage,
         teams: [(

@@ -1,6 +1,6 @@
 //! `[[gpu.layout]]` and `[gpu.reslice]`: the layouts a GPU may take besides its entry's own use.
-//! Good ones become `GpuAssignment::layouts` (with the warning that gpuctld does not switch
-//! yet); every layout is checked as the entry is, with `file:line:col` errors at its keys.
+//! Good ones become `GpuAssignment::layouts`; every layout is checked as the entry is, with
+//! `file:line:col` errors at its keys.
 
 mod common;
 
@@ -27,14 +27,7 @@ fn layouts_parse_with_their_windows_and_the_default_times() {
          [gpu.reslice]\nhold = \"1h\"\n"
     ));
     let p = p.unwrap_or_else(|| panic!("{d:?}"));
-    assert_eq!(
-        d,
-        vec![
-            "p.toml:8:1: warning: gpu[0].layout: gpuctld does not switch layouts yet: these GPUs \
-             keep the entry's own (default) layout; the other layouts are checked and shown by \
-             `gpuctl plan` (docs/policy.md, \"Layouts a GPU may take\")"
-        ]
-    );
+    assert!(d.is_empty(), "{d:?}");
     let ls = p.gpus[0].layouts.clone().unwrap();
     assert_eq!(ls.after, DEFAULT_RESLICE_AFTER);
     assert_eq!(ls.hold, Duration::from_secs(3600));
@@ -138,7 +131,7 @@ fn plan_lists_each_gpus_layouts_and_says_they_are_not_switched_yet() {
     let obs = gpuctl::sim::build("h100-80gb*2").unwrap();
     assert_eq!(
         gpuctl::cli::plan::render_layouts(&p, &obs),
-        "\nLayouts (not switched by gpuctld yet: each GPU keeps its default, planned above)\n  \
+        "\nLayouts (gpuctld switches each GPU among its entry's; `gpuctl status` shows which it has)\n  \
          gpu[0] (gpu 1): reslice after 600 s, hold 1800 s\n    \
          default: MIG 7x1g.10gb → interns\n    \
          night: MIG 2x3g.40gb → train · preferred Mon..Fri 20:00..08:00\n    \

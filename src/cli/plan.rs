@@ -287,14 +287,14 @@ pub fn run_plan(cli: &Cli, a: &PlanArgs) -> anyhow::Result<i32> {
 }
 
 /// The layouts each GPU's entry allows (`[[gpu.layout]]`), after the plan; nothing when no
-/// entry has any. gpuctld does not switch yet, so the plan above is the default layout's.
+/// entry has any. gpuctld switches among them (`gpuctl status` shows each GPU's now).
 pub fn render_layouts(p: &Policy, obs: &Observed) -> String {
     let mut out = String::new();
     for a in &p.gpus {
         let Some(ls) = &a.layouts else { continue };
         if out.is_empty() {
             out.push_str(
-                "\nLayouts (not switched by gpuctld yet: each GPU keeps its default, planned above)\n",
+                "\nLayouts (gpuctld switches each GPU among its entry's; `gpuctl status` shows which it has)\n",
             );
         }
         let gpus: Vec<String> = obs

@@ -108,6 +108,18 @@ pub fn render(s: &StatusReply) -> String {
                 d.device, d.since, d.by, d.reason
             ));
         }
+        if let Some(l) = &g.layout {
+            match (&l.since, &l.reason) {
+                (Some(t), Some(why)) => o.push_str(&format!(
+                    "    layout {} since {} (unix): {why}\n",
+                    l.name, t
+                )),
+                _ => o.push_str(&format!(
+                    "    layout {} (not switched since boot)\n",
+                    l.name
+                )),
+            }
+        }
     }
     o
 }

@@ -437,7 +437,7 @@ impl Looper {
             sh.cycle_started_us = unix_now_us();
         }
         let started = std::time::Instant::now();
-        let policy = self.load_guarded().await;
+        let policy = self.load_guarded().await.map(|p| self.in_force(&p));
         debug!(
             gpuctl_action = "reconcile-timing",
             "policy loaded in {:.1} ms",
@@ -506,8 +506,16 @@ impl Looper {
         report
     }
 
+    /// `p` with the layouts gpuctld switched GPUs to ([`crate::reslice::state`]): the policy
+    /// every reconcile, placement and status works from.
+    fn in_force(&self, p: &Policy) -> Policy {
+        let p = crate::reslice::state::InForce::read(&self.root).apply(p);
+        lock(&self.shared).policy = Some(p.clone());
+        p
+    }
+
     async fn plan(&mut self) -> ReconcileReport {
-        let Some(p) = self.load_guarded().await else {
+        let Some(p) = self.load_guarded().await.map(|p| self.in_force(&p)) else {
             return ReconcileReport {
                 errors: vec!["no valid policy".into()],
                 ..Default::default()
@@ -791,12 +799,14 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         health_rx,
     ));
     let loans_seen = Arc::new(tokio::sync::Notify::new());
+    let reslice_seen = Arc::new(tokio::sync::Notify::new());
     crate::dbus_api::serve(
         &conn,
         backend,
         sd.clone(),
         opts.root.clone(),
         loans_seen.clone(),
+        reslice_seen.clone(),
     )
     .await
     .map_err(|source| DaemonError::Serve { source })?;
@@ -860,7 +870,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         last_good: None,
         last_saved: None,
         conn,
-        policy_seen: vec![policy_seen, loans_seen],
+        policy_seen: vec![policy_seen, loans_seen, reslice_seen],
         health: health_side,
         tx: tx.clone(),
     };

@@ -66,6 +66,7 @@ pub mod loans;
 pub mod place;
 pub mod queue;
 pub mod reply;
+pub mod reslice;
 mod trigger;
 pub mod usage;
 pub mod wire;
@@ -617,6 +618,7 @@ pub async fn serve(
     sd: Systemd,
     root: Root,
     policy_seen: Arc<tokio::sync::Notify>,
+    reslice_seen: Arc<tokio::sync::Notify>,
 ) -> zbus::Result<()> {
     // Subscribed before the name is taken, so no placement can miss its job's signal.
     let jobs = JobWaiter::spawn(&sd).await?;
@@ -640,6 +642,13 @@ pub async fn serve(
         root.clone(),
         (placing.clone(), queue.clone(), queue_changed.clone()),
         policy_seen,
+    ));
+    tokio::spawn(reslice_loop(
+        backend.clone(),
+        sd.clone(),
+        root.clone(),
+        (placing.clone(), queue.clone(), queue_changed.clone()),
+        reslice_seen,
     ));
     tokio::spawn(events::signals(conn.clone()));
     let reads = Limits::reads_from_env().unwrap_or_else(|e| {
@@ -709,6 +718,35 @@ async fn loans_loop(
     }
 }
 
+/// gpuctld's re-slice tick ([`reslice::tick`]) until the runtime ends; asleep while no entry
+/// allows other layouts.
+async fn reslice_loop(
+    backend: Arc<dyn Backend>,
+    sd: Systemd,
+    root: Root,
+    (placing, queue, queue_changed): PlaceState,
+    policy_seen: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        let cx = loans::Cx {
+            backend: &*backend,
+            sd: &sd,
+            root: &root,
+            placing: &placing,
+            queue: &queue,
+            queue_changed: &queue_changed,
+        };
+        match backend.policy().ok().filter(reslice::wanted) {
+            Some(policy) => {
+                let u = usage::usage(&*backend, &root).await.ok();
+                reslice::tick(&cx, &policy, u.as_ref()).await;
+                tokio::time::sleep(reslice::TICK).await;
+            }
+            None => policy_seen.notified().await,
+        }
+    }
+}
+
 /// A GPU's MIG state in `Status` words (`on, 3 instance(s)`), `None` without MIG. A GPU the
 /// policy holds in MIG mode for no team (`mig = []`) says so: its empty team list is meant.
 fn mig_words(g: &crate::observe::GpuState, policy: Option<&Policy>) -> Option<String> {
@@ -752,10 +790,12 @@ pub fn gpu_statuses(
     view: &reply::HostView,
     policy: Option<&Policy>,
     out: &std::collections::BTreeMap<String, crate::health::OutOfService>,
+    layouts: &crate::reslice::state::InForce,
 ) -> Vec<GpuStatus> {
     view.gpus
         .iter()
         .map(|g| GpuStatus {
+            layout: policy.and_then(|p| layout_status(p, g, layouts)),
             out_of_service: std::iter::once(g.uuid.as_str())
                 .chain(
                     g.mig
@@ -792,6 +832,25 @@ pub fn gpu_statuses(
         .collect()
 }
 
+/// The layout `g` has among those its entry allows; `None` when the entry allows one.
+fn layout_status(
+    p: &Policy,
+    g: &crate::observe::GpuState,
+    layouts: &crate::reslice::state::InForce,
+) -> Option<reply::v1::LayoutStatus> {
+    let entry = p.gpus.iter().find(|a| a.selector.matches(g))?;
+    entry.layouts.as_ref()?;
+    let name = p
+        .layout_in_force(entry, g.index)
+        .map_or(crate::policy::DEFAULT_LAYOUT, |l| &l.name);
+    let chosen = layouts.gpus.get(&g.index).filter(|c| c.layout == name);
+    Some(reply::v1::LayoutStatus {
+        name: name.to_string(),
+        since: chosen.map(|c| c.since_ms / 1000),
+        reason: chosen.map(|c| c.reason.clone()),
+    })
+}
+
 /// What `Status` reads live from systemd, apart from the reply built from it
 /// ([`status_reply`]), so that building it is a function of values.
 #[derive(Debug, Clone, Default)]
@@ -812,6 +871,8 @@ pub struct LiveStatus {
     pub leases: Vec<crate::placement::Lease>,
     /// The devices out of service, by UUID.
     pub out_of_service: std::collections::BTreeMap<String, crate::health::OutOfService>,
+    /// The layouts gpuctld switched GPUs to.
+    pub layouts: crate::reslice::state::InForce,
 }
 
 /// Read what `Status` shows live: the slices and MPS units of the policy's teams in the last
@@ -835,6 +896,7 @@ pub async fn live_status(sh: &AgentState, sd: &Systemd, root: &Root) -> LiveStat
     }
     live.leases = place::leases(sd, root).await.unwrap_or_default();
     live.out_of_service = health::out_of_service();
+    live.layouts = crate::reslice::state::InForce::read(root);
     live
 }
 
@@ -901,7 +963,7 @@ pub fn status_reply(sh: AgentState, live: &LiveStatus) -> StatusReply {
         }
     }
     let gpus = view
-        .map(|v| gpu_statuses(v, sh.policy.as_ref(), &live.out_of_service))
+        .map(|v| gpu_statuses(v, sh.policy.as_ref(), &live.out_of_service, &live.layouts))
         .unwrap_or_default();
     StatusReply {
         leases: live
@@ -993,7 +1055,7 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let st = gpu_statuses(&view, None, &out);
+        let st = gpu_statuses(&view, None, &out, &Default::default());
         let marks: Vec<Vec<(&str, &str)>> = st
             .iter()
             .map(|g| {

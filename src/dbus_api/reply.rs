@@ -419,6 +419,22 @@ pub struct GpuStatus {
     /// The GPU, or MIG devices of it, out of service (docs/health.md); absent when none is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub out_of_service: Vec<DeviceOutStatus>,
+    /// The layout it has now, where its `[[gpu]]` entry allows several; absent otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layout: Option<LayoutStatus>,
+}
+
+/// A GPU's layout among those its entry allows (`Status`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayoutStatus {
+    /// Its name (`default`: the entry's own use).
+    pub name: String,
+    /// When gpuctld switched to it, Unix seconds; absent: not switched since boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since: Option<u64>,
+    /// Why gpuctld chose it; absent: not switched since boot.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 /// A device that takes no new work, and why (`Status`).
@@ -732,7 +748,7 @@ pub mod v1 {
     pub const VERSION: u32 = 1;
 
     // `Status`.
-    pub use super::{DeviceOutStatus, GpuRef, GpuStatus, LastReconcile, MigInstance};
+    pub use super::{DeviceOutStatus, GpuRef, GpuStatus, LastReconcile, LayoutStatus, MigInstance};
     pub use super::{LeaseStatus, QueuedRequest, StatusReply, TeamStatus};
     pub use super::{MpsUnitStatus, SliceStatus};
     // `Plan`, `Apply`, `Reload`.

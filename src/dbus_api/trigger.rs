@@ -44,6 +44,8 @@ pub enum Trigger {
     Recheck,
     /// A device went out of service or came back: the team env files follow.
     Health,
+    /// gpuctld switched these GPUs to other allowed layouts.
+    Reslice(Vec<u32>),
 }
 
 impl fmt::Display for Trigger {
@@ -71,6 +73,14 @@ impl fmt::Display for Trigger {
             Trigger::Retry { attempt } => write!(f, "retry {attempt} after transient errors"),
             Trigger::Recheck => f.write_str("re-check of changes waiting for holders"),
             Trigger::Health => f.write_str("a device went out of service or came back"),
+            Trigger::Reslice(gpus) => write!(
+                f,
+                "re-slice of GPU {}",
+                gpus.iter()
+                    .map(u32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         }
     }
 }

@@ -75,6 +75,7 @@ fn policy() -> Policy {
         gpus: vec![],
         sources: vec![],
         slurm: Default::default(),
+        layouts_in_force: Default::default(),
     }
 }
 

@@ -57,6 +57,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_loans_total",
     "gpuctl_loan_reclaims_total",
     "gpuctl_loan_reclaim_overruns_total",
+    "gpuctl_gpu_reslices_total",
     "gpuctl_idle_holder",
     "gpuctl_idle_seconds",
     "gpuctl_idle_activity_unknown",
@@ -88,6 +89,8 @@ pub struct Counters {
     pub reclaims: Family<Labels, Counter>,
     /// Borrowed jobs still running when their grace ran out (stopped by gpuctld).
     pub reclaim_overruns: Family<Labels, Counter>,
+    /// GPUs switched to another allowed layout, by GPU, layout and cause.
+    pub reslices: Family<Labels, Counter>,
 }
 
 /// gpuctld's counters (one set per process).
@@ -102,6 +105,7 @@ pub fn counters() -> &'static Counters {
         loans: Family::default(),
         reclaims: Family::default(),
         reclaim_overruns: Family::default(),
+        reslices: Family::default(),
     })
 }
 
@@ -139,6 +143,17 @@ impl Counters {
     pub fn overran(&self, team: &str, from: &str) {
         self.reclaim_overruns
             .get_or_create(&l(&[("team", team), ("from", from)]))
+            .inc();
+    }
+
+    /// GPU `gpu` switched to `layout` (`cause`: `waiting`, `calendar`).
+    pub fn resliced(&self, gpu: u32, layout: &str, cause: &str) {
+        self.reslices
+            .get_or_create(&l(&[
+                ("gpu", &gpu.to_string()),
+                ("layout", layout),
+                ("cause", cause),
+            ]))
             .inc();
     }
 }
@@ -457,6 +472,11 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
         "loan_reclaim_overruns",
         "Borrowed jobs still running when their grace ran out, stopped by gpuctld",
         c.reclaim_overruns.clone(),
+    );
+    r.register(
+        "gpu_reslices",
+        "GPUs switched to another allowed layout, by GPU, layout and cause",
+        c.reslices.clone(),
     );
     register_idle(&mut r, &s.idle);
     register_health(&mut r, &s.health);

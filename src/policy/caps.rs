@@ -196,6 +196,7 @@ mod tests {
             gpus: vec![],
             sources: vec![],
             slurm: Default::default(),
+            layouts_in_force: Default::default(),
         };
         assert_eq!(check_policy(&p), Ok(()));
         p.host.drain_timeout = std::time::Duration::from_secs(u64::MAX);

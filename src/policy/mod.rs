@@ -109,6 +109,10 @@ pub struct Policy {
     /// `[slurm]`: whether this host is a Slurm node, and how gpuctl keeps Slurm informed.
     #[serde(default)]
     pub slurm: SlurmSettings,
+    /// The layout each re-sliced GPU has now, by NVML index (gpuctld's choice, not the file's):
+    /// a name of its entry's `[[gpu.layout]]`; a GPU not named keeps the entry's own use.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub layouts_in_force: BTreeMap<u32, String>,
 }
 
 /// `[slurm]` (docs/slurm.md). Off by default: with `enabled = false` nothing Slurm-related runs.
@@ -411,7 +415,7 @@ pub struct GpuAssignment {
     /// Key path of the entry in its own file (`gpu[0]`).
     pub key: String,
     /// `[[gpu.layout]]` and `[gpu.reslice]`: other layouts the GPUs may take, besides `usage`
-    /// (the default). Validated and shown; gpuctld does not switch between them yet.
+    /// (the default); gpuctld picks one per GPU (`Policy::layouts_in_force`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub layouts: Option<Layouts>,
 }

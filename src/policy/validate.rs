@@ -104,6 +104,7 @@ pub fn build(fragments: &[Fragment], diags: &mut Vec<Diagnostic>) -> Policy {
         gpus: gpus.iter().filter_map(|g| to_assignment(g)).collect(),
         sources: fragments.iter().map(|f| f.file.clone()).collect(),
         slurm: to_slurm(&slurm),
+        layouts_in_force: BTreeMap::new(),
     }
 }
 
@@ -377,7 +378,7 @@ fn to_assignment(g: &GpuPart) -> Option<GpuAssignment> {
 }
 
 /// Every layout of `g` checked as the entry itself is (owners, MIG geometry); names unique;
-/// `reslice` only with layouts; and a warning that gpuctld does not switch yet.
+/// `reslice` only with layouts.
 fn check_layouts(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Vec<Diagnostic>) {
     if let (Some(r), true) = (&g.reslice, g.layouts.is_empty()) {
         diags.push(error(
@@ -410,16 +411,6 @@ fn check_layouts(g: &GpuPart, teams: &BTreeMap<String, TeamPart>, diags: &mut Ve
         if let UsagePart::Mig(m) = &l.usage {
             check_mig_static(&as_entry, m, diags);
         }
-    }
-    if let Some(first) = g.layouts.first() {
-        diags.push(warning(
-            &first.loc,
-            &format!("{}.layout", g.key),
-            "gpuctld does not switch layouts yet: these GPUs keep the entry's own (default) \
-             layout; the other layouts are checked and shown by `gpuctl plan`"
-                .into(),
-            Some("docs/policy.md, \"Layouts a GPU may take\"".into()),
-        ));
     }
 }
 
@@ -677,13 +668,32 @@ impl Selector {
 }
 
 impl Policy {
+    /// The other layout of `entry` that GPU `index` has now, if gpuctld switched it to one.
+    pub fn layout_in_force<'a>(
+        &'a self,
+        entry: &'a crate::policy::GpuAssignment,
+        index: u32,
+    ) -> Option<&'a crate::policy::Layout> {
+        let name = self.layouts_in_force.get(&index)?;
+        entry
+            .layouts
+            .as_ref()?
+            .other
+            .iter()
+            .find(|l| &l.name == name)
+    }
+
     /// What the policy wants for one observed GPU; `None` when no entry names it (the GPU is
     /// left untouched). Entries that are all `shared` merge their team lists in order. When
     /// several other entries claim the GPU (an error [`check_against_host`] reports), the first
     /// entry wins.
     pub fn usage_for(&self, gpu: &GpuState) -> Option<GpuUse> {
         let mut matching = self.gpus.iter().filter(|a| a.selector.matches(gpu));
-        let first = matching.next()?.usage.clone();
+        let entry = matching.next()?;
+        if let Some(l) = self.layout_in_force(entry, gpu.index) {
+            return Some(l.usage.clone());
+        }
+        let first = entry.usage.clone();
         let GpuUse::Shared(mut teams) = first else {
             return Some(first);
         };
@@ -1596,6 +1606,7 @@ mod tests {
             }],
             sources: vec![],
             slurm: Default::default(),
+            layouts_in_force: Default::default(),
         };
         let obs = host(vec![gpu(0, "H100-SXM5-80GB"), gpu(1, "H100-SXM5-80GB")]);
         let d = on_host(&p, &obs);

@@ -112,6 +112,7 @@ fn policy(team_types: bool, gpus: Vec<GpuAssignment>, teams: Vec<Team>) -> Polic
             team_types,
             ..Default::default()
         },
+        layouts_in_force: Default::default(),
     }
 }
 

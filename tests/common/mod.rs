@@ -48,6 +48,7 @@ pub fn policy(teams: Vec<Team>, gpus: Vec<GpuAssignment>, reconfigure: Reconfigu
         gpus,
         sources: vec![],
         slurm: Default::default(),
+        layouts_in_force: Default::default(),
     }
 }
 

@@ -153,7 +153,7 @@ finish() {
 vm_group_reset() {
     systemctl stop gpuctld.service 'gpuctl-mps@*.service' 'gpuctl-run-*.scope' gpu.slice
     rm -rf /etc/gpuctl/policy.d /run/gpuctl/policy.d /run/gpuctl/teams /run/gpuctl/mps \
-        /run/gpuctl/health.json
+        /run/gpuctl/health.json /run/gpuctl/layouts.json
     rm -f /run/cdi/gpuctl.io-team-*.json
     mkdir -p /etc/gpuctl/policy.d
     find /var/lib/gpuctl -mindepth 1 -maxdepth 1 ! -name '.preset-applied' -exec rm -rf {} +
