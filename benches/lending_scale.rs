@@ -97,6 +97,7 @@ fn snapshot() -> Snapshot {
                 mps: false,
                 idle_since_ms: idle,
                 foreign: None,
+                profile: None,
             });
         }
     }
@@ -110,6 +111,7 @@ fn snapshot() -> Snapshot {
                 uid,
                 gpus: None,
                 device: None,
+                profile: None,
                 borrow: n % 2 == 0,
                 passed_over: (n % 5) as u32,
             }
@@ -164,6 +166,7 @@ fn main() {
                     memory_used: None,
                     activity: None,
                     outside: None,
+                    profile: None,
                 })
                 .collect()
         })

@@ -13,6 +13,8 @@
 //!   with `--borrow` (or its team's `borrow = true`), and only devices idle (no lease, no
 //!   process) for the lender's `after`, inside its `when` windows, never MPS-shared or shared
 //!   between teams, one borrowing job per device: never two teams on one device;
+//! - a request for a MIG profile (`--profile`) is served by its own team's devices of that
+//!   profile alone: it never borrows, and takes back only loans of such devices;
 //! - the owner first: while a request of a team waits, none of its devices is lent, and an owner
 //!   request that finds none of its own devices free takes back loans, the most recently started
 //!   first, as many as it needs; of a reclaim's devices, as many as the request it was made for
@@ -104,6 +106,8 @@ pub struct Device {
     /// holds 3.0 GiB`): the device is busy for everyone. Ignored on an MPS device, whose server
     /// is outside every lease.
     pub foreign: Option<String>,
+    /// The GPU-instance profile of a MIG device (`3g.40gb`); `None` for a whole GPU.
+    pub profile: Option<String>,
 }
 
 /// A live lease.
@@ -164,6 +168,8 @@ pub struct Waiter {
     pub device: Option<String>,
     /// May borrow (`--borrow`, or the team's `borrow = true`).
     pub borrow: bool,
+    /// `--profile`: one of its own team's MIG devices of this profile (never borrowed).
+    pub profile: Option<String>,
     /// How often it was passed over so far (the last [`Decision::Wait`]'s count).
     pub passed_over: u32,
 }
@@ -481,6 +487,10 @@ impl<'a> Cx<'a> {
 
     /// How many devices `w` needs, and whether a device can be one of them.
     fn want(&self, w: &Waiter) -> Gpus {
+        if w.profile.is_some() {
+            // The team's default count does not apply: a profile is one MIG device.
+            return Gpus::Count(1);
+        }
         w.gpus
             .or(self.rules(&w.team).and_then(|r| r.gpus))
             .unwrap_or(Gpus::Count(1))
@@ -513,6 +523,7 @@ impl<'a> Cx<'a> {
     /// is the team's).
     fn plain(&self, w: &Waiter) -> bool {
         w.device.is_none()
+            && w.profile.is_none()
             && !self.reserved.contains(&Some(w.ticket))
             && !self
                 .s
@@ -530,6 +541,9 @@ impl<'a> Cx<'a> {
     fn usable_for(&self, w: &Waiter, d: usize, named: Option<usize>, need: usize) -> bool {
         if w.device.is_some() {
             return named == Some(d);
+        }
+        if let Some(p) = &w.profile {
+            return self.s.devices[d].profile.as_ref() == Some(p);
         }
         need <= 1 || !self.s.devices[d].mig
     }
@@ -553,6 +567,20 @@ impl<'a> Cx<'a> {
             memory_used: None,
             activity: None,
             outside: None,
+            profile: None,
+        }
+    }
+
+    /// Device `d` as the choice for `w` sees it: with its id where `w` names a device, with
+    /// its profile where `w` asks for one, else its kind alone.
+    fn for_request(&self, w: &Waiter, d: usize, held: u32) -> Candidate {
+        match (&w.device, &w.profile) {
+            (Some(_), _) => self.cand(d, held),
+            (None, Some(_)) => Candidate {
+                profile: self.s.devices[d].profile.clone(),
+                ..self.shape(d, held)
+            },
+            (None, None) => self.shape(d, held),
         }
     }
 
@@ -574,14 +602,12 @@ impl<'a> Cx<'a> {
         }
         let cands: Vec<Candidate> = open
             .iter()
-            .map(|&d| match w.device {
-                Some(_) => self.cand(d, self.held_by(d, &w.team)),
-                None => self.shape(d, self.held_by(d, &w.team)),
-            })
+            .map(|&d| self.for_request(w, d, self.held_by(d, &w.team)))
             .collect();
         let req = Request {
             gpus: w.gpus,
             device: named.map(|n| self.s.devices[n].id.clone()),
+            profile: w.profile.clone(),
         };
         let rules = self.rules(&w.team);
         let picked =
@@ -593,26 +619,22 @@ impl<'a> Cx<'a> {
     /// request of a team and size without `--device`: worked out once per decision.
     fn own_ever(&self, w: &'a Waiter) -> bool {
         let key = (w.team.as_str(), w.gpus);
-        if w.device.is_none() {
+        let memo = w.device.is_none() && w.profile.is_none();
+        if memo {
             if let Some(&ok) = self.own_ever_memo.borrow().get(&key) {
                 return ok;
             }
         }
         let share = self.share(&w.team);
-        let cands: Vec<Candidate> = share
-            .iter()
-            .map(|&d| match w.device {
-                Some(_) => self.cand(d, 0),
-                None => self.shape(d, 0),
-            })
-            .collect();
+        let cands: Vec<Candidate> = share.iter().map(|&d| self.for_request(w, d, 0)).collect();
         let req = Request {
             gpus: w.gpus,
             device: w.device.clone(),
+            profile: w.profile.clone(),
         };
         let gpus = self.rules(&w.team).and_then(|r| r.gpus);
         let ok = placement::choose(&cands, &req, gpus, None).is_ok();
-        if w.device.is_none() {
+        if memo {
             self.own_ever_memo.borrow_mut().insert(key, ok);
         }
         ok
@@ -973,6 +995,7 @@ fn borrow<'a>(
         let req = Request {
             gpus: Some(Gpus::Count(n)),
             device: None,
+            profile: None,
         };
         let Ok(picked) = placement::choose(&cands, &req, None, Some(1)) else {
             continue;
@@ -990,8 +1013,10 @@ fn borrow<'a>(
     None
 }
 
+/// A request naming a device or a profile waits for its own team's: lenders' devices are
+/// chosen by count alone.
 fn may_borrow(cx: &Cx<'_>, w: &Waiter) -> bool {
-    w.borrow && w.device.is_none() && matches!(cx.want(w), Gpus::Count(_))
+    w.borrow && w.device.is_none() && w.profile.is_none() && matches!(cx.want(w), Gpus::Count(_))
 }
 
 fn place(cx: &Cx<'_>, ticket: Ticket, devs: &[usize], from: Option<&str>) -> Decision {

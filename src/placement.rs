@@ -1,4 +1,4 @@
-//! Which devices of a team's share a job gets (`gpuctl run --gpus N --device ID`), and the lease
+//! Which devices of a team's share a job gets (`gpuctl run --gpus N --device ID --profile P`), and the lease
 //! that records it. Pure: gpuctld's `Join` hands in the share, the live leases and the usage
 //! collector's last figures, and gets back indices into the share or a refusal in words.
 //!
@@ -8,6 +8,8 @@
 //! - one MIG device per process: a CUDA process enumerates a single MIG device (NVIDIA's MIG
 //!   user guide, "Device Enumeration"), so a second MIG UUID would only be ignored; more than
 //!   one device can only be whole GPUs;
+//! - `--profile P` (a MIG GPU-instance profile, `3g.40gb`) asks for one MIG device of that
+//!   profile: a whole GPU never serves it, and a share without one is told so ([`PlaceError::NoProfile`]);
 //! - a device is free while it holds fewer leases than its capacity ([`capacity`]);
 //! - among the free ones: fewest leases first (nobody's first), then least memory held, then
 //!   least activity (where known), then the share's own order, so placement is predictable.
@@ -77,6 +79,8 @@ pub struct Candidate {
     /// MiB`): a service started in the slice without `gpuctl run`, a container. It takes a
     /// job's place on a device without MPS.
     pub outside: Option<String>,
+    /// The GPU-instance profile of a MIG device (`3g.40gb`); `None` for a whole GPU.
+    pub profile: Option<String>,
 }
 
 impl Candidate {
@@ -124,6 +128,17 @@ pub enum PlaceError {
     },
     /// `--device` with more than one device.
     DeviceAndCount(Gpus),
+    /// `--profile` with more than one device (a job gets one MIG device).
+    ProfileAndCount(Gpus),
+    /// `--profile` and `--device` together.
+    ProfileAndDevice,
+    /// `--profile` names a profile no device of the share has.
+    NoProfile {
+        /// What was asked for.
+        profile: String,
+        /// The profiles of the share's MIG devices, sorted, each once.
+        have: Vec<String>,
+    },
     /// The share has no devices at all.
     Empty,
     /// Not enough free devices now: the indices of those that would do, all full.
@@ -164,6 +179,24 @@ impl fmt::Display for PlaceError {
             PlaceError::DeviceAndCount(g) => {
                 write!(f, "--device names one device; --gpus {g} asks for more")
             }
+            PlaceError::ProfileAndCount(g) => write!(
+                f,
+                "--profile asks for one MIG device (a CUDA process uses only one); --gpus {g} \
+                 asks for more"
+            ),
+            PlaceError::ProfileAndDevice => f.write_str(
+                "--device names one device and --profile asks for any device of a profile: give \
+                 one of them",
+            ),
+            PlaceError::NoProfile { profile, have } => write!(
+                f,
+                "--profile {profile}: the share has no {profile} device ({})",
+                if have.is_empty() {
+                    "it has no MIG devices".to_string()
+                } else {
+                    format!("its MIG profiles: {}", have.join(", "))
+                }
+            ),
             PlaceError::Empty => f.write_str("the share has no devices to place a job on"),
             PlaceError::Busy { want, full } => write!(
                 f,
@@ -181,6 +214,16 @@ pub struct Request {
     pub gpus: Option<Gpus>,
     /// `--device`.
     pub device: Option<String>,
+    /// `--profile`: one MIG device of this GPU-instance profile.
+    pub profile: Option<String>,
+}
+
+/// The distinct profiles of `share`'s MIG devices, sorted.
+pub fn profiles_of(share: &[Candidate]) -> Vec<String> {
+    let mut have: Vec<String> = share.iter().filter_map(|c| c.profile.clone()).collect();
+    have.sort();
+    have.dedup();
+    have
 }
 
 /// The order among free devices: fewest leases, least memory, least activity (unknown counts
@@ -208,6 +251,9 @@ pub fn choose(
     let want = req.gpus.or(default_gpus).unwrap_or(Gpus::Count(1));
     let free =
         |i: &usize| capacity(jobs_per_device, &share[*i]).is_none_or(|c| share[*i].taken() < c);
+    if req.profile.is_some() && req.device.is_some() {
+        return Err(PlaceError::ProfileAndDevice);
+    }
     if let Some(asked) = &req.device {
         if want != Gpus::Count(1) && req.gpus.is_some() {
             return Err(PlaceError::DeviceAndCount(want));
@@ -223,6 +269,27 @@ pub fn choose(
                 want: 1,
                 full: vec![i],
             })
+        };
+    }
+    if let Some(p) = &req.profile {
+        // One device, whatever the team's default count: a profile names MIG devices.
+        if want != Gpus::Count(1) && req.gpus.is_some() {
+            return Err(PlaceError::ProfileAndCount(want));
+        }
+        let pool: Vec<usize> = (0..share.len())
+            .filter(|i| share[*i].profile.as_ref() == Some(p))
+            .collect();
+        if pool.is_empty() {
+            return Err(PlaceError::NoProfile {
+                profile: p.clone(),
+                have: profiles_of(share),
+            });
+        }
+        let (mut ok, full): (Vec<usize>, Vec<usize>) = pool.into_iter().partition(free);
+        ok.sort_by(|a, b| by_load(share, *a, *b));
+        return match ok.first() {
+            Some(i) => Ok(vec![*i]),
+            None => Err(PlaceError::Busy { want: 1, full }),
         };
     }
     if share.is_empty() {
@@ -319,7 +386,7 @@ pub fn serve(
                 {
                     keep(&mut cands[i]);
                 } else if w.passed >= MAX_PASSES {
-                    let pool = pool_of(&cands, w.request.gpus.or(default_gpus));
+                    let pool = pool_of(&cands, &w.request, default_gpus);
                     let mut free: Vec<usize> = pool
                         .into_iter()
                         .filter(|i| {
@@ -340,10 +407,15 @@ pub fn serve(
     out
 }
 
-/// The devices a request without `--device` may be given: any one for a single device, whole
-/// GPUs for more.
-fn pool_of(share: &[Candidate], gpus: Option<Gpus>) -> Vec<usize> {
-    match gpus.unwrap_or(Gpus::Count(1)) {
+/// The devices a request without `--device` may be given: those of its profile, any one for a
+/// single device, whole GPUs for more.
+fn pool_of(share: &[Candidate], req: &Request, default_gpus: Option<Gpus>) -> Vec<usize> {
+    if let Some(p) = &req.profile {
+        return (0..share.len())
+            .filter(|i| share[*i].profile.as_ref() == Some(p))
+            .collect();
+    }
+    match req.gpus.or(default_gpus).unwrap_or(Gpus::Count(1)) {
         Gpus::Count(1) => (0..share.len()).collect(),
         Gpus::All if share.len() == 1 => vec![0],
         _ => (0..share.len()).filter(|i| !share[*i].mig).collect(),
@@ -500,6 +572,7 @@ mod tests {
             memory_used: None,
             activity: None,
             outside: None,
+            profile: None,
         }
     }
 
@@ -512,6 +585,7 @@ mod tests {
             memory_used: mem,
             activity: None,
             outside: None,
+            profile: None,
         }
     }
 
@@ -519,6 +593,7 @@ mod tests {
         Request {
             gpus,
             device: device.map(str::to_string),
+            profile: None,
         }
     }
 
@@ -676,6 +751,91 @@ mod tests {
         );
     }
 
+    fn of(profile: &str, id: &str, held: u32) -> Candidate {
+        Candidate {
+            profile: Some(profile.into()),
+            ..mig(id, held)
+        }
+    }
+
+    fn prof(p: &str) -> Request {
+        Request {
+            profile: Some(p.into()),
+            ..Request::default()
+        }
+    }
+
+    #[test]
+    fn a_profile_is_served_by_a_free_device_of_that_profile_only() {
+        let mut share = vec![
+            gpu("GPU-w", 0, None),
+            of("1g.10gb", "MIG-s", 0),
+            of("3g.40gb", "MIG-a", 1),
+            of("3g.40gb", "MIG-b", 0),
+        ];
+        assert_eq!(choose(&share, &prof("3g.40gb"), None, None), Ok(vec![3]));
+        assert_eq!(choose(&share, &prof("1g.10gb"), None, None), Ok(vec![1]));
+        // The team's default count does not apply: a profile is one MIG device.
+        assert_eq!(
+            choose(&share, &prof("3g.40gb"), Some(Gpus::All), None),
+            Ok(vec![3])
+        );
+        // Both of the profile held: busy (a --wait queues), though others are free.
+        share[3].held = 1;
+        assert_eq!(
+            choose(&share, &prof("3g.40gb"), None, None),
+            Err(PlaceError::Busy {
+                want: 1,
+                full: vec![2, 3]
+            })
+        );
+        // Least held first among those of the profile.
+        assert_eq!(choose(&share, &prof("3g.40gb"), None, Some(2)), Ok(vec![2]));
+        // A profile the share does not have, and a whole GPU never serves one.
+        let e = choose(&share, &prof("7g.80gb"), None, None).unwrap_err();
+        assert_eq!(
+            e,
+            PlaceError::NoProfile {
+                profile: "7g.80gb".into(),
+                have: vec!["1g.10gb".into(), "3g.40gb".into()]
+            }
+        );
+        assert!(
+            e.to_string().contains("its MIG profiles: 1g.10gb, 3g.40gb"),
+            "{e}"
+        );
+        let e = choose(&share[..1], &prof("3g.40gb"), None, None).unwrap_err();
+        assert!(e.to_string().contains("no MIG devices"), "{e}");
+        assert!(matches!(
+            choose(&[], &prof("3g.40gb"), None, None),
+            Err(PlaceError::NoProfile { .. })
+        ));
+    }
+
+    #[test]
+    fn a_profile_with_more_devices_or_a_device_is_refused() {
+        let share = vec![of("3g.40gb", "MIG-a", 0), of("3g.40gb", "MIG-b", 0)];
+        let two = Request {
+            gpus: Some(Gpus::Count(2)),
+            ..prof("3g.40gb")
+        };
+        let e = choose(&share, &two, None, None).unwrap_err();
+        assert_eq!(e, PlaceError::ProfileAndCount(Gpus::Count(2)));
+        assert!(e.to_string().contains("--gpus 2"), "{e}");
+        let one = Request {
+            gpus: Some(Gpus::Count(1)),
+            ..prof("3g.40gb")
+        };
+        assert_eq!(choose(&share, &one, None, None), Ok(vec![0]));
+        let named = Request {
+            device: Some("MIG-b".into()),
+            ..prof("3g.40gb")
+        };
+        let e = choose(&share, &named, None, None).unwrap_err();
+        assert_eq!(e, PlaceError::ProfileAndDevice);
+        assert!(e.to_string().contains("--device"), "{e}");
+    }
+
     #[test]
     fn mps_devices_take_more_by_default() {
         let mut share = vec![gpu("GPU-a", 3, None)];
@@ -815,6 +975,7 @@ mod serve_tests {
             memory_used: None,
             activity: None,
             outside: None,
+            profile: None,
         }
     }
 
@@ -823,6 +984,7 @@ mod serve_tests {
             request: Request {
                 gpus: gpus.map(Gpus::Count),
                 device: device.map(str::to_string),
+                profile: None,
             },
             passed,
             returning: false,
@@ -866,6 +1028,36 @@ mod serve_tests {
         assert!(
             matches!(r[1], Err(PlaceError::Busy { .. })),
             "GPU-0 is kept for the request passed over {MAX_PASSES} times"
+        );
+    }
+
+    #[test]
+    fn a_profile_request_waits_for_its_profile_and_keeps_only_devices_of_it() {
+        let mut share = vec![dev("MIG-small", true, 0), dev("MIG-big", true, 1)];
+        share[0].profile = Some("1g.10gb".into());
+        share[1].profile = Some("3g.40gb".into());
+        let mut big = w(None, None, 0);
+        big.request.profile = Some("3g.40gb".into());
+        // The big one is held: the profile request waits and the one behind gets the small
+        // device, which it could never take.
+        let r = serve(&share, &[big.clone(), w(None, None, 0)], None, None);
+        assert!(matches!(r[0], Err(PlaceError::Busy { want: 1, .. })));
+        assert_eq!(r[1], Ok(vec![0]));
+        // Passed over too often it keeps a device of its profile, never another.
+        big.passed = MAX_PASSES;
+        let r = serve(&share, &[big.clone(), w(None, None, 0)], None, None);
+        assert_eq!(r[1], Ok(vec![0]), "the small device is not kept for it");
+        // A profile the share lacks holds nobody back.
+        let mut none = w(None, None, 0);
+        none.request.profile = Some("7g.80gb".into());
+        let r = serve(&share, &[none, w(None, None, 0)], None, None);
+        assert!(matches!(r[0], Err(PlaceError::NoProfile { .. })));
+        assert_eq!(r[1], Ok(vec![0]));
+        // The big one frees: it goes to the profile request, the small one to the next.
+        share[1].held = 0;
+        assert_eq!(
+            serve(&share, &[big, w(None, None, 0)], None, None),
+            vec![Ok(vec![1]), Ok(vec![0])]
         );
     }
 

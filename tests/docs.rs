@@ -167,7 +167,6 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
             "--locked",
             "--timings",
             "--no-run",
-            "--profile",
         ],
     ),
     (

@@ -140,6 +140,8 @@ fn status_reply(policy: &Policy, view: &HostView) -> StatusReply {
         team: "interns".into(),
         uid: 1002,
         user: Some("carol".into()),
+        profile: None,
+        reason: None,
     }];
     reply
 }

@@ -154,6 +154,7 @@ fn arb_share() -> impl Strategy<Value = Vec<Candidate>> {
                 memory_used: mem,
                 activity: act.map(|a| f64::from(a) / 4.0),
                 outside: outside.then(|| format!("pid {i} (python)")),
+                profile: None,
             })
             .collect()
     })
@@ -195,7 +196,7 @@ proptest! {
                 .map_or_else(|| "MIG-none".to_string(), |c| c.id.clone()),
             None => d,
         });
-        let req = Request { gpus, device };
+        let req = Request { gpus, device, profile: None };
         let want = reference(&share, &req, default, jpd);
         let got = choose(&share, &req, default, jpd);
         prop_assert_eq!(&got, &want, "share {:?}", share);
@@ -213,6 +214,7 @@ fn gpu(i: usize, held: u32, memory: u64, activity: f64) -> Candidate {
         memory_used: Some(memory),
         activity: Some(activity),
         outside: None,
+        profile: None,
     }
 }
 
@@ -231,6 +233,7 @@ fn the_reference_gives_the_hand_worked_answers() {
     let two = Request {
         gpus: Some(Gpus::Count(2)),
         device: None,
+        profile: None,
     };
     assert_eq!(reference(&share, &two, None, None), Ok(vec![2, 3]));
     assert_eq!(
@@ -266,6 +269,7 @@ fn the_reference_gives_the_hand_worked_answers() {
     let at = |d: &str| Request {
         gpus: None,
         device: Some(d.into()),
+        profile: None,
     };
     assert_eq!(reference(&share, &at("GPU-2"), None, None), Ok(vec![2]));
     assert_eq!(reference(&share, &at("0"), None, None), Ok(vec![0]));

@@ -54,6 +54,9 @@ fn child_args(job: &Job<'_>, round: u32) -> Vec<OsString> {
     if let Some(m) = p.gpu_memory {
         v.push(format!("--gpu-memory={m}").into());
     }
+    if let Some(prof) = &p.profile {
+        v.push(format!("--profile={prof}").into());
+    }
     match p.wait {
         Some(w) => v.push(format!("--wait={}ms", w.as_millis()).into()),
         None if round > 0 => v.push("--wait".into()),
@@ -302,5 +305,37 @@ mod tests {
         let (_, p, _, _) = rounds(&argv, 3);
         assert_eq!(p.wait, Some(std::time::Duration::from_secs(90)));
         assert_eq!(p.device.as_deref(), Some("1"));
+    }
+
+    #[test]
+    fn a_round_asks_for_the_same_profile() {
+        let argv = [
+            "gpuctl",
+            "run",
+            "-t",
+            "train",
+            "--requeue",
+            "--profile",
+            "3g.40gb",
+            "--",
+            "train.py",
+        ];
+        for round in [0, 1] {
+            let (_, p, _, _) = rounds(&argv, round);
+            assert_eq!(p.profile.as_deref(), Some("3g.40gb"), "round {round}");
+            assert_eq!(
+                p.options().get("profile").map(String::as_str),
+                Some("3g.40gb")
+            );
+        }
+        let (_, p, _, _) = rounds(
+            &argv[..5]
+                .iter()
+                .chain(&argv[7..])
+                .copied()
+                .collect::<Vec<_>>(),
+            1,
+        );
+        assert_eq!(p.profile, None);
     }
 }

@@ -80,6 +80,23 @@ pub struct PlaceArgs {
     /// lender's grace when the owner wants the device back. Default: the team's `borrow`.
     #[arg(long)]
     pub borrow: bool,
+    /// One MIG device of this GPU-instance profile (e.g. 3g.40gb), never a whole GPU. With
+    /// --wait, a profile the share has no device of waits for a GPU to take a policy layout
+    /// that gives the team one.
+    #[arg(long, value_name = "PROFILE", value_parser = parse_profile,
+          conflicts_with = "device")]
+    pub profile: Option<String>,
+}
+
+fn parse_profile(s: &str) -> Result<String, String> {
+    crate::dbus_api::place::check_gi_profile_name(s)
+        .map(|()| s.to_string())
+        .map_err(|e| {
+            format!(
+                "no GPU model has a MIG GPU-instance profile of that name; {}",
+                e.help
+            )
+        })
 }
 
 fn parse_wait(s: &str) -> Result<std::time::Duration, String> {
@@ -105,6 +122,7 @@ impl PlaceArgs {
             gpu_memory: self.gpu_memory,
             wait: self.wait,
             borrow: self.borrow.then_some(true),
+            profile: self.profile.clone(),
         }
         .to_map()
     }
@@ -437,7 +455,8 @@ impl Drop for Watch {
 }
 
 /// `waiting for a device of team interns: position 2 of 5` for `uid`'s first request in
-/// `team`'s queue; `None` when it has none there.
+/// `team`'s queue, with why it waits where that is more than a busy device; `None` when it
+/// has none there.
 pub fn position_line(
     s: &crate::dbus_api::reply::v1::StatusReply,
     team: &str,
@@ -445,13 +464,19 @@ pub fn position_line(
 ) -> Option<String> {
     let queue: Vec<_> = s.queue.iter().filter(|q| q.team == team).collect();
     let mine: Vec<_> = queue.iter().filter(|q| q.uid == uid).collect();
-    let first = mine.iter().map(|q| q.position).min()?;
+    let first = mine.iter().min_by_key(|q| q.position)?;
     let more = match mine.len() {
         1 => String::new(),
         n => format!(" ({n} of your requests wait)"),
     };
+    // Why it waits, where that is more than a busy device (a profile no device has yet).
+    let why = first
+        .reason
+        .as_ref()
+        .map_or(String::new(), |r| format!("; {r}"));
     Some(format!(
-        "waiting for a device of team {team}: position {first} of {}{more}",
+        "waiting for a device of team {team}: position {} of {}{more}{why}",
+        first.position,
         queue.len()
     ))
 }
@@ -544,5 +569,57 @@ mod tests {
         let older = interface_mismatch(VERSION - 1).unwrap();
         assert!(older.contains("gpuctld is older"), "{older}");
         assert!(older.contains("systemctl restart gpuctld"), "{older}");
+    }
+
+    #[test]
+    fn a_waiter_is_told_why_it_waits_when_more_than_a_busy_device_holds_it() {
+        let s: crate::dbus_api::reply::v1::StatusReply =
+            serde_json::from_value(serde_json::json!({
+                "status": "converged",
+                "teams": {},
+                "queue": [
+                    {"team": "train", "uid": 1000, "user": "alice", "position": 1},
+                    {"team": "train", "uid": 1001, "user": "bob", "position": 2,
+                     "profile": "3g.40gb", "reason": "no 3g.40gb device in team train's share now"},
+                ],
+            }))
+            .unwrap();
+        assert_eq!(
+            position_line(&s, "train", 1001).as_deref(),
+            Some(
+                "waiting for a device of team train: position 2 of 2; no 3g.40gb device in team \
+                 train's share now"
+            )
+        );
+        assert_eq!(
+            position_line(&s, "train", 1000).as_deref(),
+            Some("waiting for a device of team train: position 1 of 2")
+        );
+    }
+
+    #[test]
+    fn a_profile_is_checked_before_the_bus_and_excludes_a_device() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser;
+        let run = |extra: &[&str]| {
+            let argv = ["gpuctl", "run", "--team", "t"]
+                .iter()
+                .chain(extra)
+                .chain(&["--", "true"])
+                .copied();
+            Cli::try_parse_from(argv)
+        };
+        let Command::Run(r) = run(&["--profile", "3g.40gb", "--wait"]).unwrap().command else {
+            panic!("not run");
+        };
+        assert_eq!(r.place.profile.as_deref(), Some("3g.40gb"));
+        assert_eq!(
+            r.place.options().get("profile").map(String::as_str),
+            Some("3g.40gb")
+        );
+        let e = run(&["--profile", "3g.40g"]).unwrap_err().to_string();
+        assert!(e.contains("did you mean '3g.40gb'?"), "{e}");
+        assert!(run(&["--profile", "3g.40gb", "--device", "0"]).is_err());
+        assert!(!PlaceArgs::default().options().contains_key("profile"));
     }
 }

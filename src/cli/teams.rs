@@ -74,8 +74,12 @@ pub fn render(list: &[TeamInfo]) -> String {
             } else {
                 "free"
             };
+            let profile = d
+                .profile
+                .as_ref()
+                .map_or(String::new(), |p| format!(" {p}"));
             s.push_str(&format!(
-                "  [{}] {} {state} ({}/{cap})\n",
+                "  [{}] {}{profile} {state} ({}/{cap})\n",
                 d.index,
                 d.id,
                 d.leases.len()
@@ -156,7 +160,8 @@ mod tests {
                 {"index": 0, "id": "MIG-a", "mig": true, "capacity": 1, "leases": [{
                     "unit": "gpuctl-run-interns-9.scope", "team": "interns", "user": "bob",
                     "uid": 1001, "pid": 9, "devices": ["MIG-a"], "since": 0}]},
-                {"index": 1, "id": "MIG-b", "mig": true, "capacity": 1, "leases": []},
+                {"index": 1, "id": "MIG-b", "mig": true, "profile": "3g.40gb", "capacity": 1,
+                 "leases": []},
                 {"index": 3, "id": "MIG-d", "mig": true, "capacity": 1, "leases": [{
                     "unit": "gpuctl-run-7.scope", "team": "research", "user": "dan",
                     "uid": 1007, "pid": 7, "devices": ["MIG-d"], "since": 0,
@@ -176,7 +181,10 @@ mod tests {
             "{s}"
         );
         assert!(s.contains("  [0] MIG-a held (1/1)\n      bob gpuctl-run-interns-9.scope since 1970-01-01T00:00:00Z\n"), "{s}");
-        assert!(s.contains("  [1] MIG-b free (0/1)\n"), "{s}");
+        assert!(
+            s.contains("  [1] MIG-b 3g.40gb free (0/1)\n"),
+            "the profile --profile takes: {s}"
+        );
         assert!(
             s.contains("  [3] MIG-d lent (1/1)\n      lent to research: dan gpuctl-run-7.scope"),
             "{s}"

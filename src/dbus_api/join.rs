@@ -770,7 +770,11 @@ async fn place_or_wait<'a>(
                 .collect();
             if let Some(w) = waiting.as_ref().filter(|w| w.is_head()) {
                 let others = served.iter().any(|t| *t != w.ticket);
-                cx.lock_queue().grant(&team.name, served.clone());
+                let reasons = profile_reasons(cx, &team.name, &entries, &results);
+                let mut q = cx.lock_queue();
+                q.grant(&team.name, served.clone());
+                q.set_reasons(&team.name, &reasons);
+                drop(q);
                 if others {
                     cx.queue_changed.notify_waiters();
                 }
@@ -845,6 +849,38 @@ async fn place_or_wait<'a>(
                     }
                     last = message;
                 }
+                Some(Err(r)) if r.no_profile.is_some() => {
+                    // No device of the profile at all: only a re-slice can bring one.
+                    let have = r.no_profile.unwrap_or_default();
+                    let asked = opts.profile.as_deref().unwrap_or_default();
+                    let layouts = layouts_for(cx, &team.name);
+                    let why = place::without_profile(
+                        &team.name,
+                        asked,
+                        &have,
+                        &layouts,
+                        opts.wait.is_some(),
+                    )
+                    .map_err(JoinError::PlacementRefused)?;
+                    if waiting.is_none() {
+                        let w = Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow)
+                            .map_err(|e| {
+                                JoinError::NoFreeDevice(format!("{why}; cannot wait: {e}"))
+                            })?;
+                        cx.lock_queue()
+                            .set_reasons(&team.name, &[(w.ticket, Some(why.clone()))]);
+                        info!(
+                            gpuctl_team = %team.name,
+                            gpuctl_action = "queued",
+                            uid,
+                            "uid {uid} waits for a device of team {}: position {}: {why}",
+                            team.name,
+                            w.position()
+                        );
+                        waiting = Some(w);
+                    }
+                    last = why;
+                }
                 Some(Err(r)) => return Err(JoinError::PlacementRefused(r.message)),
                 None => unreachable!("one answer per request"),
             }
@@ -866,6 +902,50 @@ async fn place_or_wait<'a>(
             _ = tokio::time::sleep(WAIT_TICK.min(left)) => {}
         }
     }
+}
+
+/// [`place::layout_profiles`] of `team` under the policy now and the GPUs of the last
+/// reconcile (none without a policy).
+fn layouts_for(cx: &JoinCtx<'_>, team: &str) -> Vec<(String, String)> {
+    let Ok(policy) = cx.backend.policy() else {
+        return Vec::new();
+    };
+    let state = cx.backend.state();
+    let host = state
+        .last_report
+        .as_ref()
+        .and_then(|r| r.view.as_ref())
+        .map(|v| v.gpus.as_slice());
+    place::layout_profiles(&policy, host, team)
+}
+
+/// Why each of `entries` waits beyond a busy device, from its answer in `results`: a profile
+/// no device of the share has (`Status` shows it); `None` for every other.
+fn profile_reasons(
+    cx: &JoinCtx<'_>,
+    team: &str,
+    entries: &[super::queue::Entry],
+    results: &[Result<place::Placed, place::Refused>],
+) -> Vec<(super::queue::Ticket, Option<String>)> {
+    let missing = |r: &Result<place::Placed, place::Refused>| {
+        r.as_ref().err().and_then(|r| r.no_profile.clone())
+    };
+    let layouts = if results.iter().any(|r| missing(r).is_some()) {
+        layouts_for(cx, team)
+    } else {
+        Vec::new()
+    };
+    entries
+        .iter()
+        .zip(results)
+        .map(|(e, r)| {
+            let why = missing(r).map(|have| {
+                let asked = e.request.profile.as_deref().unwrap_or_default();
+                place::without_profile(team, asked, &have, &layouts, true).unwrap_or_else(|e| e)
+            });
+            (e.ticket, why)
+        })
+        .collect()
 }
 
 /// A request its own share cannot serve now, as the lending side sees it.
@@ -923,6 +1003,7 @@ async fn from_loans<'a>(
         uid: ask.uid,
         gpus: ask.opts.gpus,
         device: ask.opts.device.clone(),
+        profile: ask.opts.profile.clone(),
         borrow: ask.borrow,
         passed_over: 0,
     };

@@ -172,6 +172,7 @@ pub fn gather(
                 mps: d.mps.is_some(),
                 idle_since_ms: None,
                 foreign,
+                profile: d.profile.clone(),
             });
         }
     }
@@ -196,6 +197,7 @@ pub fn gather(
             uid: e.uid,
             gpus: e.request.gpus,
             device: e.request.device,
+            profile: e.request.profile,
             borrow: e.borrow,
             passed_over: e.passed,
         })

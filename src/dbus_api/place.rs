@@ -27,6 +27,8 @@ pub struct JoinOptions {
     pub wait: Option<std::time::Duration>,
     /// `borrow`: `true` or `false`; unset: the team's `borrow` setting.
     pub borrow: Option<bool>,
+    /// `profile`: one MIG device of this GPU-instance profile (`3g.40gb`).
+    pub profile: Option<String>,
 }
 
 /// The longest `--wait`: a week (`forever` is this too), so a deadline never overflows.
@@ -36,7 +38,7 @@ pub const MAX_WAIT: std::time::Duration = std::time::Duration::from_secs(7 * 86_
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum OptionError {
     /// Not one of the options, or a device name out of bounds.
-    #[error("unknown or bad option {} (options: gpus, device, gpu-memory, wait, borrow)", crate::settings::value::quote(.0))]
+    #[error("unknown or bad option {} (options: gpus, device, gpu-memory, wait, borrow, profile)", crate::settings::value::quote(.0))]
     Unknown(String),
     /// `gpus` is not a count.
     #[error(transparent)]
@@ -50,6 +52,46 @@ pub enum OptionError {
     /// `borrow` is not `true` or `false`.
     #[error("borrow {0:?}: not true or false")]
     Borrow(String),
+    /// `profile` is no GPU-instance profile of any known GPU model.
+    #[error(transparent)]
+    Profile(#[from] UnknownProfile),
+}
+
+/// A GPU-instance profile name that no known GPU model has (`gpuctl run --profile`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--profile {name}: no GPU model has a MIG GPU-instance profile of that name; {help}")]
+pub struct UnknownProfile {
+    /// What was asked for.
+    pub name: String,
+    /// A suggestion, or where to look.
+    pub help: String,
+}
+
+/// Refuse a GPU-instance profile name that no model of the catalog offers, with the closest
+/// known name or the one it has now where the driver renamed it.
+pub fn check_gi_profile_name(name: &str) -> Result<(), UnknownProfile> {
+    if !crate::profiles::GpuModel::offering(name).is_empty() {
+        return Ok(());
+    }
+    let help = match crate::profiles::GpuModel::renamed(name) {
+        Some((m, now)) => format!("did you mean '{now}' (its name on {} now)?", m.key),
+        None => {
+            let names: std::collections::BTreeSet<&str> = crate::profiles::Catalog::get()
+                .models()
+                .iter()
+                .flat_map(|m| m.gi_profiles.iter().map(|p| p.name.as_str()))
+                .collect();
+            crate::policy::parse::suggest(
+                name,
+                names,
+                "`gpuctl teams` lists the profiles of a team's devices".into(),
+            )
+        }
+    };
+    Err(UnknownProfile {
+        name: name.to_string(),
+        help,
+    })
 }
 
 impl JoinOptions {
@@ -60,6 +102,10 @@ impl JoinOptions {
             match k.as_str() {
                 "gpus" => o.gpus = Some(v.parse()?),
                 "device" if !v.is_empty() && v.len() <= 128 => o.device = Some(v.clone()),
+                "profile" if !v.is_empty() && v.len() <= 64 => {
+                    check_gi_profile_name(v)?;
+                    o.profile = Some(v.clone());
+                }
                 "wait" => {
                     let ms: u64 = match v.as_str() {
                         "forever" => MAX_WAIT.as_millis() as u64,
@@ -106,6 +152,9 @@ impl JoinOptions {
         if let Some(b) = self.borrow {
             m.insert("borrow".into(), b.to_string());
         }
+        if let Some(p) = &self.profile {
+            m.insert("profile".into(), p.clone());
+        }
         m
     }
 
@@ -114,6 +163,7 @@ impl JoinOptions {
         Request {
             gpus: self.gpus,
             device: self.device.clone(),
+            profile: self.profile.clone(),
         }
     }
 
@@ -134,6 +184,8 @@ pub struct ShareDevice {
     pub id: String,
     /// A MIG device.
     pub mig: bool,
+    /// The GPU-instance profile of a MIG device (`3g.40gb`); `None` for a whole GPU.
+    pub profile: Option<String>,
     /// Its MPS daemon instance, when the team runs one for it.
     pub mps: Option<String>,
     /// The device nodes a job on it opens (besides [`COMMON_DEVICES`]).
@@ -157,6 +209,7 @@ pub fn share(view: &HostView, team: &str) -> Vec<ShareDevice> {
         out.push(ShareDevice {
             id: g.uuid.clone(),
             mig: false,
+            profile: None,
             mps: mps_whole.clone(),
             nodes: vec![format!("/dev/nvidia{m}")],
         });
@@ -169,6 +222,7 @@ pub fn share(view: &HostView, team: &str) -> Vec<ShareDevice> {
         out.push(ShareDevice {
             id: d.uuid.clone(),
             mig: true,
+            profile: Some(d.gi_profile.clone()),
             mps: tv.mps.contains_key(&instance).then_some(instance),
             nodes,
         });
@@ -229,6 +283,7 @@ pub fn holds(
             index,
             id: d.id.clone(),
             mig: d.mig,
+            profile: d.profile.clone(),
             capacity: match team.placement.jobs_per_device {
                 Some(n) => Some(n),
                 None if d.mps.is_some() => None,
@@ -355,6 +410,97 @@ pub struct Refused {
     pub message: String,
     /// Nothing free now.
     pub busy: bool,
+    /// `--profile` names a profile no device of the share has: the profiles it has. The join
+    /// layer decides whether a re-slice may bring one ([`super::join`]).
+    pub no_profile: Option<Vec<String>>,
+}
+
+/// Where `team` may get a MIG device of some profile after a re-slice: (profile, `gpu[1]
+/// layout "night"`) for every allowed layout ([`crate::policy::Layouts::all`], default first)
+/// of each `[[gpu]]` entry that claims a GPU of this host (`host`: the observed GPUs; every
+/// entry when they are not known), as [`crate::policy::Policy::usage_for`] picks the entry.
+pub fn layout_profiles(
+    policy: &crate::policy::Policy,
+    host: Option<&[crate::observe::GpuState]>,
+    team: &str,
+) -> Vec<(String, String)> {
+    use crate::policy::{GpuUse, Layout, DEFAULT_LAYOUT};
+    let claims = |i: usize| {
+        host.is_none_or(|gpus| {
+            gpus.iter()
+                .any(|g| policy.gpus.iter().position(|a| a.selector.matches(g)) == Some(i))
+        })
+    };
+    let mut out = Vec::new();
+    for (_, a) in policy.gpus.iter().enumerate().filter(|(i, _)| claims(*i)) {
+        let layouts = match &a.layouts {
+            Some(l) => l.all(&a.usage),
+            None => vec![Layout {
+                name: DEFAULT_LAYOUT.to_string(),
+                usage: a.usage.clone(),
+                when: Vec::new(),
+            }],
+        };
+        for l in layouts {
+            let GpuUse::Mig(specs) = &l.usage else {
+                continue;
+            };
+            for s in specs.iter().filter(|s| *s.owner == *team && s.count > 0) {
+                let at = format!("{} layout \"{}\"", a.key, l.name);
+                if !out.contains(&(s.profile.clone(), at.clone())) {
+                    out.push((s.profile.clone(), at));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// What becomes of a `--profile` request that no device of `team`'s share has (`have`: the
+/// profiles it has; `layouts`: [`layout_profiles`]). With `wait` it is queued when some layout
+/// gives the team one, since gpuctld may re-slice a GPU into it: `Ok` says why it waits.
+/// Otherwise it is refused in words (`Err`), naming what the team has and may get.
+pub fn without_profile(
+    team: &str,
+    profile: &str,
+    have: &[String],
+    layouts: &[(String, String)],
+    wait: bool,
+) -> Result<String, String> {
+    let at: Vec<&str> = layouts
+        .iter()
+        .filter(|(p, _)| p == profile)
+        .map(|(_, at)| at.as_str())
+        .collect();
+    let now = match have {
+        [] => "it has no MIG device now".to_string(),
+        h => format!("its MIG profiles now: {}", h.join(", ")),
+    };
+    if !at.is_empty() {
+        let at = at.join(", ");
+        return if wait {
+            Ok(format!(
+                "no {profile} device in team {team}'s share now; waiting for a GPU to take a \
+                 layout that has one ({at})"
+            ))
+        } else {
+            Err(format!(
+                "team \"{team}\": no {profile} device in its share now ({now}); {at} has one: \
+                 wait for a GPU to take it with --wait"
+            ))
+        };
+    }
+    let mut later: Vec<&str> = layouts.iter().map(|(p, _)| p.as_str()).collect();
+    later.sort_unstable();
+    later.dedup();
+    let later = match later.as_slice() {
+        [] => "no layout gives it a MIG device".to_string(),
+        l => format!("its layouts give it: {}", l.join(", ")),
+    };
+    Err(format!(
+        "team \"{team}\": --profile {profile}: no device of its share has that profile, and no \
+         layout of the policy gives it one ({now}; {later})"
+    ))
 }
 
 /// The share as the choice sees it. A device's leases are counted whoever holds them, so
@@ -377,6 +523,7 @@ fn candidates(
                 memory_used: l.memory_used,
                 activity: l.activity,
                 outside: l.outside,
+                profile: d.profile.clone(),
             }
         })
         .collect()
@@ -458,6 +605,7 @@ pub fn serve_in_service(
     let out_msg = |m: String| Refused {
         message: format!("{m}; out of service: {why}"),
         busy: true,
+        no_profile: None,
     };
     // A position names a device of the whole share, as `gpuctl teams` numbers it: it becomes
     // the device's UUID before the out-of-service ones leave.
@@ -500,7 +648,12 @@ pub fn serve_in_service(
                     team.name
                 )));
             }
-            r.map_err(|r| out_msg(r.message))
+            // A profile that no device has, in service or out, is not one that may come back.
+            let asked = waiting[k].request.profile.as_ref();
+            r.map_err(|r| match r.no_profile {
+                Some(_) if !gone.iter().any(|d| d.profile.as_ref() == asked) => r,
+                _ => out_msg(r.message),
+            })
         })
         .collect()
 }
@@ -539,6 +692,10 @@ fn refused(
     e: PlaceError,
 ) -> Refused {
     let busy = matches!(e, PlaceError::Busy { .. });
+    let no_profile = match &e {
+        PlaceError::NoProfile { have, .. } => Some(have.clone()),
+        _ => None,
+    };
     let mut message = format!("team \"{}\": {e}", team.name);
     if let PlaceError::Busy { full, .. } = &e {
         let ids: Vec<&str> = full.iter().map(|i| share[*i].id.as_str()).collect();
@@ -577,7 +734,11 @@ fn refused(
             placement::holders(leases, &ids, &team.name)
         );
     }
-    Refused { message, busy }
+    Refused {
+        message,
+        busy,
+        no_profile,
+    }
 }
 
 /// A job's GPU memory cap is enforced only by an MPS server (the client's pinned device memory
@@ -587,6 +748,7 @@ fn check_gpu_memory(team: &Team, devices: &[ShareDevice], cap: Option<u64>) -> R
     let refuse = |m: String| Refused {
         message: format!("team \"{}\": --gpu-memory: {m}", team.name),
         busy: false,
+        no_profile: None,
     };
     if let Some(d) = devices.iter().find(|d| d.mps.is_none()) {
         return Err(refuse(format!(

@@ -55,6 +55,9 @@ pub struct Entry {
     pub returning: bool,
     /// May borrow another team's lent device (`--borrow`, or its team's `borrow`).
     pub borrow: bool,
+    /// Why it waits when that is not a busy device (a `--profile` no device has yet), as the
+    /// last look at the team's queue found ([`Queues::set_reasons`]); for `Status`.
+    pub reason: Option<String>,
 }
 
 /// A waiting request as `/run/gpuctl/queue.json` keeps it, in serving order.
@@ -72,6 +75,9 @@ pub struct Saved {
     /// `--device`.
     #[serde(default)]
     pub device: Option<String>,
+    /// `--profile`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     /// Times passed over.
     #[serde(default)]
     pub passed: u32,
@@ -148,6 +154,7 @@ impl Queues {
             passed,
             returning,
             borrow,
+            reason: None,
         });
         *self.per_user.entry(uid).or_default() += 1;
         self.total += 1;
@@ -229,6 +236,17 @@ impl Queues {
             .collect()
     }
 
+    /// Record why each of `team`'s `tickets` waits, beyond a busy device (`None`: it does not).
+    pub fn set_reasons(&mut self, team: &str, reasons: &[(Ticket, Option<String>)]) {
+        if let Some(q) = self.teams.get_mut(team) {
+            for e in q.tickets.values_mut().flatten() {
+                if let Some((_, r)) = reasons.iter().find(|(t, _)| *t == e.ticket) {
+                    e.reason.clone_from(r);
+                }
+            }
+        }
+    }
+
     /// `ticket` looked and found nothing after all (someone placed first).
     pub fn ungrant(&mut self, team: &str, ticket: Ticket) {
         if let Some(q) = self.teams.get_mut(team) {
@@ -284,16 +302,22 @@ impl Queues {
         viewer: &crate::join::Viewer,
         name_of: impl Fn(u32) -> Option<String>,
     ) -> Vec<super::reply::v1::QueuedRequest> {
-        self.waiting()
-            .into_iter()
-            .filter(|(team, _, _)| viewer.sees(Some(team)))
-            .map(|(team, uid, position)| super::reply::v1::QueuedRequest {
-                position,
-                team,
-                uid,
-                user: name_of(uid),
-            })
-            .collect()
+        let mut teams: Vec<&String> = self.teams.keys().collect();
+        teams.sort();
+        let mut out = Vec::new();
+        for team in teams.into_iter().filter(|t| viewer.sees(Some(t))) {
+            for (i, e) in self.entries(team).into_iter().enumerate() {
+                out.push(super::reply::v1::QueuedRequest {
+                    position: i + 1,
+                    team: team.clone(),
+                    uid: e.uid,
+                    user: name_of(e.uid),
+                    profile: e.request.profile,
+                    reason: e.reason,
+                });
+            }
+        }
+        out
     }
 
     /// Take `ticket` out (placed, timed out, or its process left). When it was its user's
@@ -344,6 +368,7 @@ impl Queues {
                     pid: e.pid,
                     gpus: e.request.gpus,
                     device: e.request.device,
+                    profile: e.request.profile,
                     passed: e.passed,
                     borrow: e.borrow,
                 })
@@ -359,6 +384,7 @@ impl Queues {
             let request = Request {
                 gpus: s.gpus,
                 device: s.device,
+                profile: s.profile,
             };
             let _ = self.push(&s.team, s.uid, s.pid, (request, s.borrow), s.passed, true);
         }
@@ -577,19 +603,39 @@ mod tests {
         let dev = Request {
             gpus: None,
             device: Some("MIG-a".into()),
+            profile: None,
+        };
+        let big = Request {
+            profile: Some("3g.40gb".into()),
+            ..any()
         };
         q.join("t", 1, 11, any(), false).unwrap();
         q.join("t", 1, 12, dev.clone(), false).unwrap();
+        q.join("u", 5, 51, big.clone(), false).unwrap();
         q.join("t", 2, 21, any(), false).unwrap();
         q.join("u", 3, 31, any(), false).unwrap();
         q.passed_over("t", &tickets(&q, "t").into_iter().collect());
         let saved = q.saved();
         let text = serde_json::to_string(&saved).unwrap();
+        assert!(text.contains(r#""profile":"3g.40gb""#), "{text}");
+        assert_eq!(
+            text.matches("profile").count(),
+            1,
+            "only where asked: {text}"
+        );
         let mut r = Queues::default();
         let t0 = std::time::Instant::now();
         let until = t0 + std::time::Duration::from_secs(60);
         r.restore(serde_json::from_str(&text).unwrap(), until);
         assert_eq!(r.saved(), saved, "same order, requests and passes");
+        assert_eq!(
+            r.entries("u")[0].request,
+            big,
+            "the profile survives a restart"
+        );
+        // A file of a gpuctld before --profile reads as asking for none.
+        let old: Saved = serde_json::from_str(r#"{"team":"t","uid":1,"pid":2}"#).unwrap();
+        assert_eq!(old.profile, None);
         assert_eq!(r.head("t"), None, "returning entries are not served");
         // A new user's request takes its round-robin place among the returning ones (after
         // each user's first); a returning client takes back its own.
@@ -600,12 +646,42 @@ mod tests {
         assert_eq!(r.attach("t", 1, 99), None, "another process is not it");
         assert_eq!(r.head("t"), Some(tickets(&r, "t")[1]));
         assert!(!r.expire(t0), "kept until the deadline");
-        assert_eq!(r.len(), 5);
+        assert_eq!(r.len(), 6);
         assert!(r.expire(until));
         assert_eq!(r.len(), 2, "the one that came back and the new one");
         assert_eq!(r.position("t", new), Some(2));
         assert!(!r.expire(until));
         assert_eq!(r.per_user.get(&1), None);
+    }
+
+    #[test]
+    fn status_shows_a_waiters_profile_and_why_it_waits() {
+        use crate::join::Viewer;
+        let mut q = Queues::default();
+        let big = Request {
+            profile: Some("3g.40gb".into()),
+            ..any()
+        };
+        let a = q.join("train", 1000, 1, big, false).unwrap();
+        let b = q.join("train", 1001, 2, any(), false).unwrap();
+        let why = "no 3g.40gb device in team train's share now".to_string();
+        q.set_reasons("train", &[(a, Some(why.clone())), (b, None)]);
+        let seen = q.seen_by(&Viewer::All, |_| None);
+        assert_eq!(
+            (seen[0].profile.as_deref(), seen[0].reason.as_deref()),
+            (Some("3g.40gb"), Some(why.as_str()))
+        );
+        assert_eq!(
+            (seen[1].profile.as_deref(), seen[1].reason.as_deref()),
+            (None, None)
+        );
+        // The next look finds a device of it (busy): the reason goes.
+        q.set_reasons("train", &[(a, None)]);
+        assert_eq!(q.seen_by(&Viewer::All, |_| None)[0].reason, None);
+        // Not part of the state file: the next gpuctld looks again.
+        assert!(!serde_json::to_string(&q.saved())
+            .unwrap()
+            .contains("share now"));
     }
 
     #[test]

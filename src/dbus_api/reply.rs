@@ -255,6 +255,12 @@ impl From<&crate::placement::Lease> for LeaseStatus {
 pub struct QueuedRequest {
     /// 1-based, in the team's round-robin order across users.
     pub position: usize,
+    /// `--profile`: the MIG GPU-instance profile it asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
+    /// Why it waits, when that is more than a busy device (a profile no device has yet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     /// The team whose device it waits for.
     pub team: String,
     /// The caller that waits.
@@ -485,6 +491,9 @@ pub struct DeviceHold {
     pub id: String,
     /// A MIG device.
     pub mig: bool,
+    /// A MIG device's GPU-instance profile (what `--profile` takes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub profile: Option<String>,
     /// Jobs it takes (`None`: no cap).
     pub capacity: Option<u32>,
     /// The leases on it.

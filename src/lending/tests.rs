@@ -25,6 +25,7 @@ fn dev(id: &str, owner: &str, mig: bool, idle_since_ms: Option<u64>) -> Device {
         mps: false,
         idle_since_ms,
         foreign: None,
+        profile: None,
     }
 }
 
@@ -46,6 +47,7 @@ fn waiter(ticket: Ticket, team: &str, uid: u32, borrow: bool) -> Waiter {
         uid,
         gpus: None,
         device: None,
+        profile: None,
         borrow,
         passed_over: 0,
     }
@@ -798,11 +800,13 @@ fn own_servable(s: &Snapshot, w: &Waiter) -> bool {
             memory_used: None,
             activity: None,
             outside: None,
+            profile: d.profile.clone(),
         })
         .collect();
     let req = Request {
         gpus: w.gpus,
         device: w.device.clone(),
+        profile: w.profile.clone(),
     };
     placement::choose(&share, &req, None, None).is_ok()
 }
@@ -1097,4 +1101,55 @@ fn requests_of_one_team_share_a_reason_only_where_nothing_is_theirs_alone() {
         of(10),
         "no free device in interns' share; train's own requests wait; you are 1st"
     );
+}
+
+#[test]
+fn a_profile_takes_back_only_a_loan_of_its_profile_and_never_borrows() {
+    // Train's two MIG devices, a 3g.40gb and a 1g.10gb, are lent to interns; the 1g loan is
+    // the later one.
+    let mut s = both_lent();
+    for (d, p) in s.devices.iter_mut().zip(["3g.40gb", "1g.10gb"]) {
+        d.mig = true;
+        d.profile = Some(p.into());
+    }
+    let big = Waiter {
+        profile: Some("3g.40gb".into()),
+        ..waiter(7, "train", 2000, false)
+    };
+    s.waiting = vec![big.clone()];
+    let d = decide(&s);
+    assert!(
+        matches!(&d[0], Decision::Reclaim { unit, why: Why::Owner(7), .. } if unit == "b-1.scope"),
+        "the loan of the 3g.40gb device, not the latest: {d:?}"
+    );
+    assert!(
+        !d.iter()
+            .any(|x| matches!(x, Decision::Reclaim { unit, .. } if unit == "b-2.scope")),
+        "{d:?}"
+    );
+    // A profile its team has no device of takes nothing back.
+    s.waiting = vec![Waiter {
+        profile: Some("7g.80gb".into()),
+        ..big.clone()
+    }];
+    assert!(
+        !decide(&s)
+            .iter()
+            .any(|x| matches!(x, Decision::Reclaim { .. })),
+        "nothing of train's can serve it"
+    );
+    // Interns asks for a 3g.40gb with --borrow: train's idle one is not lent to it.
+    let mut s = night();
+    for d in &mut s.devices {
+        d.mig = true;
+        d.profile = Some("3g.40gb".into());
+    }
+    s.waiting = vec![Waiter {
+        profile: Some("3g.40gb".into()),
+        ..waiter(1, "interns", 1000, true)
+    }];
+    let d = decide(&s);
+    assert!(places(&d).is_empty(), "{d:?}");
+    s.waiting[0].profile = None;
+    assert_eq!(places(&decide(&s)).len(), 1, "without a profile it borrows");
 }

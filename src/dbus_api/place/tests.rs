@@ -249,6 +249,20 @@ fn whole_gpus_with_mps_get_the_daemon_and_a_memory_cap_within_its_limit() {
 }
 
 #[test]
+fn an_unknown_profile_name_is_refused_with_the_closest_known_one() {
+    assert_eq!(check_gi_profile_name("3g.40gb"), Ok(()));
+    assert_eq!(check_gi_profile_name("1g.10gb+me"), Ok(()));
+    let e = check_gi_profile_name("3g.40g").unwrap_err();
+    assert!(e.to_string().contains("did you mean '3g.40gb'?"), "{e}");
+    let e = check_gi_profile_name("nonsense-profile").unwrap_err();
+    assert!(!e.to_string().contains("did you mean"), "{e}");
+    assert!(e.to_string().contains("gpuctl teams"), "{e}");
+    // A name the driver used before: the one it has now.
+    let e = check_gi_profile_name("3g.95gb").unwrap_err();
+    assert!(e.to_string().contains("did you mean '3g.93gb'"), "{e}");
+}
+
+#[test]
 fn options_round_trip_and_unknown_ones_are_refused() {
     let o = JoinOptions {
         gpus: Some(Gpus::All),
@@ -256,9 +270,22 @@ fn options_round_trip_and_unknown_ones_are_refused() {
         gpu_memory: Some(1 << 30),
         wait: Some(std::time::Duration::from_secs(5)),
         borrow: Some(true),
+        profile: Some("3g.40gb".into()),
     };
     let m: HashMap<String, String> = o.to_map().into_iter().collect();
-    assert_eq!(JoinOptions::parse(&m), Ok(o));
+    assert_eq!(m["profile"], "3g.40gb");
+    assert_eq!(JoinOptions::parse(&m), Ok(o.clone()));
+    assert_eq!(o.request().profile.as_deref(), Some("3g.40gb"));
+    // A profile no GPU model has is refused with the closest known one.
+    let bad: HashMap<String, String> = [("profile".to_string(), "3g.40g".to_string())].into();
+    let e = JoinOptions::parse(&bad).unwrap_err();
+    assert!(matches!(e, OptionError::Profile(_)), "{e}");
+    assert!(e.to_string().contains("did you mean '3g.40gb'?"), "{e}");
+    let empty: HashMap<String, String> = [("profile".to_string(), String::new())].into();
+    assert!(matches!(
+        JoinOptions::parse(&empty),
+        Err(OptionError::Unknown(_))
+    ));
     let bad: HashMap<String, String> = [("gpus".to_string(), "0".to_string())].into();
     assert!(JoinOptions::parse(&bad).is_err());
     let bad: HashMap<String, String> = [("evil\n".to_string(), "x".to_string())].into();
@@ -456,4 +483,154 @@ fn a_process_outside_every_gpuctl_job_makes_its_device_busy_and_the_refusal_name
     assert!(load.values().all(|l| l.outside.is_none()));
     let p = place(&t, &s, &leases, &load, &JoinOptions::default()).unwrap();
     assert_eq!(p.devices[0].id, "MIG-0");
+}
+
+fn policy(text: &str) -> crate::policy::Policy {
+    let mut d = Vec::new();
+    let f = crate::policy::parse::parse_fragment(std::path::Path::new("p.toml"), text, &mut d);
+    crate::policy::validate::build(&[f.unwrap()], &mut d)
+}
+
+/// GPU 0 gives interns seven 1g.10gb instances by default and train two 3g.40gb at night;
+/// GPU 1 is train's whole.
+const LAYOUTS: &str = "version = 1\n[teams.interns]\n[teams.train]\n\
+[[gpu]]\nindex = [0]\nmig = [{ profile = \"1g.10gb\", owner = \"interns\", count = 7 }]\n\
+[[gpu.layout]]\nname = \"night\"\nmig = [{ profile = \"3g.40gb\", owner = \"train\", count = 2 }]\n\
+[[gpu]]\nindex = [1]\nowner = \"train\"\n";
+
+fn profile(p: &str) -> JoinOptions {
+    JoinOptions {
+        profile: Some(p.into()),
+        ..Default::default()
+    }
+}
+
+#[test]
+fn a_share_knows_its_profiles_and_a_profile_is_placed_on_one_of_them() {
+    let v = view();
+    let s = share(&v, "interns");
+    assert!(s.iter().all(|d| d.profile.as_deref() == Some("1g.5gb")));
+    assert!(share(&v, "train").iter().all(|d| d.profile.is_none()));
+    let t = team("interns");
+    let held = vec![lease("interns", "a", &["MIG-0"])];
+    let p = place(&t, &s, &held, &HashMap::new(), &profile("1g.5gb")).unwrap();
+    assert_eq!(p.devices[0].id, "MIG-1");
+    // Every one of the profile held: busy, so a --wait queues as for any request.
+    let all: Vec<Lease> = (0..4)
+        .map(|i| lease("interns", &format!("u{i}"), &[&format!("MIG-{i}")]))
+        .collect();
+    let e = place(&t, &s, &all, &HashMap::new(), &profile("1g.5gb")).unwrap_err();
+    assert!(e.busy && e.no_profile.is_none(), "{e:?}");
+    // A profile the share has no device of: refused, with what it has, for the join layer.
+    let e = place(&t, &s, &[], &HashMap::new(), &profile("3g.40gb")).unwrap_err();
+    assert!(!e.busy);
+    assert_eq!(e.no_profile, Some(vec!["1g.5gb".to_string()]));
+    assert!(e.message.contains("no 3g.40gb device"), "{}", e.message);
+    // Whole GPUs never serve a profile.
+    let e = place(
+        &team("train"),
+        &share(&v, "train"),
+        &[],
+        &HashMap::new(),
+        &profile("1g.5gb"),
+    )
+    .unwrap_err();
+    assert_eq!(e.no_profile, Some(vec![]));
+}
+
+#[test]
+fn a_profile_whose_only_devices_are_out_of_service_waits_as_busy() {
+    use crate::health::OutOfService;
+    let v = view();
+    let s = share(&v, "interns");
+    let t = team("interns");
+    let out_one = |id: &str| -> BTreeMap<String, OutOfService> {
+        [(
+            id.to_string(),
+            OutOfService {
+                reason: "XID 79".into(),
+                since: 60,
+                by: "gpuctld".into(),
+            },
+        )]
+        .into()
+    };
+    // One of four out: the others serve it.
+    let r = place_in_service(
+        &t,
+        &s,
+        &[],
+        &HashMap::new(),
+        &profile("1g.5gb"),
+        &out_one("MIG-0"),
+    );
+    assert_eq!(r.unwrap().devices[0].id, "MIG-1");
+    // A profile no device has, in service or out, stays a missing profile.
+    let e = place_in_service(
+        &t,
+        &s,
+        &[],
+        &HashMap::new(),
+        &profile("3g.40gb"),
+        &out_one("MIG-0"),
+    )
+    .unwrap_err();
+    assert!(e.no_profile.is_some() && !e.busy, "{e:?}");
+    // The only device of a profile out of service: it may come back, so it is busy.
+    let mut one = s[..1].to_vec();
+    one[0].profile = Some("2g.10gb".into());
+    one.extend(s[1..].iter().cloned());
+    let e = place_in_service(
+        &t,
+        &one,
+        &[],
+        &HashMap::new(),
+        &profile("2g.10gb"),
+        &out_one("MIG-0"),
+    )
+    .unwrap_err();
+    assert!(e.busy && e.no_profile.is_none(), "{e:?}");
+    assert!(e.message.contains("out of service: MIG-0"), "{}", e.message);
+}
+
+#[test]
+fn a_missing_profile_waits_only_where_a_layout_gives_the_team_one() {
+    let p = policy(LAYOUTS);
+    let train = layout_profiles(&p, None, "train");
+    assert_eq!(
+        train,
+        vec![("3g.40gb".to_string(), "gpu[0] layout \"night\"".to_string())]
+    );
+    assert_eq!(
+        layout_profiles(&p, None, "interns"),
+        vec![(
+            "1g.10gb".to_string(),
+            "gpu[0] layout \"default\"".to_string()
+        )]
+    );
+    // Only entries that claim a GPU of this host count.
+    let host = [gpu(1, 1)];
+    assert!(layout_profiles(&p, Some(&host), "train").is_empty());
+    let host = [gpu(0, 0), gpu(1, 1)];
+    assert_eq!(layout_profiles(&p, Some(&host), "train"), train);
+
+    // With --wait: queued, saying for what.
+    let why = without_profile("train", "3g.40gb", &[], &train, true).unwrap();
+    assert_eq!(
+        why,
+        "no 3g.40gb device in team train's share now; waiting for a GPU to take a layout that \
+         has one (gpu[0] layout \"night\")"
+    );
+    // Without: refused, pointing at --wait.
+    let e = without_profile("train", "3g.40gb", &[], &train, false).unwrap_err();
+    assert!(
+        e.contains("gpu[0] layout \"night\" has one") && e.contains("--wait"),
+        "{e}"
+    );
+    // No layout has it: refused even with --wait, naming what the team has and may get.
+    let e = without_profile("train", "7g.80gb", &["1g.10gb".into()], &train, true).unwrap_err();
+    assert!(e.contains("its MIG profiles now: 1g.10gb"), "{e}");
+    assert!(e.contains("its layouts give it: 3g.40gb"), "{e}");
+    let e = without_profile("interns", "3g.40gb", &[], &[], true).unwrap_err();
+    assert!(e.contains("no layout gives it a MIG device"), "{e}");
 }
