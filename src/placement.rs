@@ -1,6 +1,7 @@
-//! Which devices of a team's share a job gets (`gpuctl run --gpus N --device ID --profile P`), and the lease
-//! that records it. Pure: gpuctld's `Join` hands in the share, the live leases and the usage
-//! collector's last figures, and gets back indices into the share or a refusal in words.
+//! Which devices of a team's share a job gets (`gpuctl run --gpus N --device ID --profile P`),
+//! and the lease that records it. Pure: gpuctld's `Join` hands in the share, the live leases and
+//! the usage collector's last figures, and gets back indices into the share or a refusal in
+//! words.
 //!
 //! The choice, in order:
 //! - never a device outside the share; `--device ID` (a UUID, MIG UUID or the device's
@@ -9,7 +10,8 @@
 //!   user guide, "Device Enumeration"), so a second MIG UUID would only be ignored; more than
 //!   one device can only be whole GPUs;
 //! - `--profile P` (a MIG GPU-instance profile, `3g.40gb`) asks for one MIG device of that
-//!   profile: a whole GPU never serves it, and a share without one is told so ([`PlaceError::NoProfile`]);
+//!   profile: a whole GPU never serves it, and a share without one is told so
+//!   ([`PlaceError::NoProfile`]);
 //! - a device is free while it holds fewer leases than its capacity ([`capacity`]);
 //! - among the free ones: fewest leases first (nobody's first), then least memory held, then
 //!   least activity (where known), then the share's own order, so placement is predictable.

@@ -123,7 +123,7 @@ fn every_layout_is_checked_as_the_entry_is_at_its_own_keys() {
 }
 
 #[test]
-fn plan_lists_each_gpus_layouts_and_says_they_are_not_switched_yet() {
+fn plan_lists_each_gpus_layouts_and_which_one_each_gpu_has_now() {
     let (p, d) = load(&format!(
         "{NIGHT}[[gpu.layout]]\nname = \"train-whole\"\nowner = \"train\"\n"
     ));
@@ -133,10 +133,17 @@ fn plan_lists_each_gpus_layouts_and_says_they_are_not_switched_yet() {
         gpuctl::cli::plan::render_layouts(&p, &obs),
         "\nLayouts (gpuctld switches each GPU among its entry's; `gpuctl status` shows which it has)\n  \
          gpu[0] (gpu 1): reslice after 600 s, hold 1800 s\n    \
-         default: MIG 7x1g.10gb → interns\n    \
+         default: MIG 7x1g.10gb → interns · now on gpu 1\n    \
          night: MIG 2x3g.40gb → train · preferred Mon..Fri 20:00..08:00\n    \
          train-whole: whole GPU, owned by train\n"
     );
+    // gpuctld switched GPU 1 to "night": the plan says so.
+    let mut night = p.clone();
+    night.layouts_in_force.insert(1, "night".into());
+    assert!(gpuctl::cli::plan::render_layouts(&night, &obs).contains(
+        "    default: MIG 7x1g.10gb → interns\n    \
+         night: MIG 2x3g.40gb → train · preferred Mon..Fri 20:00..08:00 · now on gpu 1\n"
+    ));
     let (plain, _) = load("");
     assert_eq!(gpuctl::cli::plan::render_layouts(&plain.unwrap(), &obs), "");
 }

@@ -181,6 +181,8 @@ pub(super) fn prepare(
         return Ok(check_host(&p, &obs, json).map(|()| (p, Target::Sim(Box::new(h)), obs)));
     }
     let root = Root::new(&cli.root);
+    // The layouts gpuctld switched GPUs to are this host's policy, as gpuctld reconciles it.
+    let p = crate::reslice::state::InForce::read(&root).apply(&p);
     let lib = crate::nvml::library_path(p.host.nvml_library.as_deref());
     let mut h = RealHost::open(root.clone(), lib);
     // Live slices and MPS daemons are part of the host: observed (and, by apply --local,
@@ -322,7 +324,23 @@ pub fn render_layouts(p: &Policy, obs: &Observed) -> String {
             } else {
                 format!(" · preferred {}", when.join(", "))
             };
-            let _ = writeln!(out, "    {}: {}{pref}", l.name, usage_line(&l.usage));
+            let has: Vec<String> = obs
+                .gpus
+                .iter()
+                .filter(|g| a.selector.matches(g))
+                .filter(|g| {
+                    p.layout_in_force(a, g.index)
+                        .map_or(crate::policy::DEFAULT_LAYOUT, |x| &x.name)
+                        == l.name
+                })
+                .map(|g| g.index.to_string())
+                .collect();
+            let now = if has.is_empty() {
+                String::new()
+            } else {
+                format!(" · now on gpu {}", has.join(", "))
+            };
+            let _ = writeln!(out, "    {}: {}{pref}{now}", l.name, usage_line(&l.usage));
         }
     }
     out

@@ -176,8 +176,16 @@ pub fn lease_line(l: &crate::dbus_api::reply::v1::LeaseStatus) -> String {
 
 /// One waiting request for humans: `interns #2: bob (uid 1001)`.
 pub fn queued_line(q: &crate::dbus_api::reply::v1::QueuedRequest) -> String {
+    let profile = q
+        .profile
+        .as_ref()
+        .map_or(String::new(), |p| format!(" --profile {p}"));
+    let why = q
+        .reason
+        .as_ref()
+        .map_or(String::new(), |r| format!(": {r}"));
     format!(
-        "{} #{}: {} (uid {})",
+        "{} #{}: {} (uid {}){profile}{why}",
         q.team,
         q.position,
         q.user.as_deref().unwrap_or("?"),

@@ -28,18 +28,6 @@ const SETTLE: Duration = Duration::from_secs(120);
 /// process, as this gpuctld has seen it.
 static IDLE_SINCE: Mutex<BTreeMap<String, u64>> = Mutex::new(BTreeMap::new());
 
-/// What a switch made for a waiting request says in its waiting reason, by ticket.
-static FOR_WAITER: Mutex<BTreeMap<u64, String>> = Mutex::new(BTreeMap::new());
-
-/// The re-slice a waiting request's ticket was served by, for its waiting reason.
-pub fn note_for(ticket: u64) -> Option<String> {
-    FOR_WAITER
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(&ticket)
-        .cloned()
-}
-
 /// Whether any `[[gpu]]` entry allows other layouts; otherwise the tick sleeps.
 pub fn wanted(policy: &Policy) -> bool {
     policy.gpus.iter().any(|a| a.layouts.is_some())
@@ -267,15 +255,11 @@ pub async fn tick(cx: &super::loans::Cx<'_>, policy: &Policy, usage: Option<&cra
                 Some(Waiter {
                     ticket: e.ticket,
                     team: team.parse().ok()?,
-                    profile: None, // PROFILE-MERGE
+                    profile: e.request.profile.clone(),
                 })
             })
             .collect()
     };
-    {
-        let mut notes = FOR_WAITER.lock().unwrap_or_else(|e| e.into_inner());
-        notes.retain(|t, _| waiting.iter().any(|w| w.ticket == *t));
-    }
     let snapshot = reslice::Snapshot {
         gpus,
         waiting,
@@ -304,10 +288,12 @@ pub async fn tick(cx: &super::loans::Cx<'_>, policy: &Policy, usage: Option<&cra
     for s in &switches {
         let cause = match &s.cause {
             Cause::Waiting(w) => {
-                FOR_WAITER
+                // Its waiting reason until its next look places it (after the reconcile).
+                let why = format!("GPU {} is being re-sliced for it: {}", s.gpu, s.reason);
+                cx.queue
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
-                    .insert(w.ticket, format!("GPU {} is being re-sliced for it", s.gpu));
+                    .set_reasons(&w.team, &[(w.ticket, Some(why))]);
                 "waiting"
             }
             Cause::Calendar => "calendar",

@@ -57,7 +57,10 @@ require_nonempty "bob's three holders" "$(cat "$d"/hold[0-2] 2>/dev/null)"
 n0=$(calls)
 as carol "gpuctl run --team train --profile 3g.40gb --wait=120s -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/carol.env; echo \$GPUCTL_SCOPE >$d/carol.scope; exec sleep 600'" >"$d/carol.out" 2>&1 &
 wait_for 20 sh -c "gpuctl status | grep -q '^  train #1: carol'"
-check "carol's 3g.40gb request waits in train's queue" sh -c "gpuctl status | grep -q '^  train #1: carol'"
+st=$(gpuctl status)
+grep '^  train #' <<<"$st" | sed 's/^/    status| /'
+check "carol's 3g.40gb request waits in train's queue, for a layout that has one" \
+    grep -q "^  train #1: carol (uid [0-9]*) --profile 3g.40gb: no 3g.40gb device in team train's share now; waiting for a GPU to take a layout that has one (gpu\[1\] layout \"train-3g\")$" <<<"$st"
 sleep 5
 check "while bob's slices are busy GPU 1 keeps its seven 1g.10gb" test "$(profiles 1)" = "19,19,19,19,19,19,19"
 check "... and no NVML change was made" test "$(calls)" = "$n0"
@@ -76,7 +79,7 @@ check "GPU 1 is re-sliced to two 3g.40gb" test "$(profiles 1)" = "9,9"
 check "carol's job starts on a 3g.40gb instance of GPU 1" \
     grep -qxF "$(cat "$d/carol.env" 2>/dev/null)" <(jq -r '.gpus[1].gpu_instances[] | select(.profile_id == 9) | .compute_instances[].uuid' "$S")
 log() { jq -r --argjson n "$n0" "[.call_log[] | select(.seq > \$n and .result == \"NVML_SUCCESS\") | $1] | length" "$S"; }
-echo "    NVML calls for the switch: $(log 'select(.function | test("GpuInstanceDestroy")))') GI destroyed, $(log 'select(.function | test("CreateGpuInstance")))') GI created, $(($(calls) - n0)) mutating calls in all"
+echo "    NVML calls for the switch: $(log 'select(.function | test("GpuInstanceDestroy"))') GI destroyed, $(log 'select(.function | test("CreateGpuInstance"))') GI created, $(($(calls) - n0)) mutating calls in all"
 check "the switch destroys the seven 1g GIs and creates two 3g: no more" \
     test "$(log 'select(.function | test("GpuInstanceDestroy"))') $(log 'select(.function | test("CreateGpuInstance"))')" = "7 2"
 check "... and makes no NVML change on GPU 0" test "$(log 'select(.args.gpu == 0)')" = 0
@@ -92,7 +95,10 @@ check "the journal says why" journal_has "GPU 1 re-sliced to train-3g .* for tra
 m=$(gpuctl metrics 2>&1)
 check "the switch is counted (gpuctl_gpu_reslices_total)" \
     grep -q '^gpuctl_gpu_reslices_total{gpu="1",layout="train-3g",cause="waiting"} 1$' <<<"$m"
-check_output "the plan is empty after the switch" sh -c "gpuctl plan | grep -E 'Plan: 0 actions, 0 blocked \(converged\)'"
+pl=$(gpuctl plan 2>&1)
+grep -E '^Plan:|now on gpu' <<<"$pl" | sed 's/^/    plan| /'
+check "the plan is empty after the switch" grep -qE '^Plan: 0 actions, 0 blocked \(converged\)' <<<"$pl"
+check "... and says GPU 1 has train-3g now" grep -q '^    train-3g: .* · now on gpu 1$' <<<"$pl"
 since=$(sed -n 's/^    layout train-3g since \([0-9]*\) .*/\1/p' <<<"$st")
 
 # Carol's job ends: once idle and past the hold, GPU 1 goes back to its default layout.
