@@ -234,6 +234,7 @@ fn full_snapshot() -> Snapshot {
                 ..Default::default()
             },
         ],
+        layouts: vec![(1, "night".into(), Some(90)), (2, "default".into(), None)],
     }
 }
 
@@ -761,5 +762,22 @@ fn every_alert_is_evaluated_at_prometheus_own_interval() {
             Some("5m".to_string())
         )],
         "the scanner sees a group's interval"
+    );
+}
+
+#[test]
+fn each_gpus_layout_is_shown_with_the_time_since_its_switch() {
+    let text = metrics::encode_prometheus_text(&full_snapshot(), metrics::counters());
+    let lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gpuctl_gpu_layout"))
+        .collect();
+    assert_eq!(
+        lines,
+        [
+            "gpuctl_gpu_layout_info{gpu=\"1\",layout=\"night\"} 1",
+            "gpuctl_gpu_layout_info{gpu=\"2\",layout=\"default\"} 1",
+            "gpuctl_gpu_layout_since_seconds{gpu=\"1\",layout=\"night\"} 90",
+        ]
     );
 }

@@ -833,7 +833,7 @@ pub fn gpu_statuses(
 }
 
 /// The layout `g` has among those its entry allows; `None` when the entry allows one.
-fn layout_status(
+pub(crate) fn layout_status(
     p: &Policy,
     g: &crate::observe::GpuState,
     layouts: &crate::reslice::state::InForce,

@@ -199,11 +199,31 @@ pub async fn metrics(
             Viewer::Teams(t) => Some(t.clone()),
         },
         health: health_metrics(&backend.health()),
+        layouts: layouts(&sh, root),
     };
     Ok(match format {
         "prometheus-text" => metrics::encode_prometheus_text(&snap, metrics::counters()),
         _ => metrics::encode_openmetrics(&snap, metrics::counters()),
     })
+}
+
+/// Each GPU's layout, where its entry allows several, for the metrics.
+fn layouts(sh: &super::AgentState, root: &crate::paths::Root) -> Vec<(u32, String, Option<u64>)> {
+    let (Some(p), Some(v)) = (
+        &sh.policy,
+        sh.last_report.as_ref().and_then(|r| r.view.as_ref()),
+    ) else {
+        return Vec::new();
+    };
+    let in_force = crate::reslice::state::InForce::read(root);
+    let now = super::loans::now_ms() / 1000;
+    v.gpus
+        .iter()
+        .filter_map(|g| {
+            let l = super::layout_status(p, g, &in_force)?;
+            Some((g.index, l.name, l.since.map(|t| now.saturating_sub(t))))
+        })
+        .collect()
 }
 
 /// The `Health` reply as the metrics carry it.

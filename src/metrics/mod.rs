@@ -58,6 +58,8 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_loan_reclaims_total",
     "gpuctl_loan_reclaim_overruns_total",
     "gpuctl_gpu_reslices_total",
+    "gpuctl_gpu_layout_info",
+    "gpuctl_gpu_layout_since_seconds",
     "gpuctl_idle_holder",
     "gpuctl_idle_seconds",
     "gpuctl_idle_activity_unknown",
@@ -183,6 +185,9 @@ pub struct Snapshot {
     pub ledger_users: Option<std::collections::BTreeSet<String>>,
     /// Device health from gpuctld's watcher (docs/health.md).
     pub health: Vec<DeviceHealth>,
+    /// The layout of each GPU whose entry allows several: (GPU, layout, seconds since gpuctld
+    /// switched it there; `None`: not switched since boot).
+    pub layouts: Vec<(u32, String, Option<u64>)>,
 }
 
 /// One device's health for the metrics.
@@ -480,6 +485,7 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     );
     register_idle(&mut r, &s.idle);
     register_health(&mut r, &s.health);
+    register_layouts(&mut r, &s.layouts);
     ledger::register(&mut r, &|team: &str| {
         s.ledger_users.as_ref().is_none_or(|t| t.contains(team))
     });
@@ -501,6 +507,31 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
 }
 
 /// Device health: in service or not, XIDs by code, quarantines, standing conditions.
+fn register_layouts(r: &mut Registry, layouts: &[(u32, String, Option<u64>)]) {
+    if layouts.is_empty() {
+        return;
+    }
+    let info: Family<Labels, Gauge> = Family::default();
+    let since: Family<Labels, Gauge> = Family::default();
+    for (gpu, name, secs) in layouts {
+        let labels = l(&[("gpu", &gpu.to_string()), ("layout", name)]);
+        info.get_or_create(&labels).set(1);
+        if let Some(t) = secs {
+            since.get_or_create(&labels).set(*t as i64);
+        }
+    }
+    r.register(
+        "gpu_layout_info",
+        "The layout each GPU has among those its [[gpu]] entry allows",
+        info,
+    );
+    r.register(
+        "gpu_layout_since_seconds",
+        "Seconds since gpuctld switched the GPU to its layout (absent: not since boot)",
+        since,
+    );
+}
+
 fn register_health(r: &mut Registry, devices: &[DeviceHealth]) {
     if devices.is_empty() {
         return;

@@ -95,6 +95,8 @@ check "the journal says why" journal_has "GPU 1 re-sliced to train-3g .* for tra
 m=$(gpuctl metrics 2>&1)
 check "the switch is counted (gpuctl_gpu_reslices_total)" \
     grep -q '^gpuctl_gpu_reslices_total{gpu="1",layout="train-3g",cause="waiting"} 1$' <<<"$m"
+check "... and GPU 1's layout is shown (gpuctl_gpu_layout_info)" \
+    grep -q '^gpuctl_gpu_layout_info{gpu="1",layout="train-3g"} 1$' <<<"$m"
 pl=$(gpuctl plan 2>&1)
 grep -E '^Plan:|now on gpu' <<<"$pl" | sed 's/^/    plan| /'
 check "the plan is empty after the switch" grep -qE '^Plan: 0 actions, 0 blocked \(converged\)' <<<"$pl"
