@@ -4,8 +4,9 @@
 # of GPU 1's slices; carol queues a 3g.40gb job: nothing changes while the slices in the way are
 # busy, and a new interns job goes to GPU 0. Once they end, GPU 1 re-slices (7 GI destroyed, 2
 # created, no NVML call on GPU 0), carol's job starts on a 3g instance there, train's slice opens
-# GPU 1 and interns' no longer does; status, journal and metrics say why. With carol's job over
-# and the hold past, GPU 1 goes back to its default layout, not before the hold.
+# GPU 1 and interns' no longer does; status, plan, journal and metrics say why, and the ledger
+# keeps each job's time by profile across the switch. With carol's job over and the hold past,
+# GPU 1 goes back to its default layout, not before the hold.
 # vmtest: timeout=300
 # vmtest: group=daemon
 . lib/common.sh
@@ -17,6 +18,8 @@ test_users
 HOLD=20
 put_policy 78-reslice.toml <<P
 version = 1
+[host]
+accounting = "on"
 [teams.interns]
 members = ["bob"]
 [teams.train]
@@ -111,6 +114,12 @@ check "GPU 1 goes back to seven 1g.10gb" test "$(profiles 1)" = "19,19,19,19,19,
 echo "    switched to train-3g at $since, back at about $back (hold ${HOLD} s; bob's slices ended at $t_end)"
 check "... not before the hold" test "$((back - since))" -ge "$HOLD"
 st=$(gpuctl status)
+r=$(gpuctl report --json --since 1d --by device)
+jq -c '.rows[] | [.team, .kind, .held_s]' <<<"$r" | sort | uniq -c | sed 's/^/    report| /'
+check "the ledger counts train's time on the new 3g.40gb instance" \
+    jq -e '[.rows[] | select(.team == "train" and .kind == "3g.40gb") | .held_s] | add > 0' <<<"$r"
+check "... and keeps the 1g.10gb time of bob's slices that the switch destroyed" \
+    jq -e '[.rows[] | select(.team == "interns" and .kind == "1g.10gb" and .held_s > 0)] | length >= 4' <<<"$r"
 check "status says the calendar chose the default again" \
     grep -q "^    layout default since [0-9]* (unix): GPU 1 re-sliced to default (1g.10gb x7): the calendar prefers it" <<<"$st"
 wait_converged 30 2 2
