@@ -833,19 +833,14 @@ async fn place_or_wait<'a>(
                         return Err(JoinError::NoFreeDevice(message));
                     }
                     if waiting.is_none() {
-                        let w = Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow)
-                            .map_err(|e| {
-                                JoinError::NoFreeDevice(format!("{message}; cannot wait: {e}"))
-                            })?;
-                        info!(
-                            gpuctl_team = %team.name,
-                            gpuctl_action = "queued",
+                        let ask = Ask {
+                            team,
+                            opts,
                             uid,
-                            "uid {uid} waits for a device of team {}: position {}",
-                            team.name,
-                            w.position()
-                        );
-                        waiting = Some(w);
+                            pid,
+                            borrow,
+                        };
+                        waiting = Some(queue_with(cx, &ask, &message, None)?);
                     }
                     last = message;
                 }
@@ -863,21 +858,14 @@ async fn place_or_wait<'a>(
                     )
                     .map_err(JoinError::PlacementRefused)?;
                     if waiting.is_none() {
-                        let w = Waiting::new(cx, &team.name, uid, pid, opts.request(), borrow)
-                            .map_err(|e| {
-                                JoinError::NoFreeDevice(format!("{why}; cannot wait: {e}"))
-                            })?;
-                        cx.lock_queue()
-                            .set_reasons(&team.name, &[(w.ticket, Some(why.clone()))]);
-                        info!(
-                            gpuctl_team = %team.name,
-                            gpuctl_action = "queued",
+                        let ask = Ask {
+                            team,
+                            opts,
                             uid,
-                            "uid {uid} waits for a device of team {}: position {}: {why}",
-                            team.name,
-                            w.position()
-                        );
-                        waiting = Some(w);
+                            pid,
+                            borrow,
+                        };
+                        waiting = Some(queue_with(cx, &ask, &why, Some(&why))?);
                     }
                     last = why;
                 }
@@ -946,6 +934,33 @@ fn profile_reasons(
             (e.ticket, why)
         })
         .collect()
+}
+
+/// Queue `ask` (`why`: what it is told when it cannot wait), with `reason` as its waiting
+/// reason where that is more than a busy device, and log it.
+fn queue_with<'a>(
+    cx: &'a JoinCtx<'_>,
+    ask: &Ask<'_>,
+    why: &str,
+    reason: Option<&str>,
+) -> Result<Waiting<'a>, JoinError> {
+    let team = &ask.team.name;
+    let w = Waiting::new(cx, team, ask.uid, ask.pid, ask.opts.request(), ask.borrow)
+        .map_err(|e| JoinError::NoFreeDevice(format!("{why}; cannot wait: {e}")))?;
+    if let Some(r) = reason {
+        cx.lock_queue()
+            .set_reasons(team, &[(w.ticket, Some(r.to_string()))]);
+    }
+    let uid = ask.uid;
+    info!(
+        gpuctl_team = %team,
+        gpuctl_action = "queued",
+        uid,
+        "uid {uid} waits for a device of team {team}: position {}{}",
+        w.position(),
+        reason.map_or(String::new(), |r| format!(": {r}"))
+    );
+    Ok(w)
 }
 
 /// A request its own share cannot serve now, as the lending side sees it.

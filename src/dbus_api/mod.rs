@@ -686,6 +686,23 @@ type PlaceState = (
     Arc<tokio::sync::Notify>,
 );
 
+/// What the loan and re-slice ticks carry out their decisions with.
+fn place_cx<'a>(
+    backend: &'a dyn Backend,
+    sd: &'a Systemd,
+    root: &'a Root,
+    (placing, queue, queue_changed): &'a PlaceState,
+) -> loans::Cx<'a> {
+    loans::Cx {
+        backend,
+        sd,
+        root,
+        placing,
+        queue,
+        queue_changed,
+    }
+}
+
 /// gpuctld's loan tick ([`loans::tick`]) until the runtime ends; asleep while nothing is lent
 /// and no team lends.
 async fn loans_loop(
@@ -693,18 +710,11 @@ async fn loans_loop(
     backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
-    (placing, queue, queue_changed): PlaceState,
+    state: PlaceState,
     policy_seen: Arc<tokio::sync::Notify>,
 ) {
     loop {
-        let cx = loans::Cx {
-            backend: &*backend,
-            sd: &sd,
-            root: &root,
-            placing: &placing,
-            queue: &queue,
-            queue_changed: &queue_changed,
-        };
+        let cx = place_cx(&*backend, &sd, &root, &state);
         match loans::wanted(&cx) {
             Some(policy) => {
                 let u = usage::usage(&*backend, &root).await.ok();
@@ -724,18 +734,11 @@ async fn reslice_loop(
     backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
-    (placing, queue, queue_changed): PlaceState,
+    state: PlaceState,
     policy_seen: Arc<tokio::sync::Notify>,
 ) {
     loop {
-        let cx = loans::Cx {
-            backend: &*backend,
-            sd: &sd,
-            root: &root,
-            placing: &placing,
-            queue: &queue,
-            queue_changed: &queue_changed,
-        };
+        let cx = place_cx(&*backend, &sd, &root, &state);
         match backend.policy().ok().filter(reslice::wanted) {
             Some(policy) => {
                 let u = usage::usage(&*backend, &root).await.ok();
