@@ -779,6 +779,13 @@ async fn place_or_wait<'a>(
                     cx.queue_changed.notify_waiters();
                 }
             }
+            let ask = Ask {
+                team,
+                opts,
+                uid,
+                pid,
+                borrow,
+            };
             match results.into_iter().nth(mine) {
                 Some(Ok(p)) => {
                     // Those ahead that this look did not serve were passed over once more.
@@ -796,13 +803,6 @@ async fn place_or_wait<'a>(
                 }
                 Some(Err(r)) if r.busy => {
                     let leases = std::mem::take(&mut snap.leases);
-                    let ask = Ask {
-                        team,
-                        opts,
-                        uid,
-                        pid,
-                        borrow,
-                    };
                     let lent = from_loans(cx, conn, &ask, &mut waiting, leases, usage.as_deref());
                     let (message, coming_back) = match lent.await? {
                         Lent::Placed(p) => {
@@ -833,13 +833,6 @@ async fn place_or_wait<'a>(
                         return Err(JoinError::NoFreeDevice(message));
                     }
                     if waiting.is_none() {
-                        let ask = Ask {
-                            team,
-                            opts,
-                            uid,
-                            pid,
-                            borrow,
-                        };
                         waiting = Some(queue_with(cx, &ask, &message, None)?);
                     }
                     last = message;
@@ -858,13 +851,6 @@ async fn place_or_wait<'a>(
                     )
                     .map_err(JoinError::PlacementRefused)?;
                     if waiting.is_none() {
-                        let ask = Ask {
-                            team,
-                            opts,
-                            uid,
-                            pid,
-                            borrow,
-                        };
                         waiting = Some(queue_with(cx, &ask, &why, Some(&why))?);
                     }
                     last = why;
