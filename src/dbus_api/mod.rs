@@ -990,7 +990,8 @@ mod tests {
     use super::*;
     use crate::observe::{GpuState, MigState};
 
-    fn policy(text: &str) -> Policy {
+    /// The policy of one file's `text` (the re-slice tests share it).
+    pub(super) fn policy(text: &str) -> Policy {
         let mut d = Vec::new();
         let f = crate::policy::parse::parse_fragment(std::path::Path::new("p.toml"), text, &mut d);
         crate::policy::validate::build(&[f.unwrap()], &mut d)

@@ -330,13 +330,8 @@ pub async fn tick(cx: &super::loans::Cx<'_>, policy: &Policy, usage: Option<&cra
 
 #[cfg(test)]
 mod tests {
+    use super::super::tests::policy;
     use super::*;
-
-    fn policy(text: &str) -> Policy {
-        let mut d = Vec::new();
-        let f = crate::policy::parse::parse_fragment(std::path::Path::new("p.toml"), text, &mut d);
-        crate::policy::validate::build(&[f.unwrap()], &mut d)
-    }
 
     /// GPU 1 with three 1g.10gb slices of interns (default) or one 3g.40gb of train.
     const POLICY: &str = r#"version = 1
