@@ -840,11 +840,10 @@ async fn place_or_wait<'a>(
                 Some(Err(r)) if r.no_profile.is_some() => {
                     // No device of the profile at all: only a re-slice can bring one.
                     let have = r.no_profile.unwrap_or_default();
-                    let asked = opts.profile.as_deref().unwrap_or_default();
                     let layouts = layouts_for(cx, &team.name);
                     let why = place::without_profile(
                         &team.name,
-                        asked,
+                        opts.profile.as_deref(),
                         &have,
                         &layouts,
                         opts.wait.is_some(),
@@ -914,7 +913,7 @@ fn profile_reasons(
         .zip(results)
         .map(|(e, r)| {
             let why = missing(r).map(|have| {
-                let asked = e.request.profile.as_deref().unwrap_or_default();
+                let asked = e.request.profile.as_deref();
                 place::without_profile(team, asked, &have, &layouts, true).unwrap_or_else(|e| e)
             });
             (e.ticket, why)

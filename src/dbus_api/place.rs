@@ -410,12 +410,16 @@ pub struct Refused {
     pub message: String,
     /// Nothing free now.
     pub busy: bool,
-    /// `--profile` names a profile no device of the share has: the profiles it has. The join
-    /// layer decides whether a re-slice may bring one ([`super::join`]).
+    /// `--profile` names a profile no device of the share has, or the share has no device at
+    /// all: the profiles it has. The join layer decides whether a re-slice may bring one
+    /// ([`super::join`]).
     pub no_profile: Option<Vec<String>>,
 }
 
-/// Where `team` may get a MIG device of some profile after a re-slice: (profile, `gpu[1]
+/// What [`layout_profiles`] names a layout's whole GPU by (never a MIG profile's name).
+pub const WHOLE_GPU: &str = "whole GPU";
+
+/// Where `team` may get a device after a re-slice: (MIG profile or [`WHOLE_GPU`], `gpu[1]
 /// layout "night"`) for every allowed layout ([`crate::policy::Layouts::all`], default first)
 /// of each `[[gpu]]` entry that claims a GPU of this host (`host`: the observed GPUs; every
 /// entry when they are not known), as [`crate::policy::Policy::usage_for`] picks the entry.
@@ -442,13 +446,20 @@ pub fn layout_profiles(
             }],
         };
         for l in layouts {
-            let GpuUse::Mig(specs) = &l.usage else {
-                continue;
+            let at = format!("{} layout \"{}\"", a.key, l.name);
+            let gives: Vec<&str> = match &l.usage {
+                GpuUse::Mig(specs) => specs
+                    .iter()
+                    .filter(|s| *s.owner == *team && s.count > 0)
+                    .map(|s| s.profile.as_str())
+                    .collect(),
+                GpuUse::Owned(t) if **t == *team => vec![WHOLE_GPU],
+                GpuUse::Shared(ts) if ts.iter().any(|t| **t == *team) => vec![WHOLE_GPU],
+                _ => Vec::new(),
             };
-            for s in specs.iter().filter(|s| *s.owner == *team && s.count > 0) {
-                let at = format!("{} layout \"{}\"", a.key, l.name);
-                if !out.contains(&(s.profile.clone(), at.clone())) {
-                    out.push((s.profile.clone(), at));
+            for p in gives {
+                if !out.iter().any(|(q, w)| q == p && *w == at) {
+                    out.push((p.to_string(), at.clone()));
                 }
             }
         }
@@ -456,22 +467,42 @@ pub fn layout_profiles(
     out
 }
 
-/// What becomes of a `--profile` request that no device of `team`'s share has (`have`: the
-/// profiles it has; `layouts`: [`layout_profiles`]). With `wait` it is queued when some layout
-/// gives the team one, since gpuctld may re-slice a GPU into it: `Ok` says why it waits.
-/// Otherwise it is refused in words (`Err`), naming what the team has and may get.
+/// What becomes of a request that no device of `team`'s share can ever serve now: a
+/// `--profile` none of its devices has (`have`: the profiles it has), or any request of a team
+/// with no device at all (`profile` `None`, `have` empty); `layouts`: [`layout_profiles`].
+/// With `wait` it is queued when some layout gives the team such a device, since gpuctld may
+/// re-slice a GPU into it: `Ok` says why it waits. Otherwise it is refused in words (`Err`),
+/// naming what the team has and may get.
 pub fn without_profile(
     team: &str,
-    profile: &str,
+    profile: Option<&str>,
     have: &[String],
     layouts: &[(String, String)],
     wait: bool,
 ) -> Result<String, String> {
-    let at: Vec<&str> = layouts
+    let mut at: Vec<&str> = layouts
         .iter()
-        .filter(|(p, _)| p == profile)
+        .filter(|(p, _)| profile.is_none_or(|q| p == q))
         .map(|(_, at)| at.as_str())
         .collect();
+    at.dedup();
+    let Some(profile) = profile else {
+        let at = at.join(", ");
+        return match (at.is_empty(), wait) {
+            (true, _) => Err(format!(
+                "team \"{team}\": the share has no devices to place a job on, and no layout of \
+                 the policy gives it one"
+            )),
+            (false, true) => Ok(format!(
+                "team {team} has no device now; waiting for a GPU to take a layout that gives \
+                 it one ({at})"
+            )),
+            (false, false) => Err(format!(
+                "team \"{team}\" has no device now; {at} gives it one: wait for a GPU to take \
+                 it with --wait"
+            )),
+        };
+    };
     let now = match have {
         [] => "it has no MIG device now".to_string(),
         h => format!("its MIG profiles now: {}", h.join(", ")),
@@ -490,7 +521,11 @@ pub fn without_profile(
             ))
         };
     }
-    let mut later: Vec<&str> = layouts.iter().map(|(p, _)| p.as_str()).collect();
+    let mut later: Vec<&str> = layouts
+        .iter()
+        .map(|(p, _)| p.as_str())
+        .filter(|p| *p != WHOLE_GPU)
+        .collect();
     later.sort_unstable();
     later.dedup();
     let later = match later.as_slice() {
@@ -694,6 +729,8 @@ fn refused(
     let busy = matches!(e, PlaceError::Busy { .. });
     let no_profile = match &e {
         PlaceError::NoProfile { have, .. } => Some(have.clone()),
+        // Nothing at all: like a missing profile, only a re-slice may bring one.
+        PlaceError::Empty => Some(Vec::new()),
         _ => None,
     };
     let mut message = format!("team \"{}\": {e}", team.name);

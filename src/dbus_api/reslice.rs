@@ -270,6 +270,10 @@ pub async fn tick(cx: &super::loans::Cx<'_>, policy: &Policy, usage: Option<&cra
     if switches.is_empty() {
         return;
     }
+    let before: Vec<(u32, Option<Chosen>)> = switches
+        .iter()
+        .map(|s| (s.gpu, in_force.gpus.get(&s.gpu).cloned()))
+        .collect();
     for s in &switches {
         in_force.gpus.insert(
             s.gpu,
@@ -307,25 +311,114 @@ pub async fn tick(cx: &super::loans::Cx<'_>, policy: &Policy, usage: Option<&cra
         );
         crate::metrics::counters().resliced(s.gpu, &s.to, cause);
     }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let sent = cx.backend.send(Request::Reconcile {
-        reason: Trigger::Reslice(switches.iter().map(|s| s.gpu).collect()),
-        reply: Some(tx),
-        observe: Observe::All,
-    });
-    if sent {
-        match tokio::time::timeout(SETTLE, rx).await {
-            Ok(Ok(r)) if !r.errors.is_empty() => {
-                warn!("the reconcile after the re-slice: {}", r.errors.join("; "))
-            }
-            Ok(_) => {}
-            Err(_) => warn!(
-                "the reconcile after the re-slice did not finish within {} s",
-                SETTLE.as_secs()
-            ),
+    let gpus: Vec<u32> = switches.iter().map(|s| s.gpu).collect();
+    if let Some(r) = reconcile(cx, gpus).await {
+        let now_in_force = in_force.apply(policy);
+        let failed = failed(&switches, &now_in_force, &r);
+        if !failed.is_empty() {
+            roll_back(cx, &mut in_force, &switches, &before, &failed, &r).await;
         }
     }
     cx.queue_changed.notify_waiters();
+}
+
+/// Reconcile towards the layouts in force for a switch of `gpus`, and wait for its report
+/// (`None` when gpuctld is stopping or it took longer than [`SETTLE`]).
+async fn reconcile(cx: &super::loans::Cx<'_>, gpus: Vec<u32>) -> Option<super::ReconcileReport> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sent = cx.backend.send(Request::Reconcile {
+        reason: Trigger::Reslice(gpus),
+        reply: Some(tx),
+        observe: Observe::All,
+    });
+    if !sent {
+        return None;
+    }
+    match tokio::time::timeout(SETTLE, rx).await {
+        Ok(Ok(r)) => {
+            if !r.errors.is_empty() {
+                warn!("the reconcile after the re-slice: {}", r.errors.join("; "));
+            }
+            Some(r)
+        }
+        Ok(Err(_)) => None,
+        Err(_) => {
+            warn!(
+                "the reconcile after the re-slice did not finish within {} s",
+                SETTLE.as_secs()
+            );
+            None
+        }
+    }
+}
+
+/// The switched GPUs that a driver error left part-way: the run failed, none of its errors
+/// may heal by retrying (a transient one is retried, and the switch then resumes), and the
+/// GPU does not have its new layout (`policy`: the one with it in force).
+fn failed(switches: &[reslice::Switch], policy: &Policy, r: &super::ReconcileReport) -> Vec<u32> {
+    if r.errors.is_empty() || r.heal.transient {
+        return Vec::new();
+    }
+    let view = r
+        .view
+        .as_ref()
+        .map(|v| v.gpus.as_slice())
+        .unwrap_or_default();
+    switches
+        .iter()
+        .map(|s| s.gpu)
+        .filter(|i| {
+            let g = view.iter().find(|g| g.index == *i);
+            !g.is_some_and(|g| policy.usage_for(g).is_some_and(|u| settled(g, &u)))
+        })
+        .collect()
+}
+
+/// Put back the layout each of `failed` had before its switch (counted from now, so its hold
+/// keeps it from trying again at once), say so, and reconcile: the GPU is rebuilt in the last
+/// layout that worked instead of staying part-way.
+async fn roll_back(
+    cx: &super::loans::Cx<'_>,
+    in_force: &mut InForce,
+    switches: &[reslice::Switch],
+    before: &[(u32, Option<Chosen>)],
+    failed: &[u32],
+    r: &super::ReconcileReport,
+) {
+    let now = now_ms();
+    let error = r.errors.first().map_or("", String::as_str);
+    for s in switches.iter().filter(|s| failed.contains(&s.gpu)) {
+        let last = before
+            .iter()
+            .find(|(g, _)| *g == s.gpu)
+            .and_then(|(_, c)| c.as_ref());
+        let back = last.map_or(crate::policy::DEFAULT_LAYOUT, |c| c.layout.as_str());
+        let reason = format!(
+            "GPU {} back to {back}: the switch to {} failed ({error})",
+            s.gpu, s.to
+        );
+        in_force.gpus.insert(
+            s.gpu,
+            Chosen {
+                layout: back.to_string(),
+                since_ms: now,
+                reason: reason.clone(),
+            },
+        );
+        warn!(
+            gpuctl_action = "reslice",
+            gpuctl_gpu = s.gpu,
+            gpuctl_layout = %back,
+            gpuctl_cause = "rollback",
+            "{reason}"
+        );
+        crate::metrics::counters().resliced(s.gpu, back, "rollback");
+    }
+    if let Err(e) = in_force.write(cx.root) {
+        warn!("cannot record the roll-back of the re-slice: {e}");
+        return;
+    }
+    reconcile(cx, failed.to_vec()).await;
 }
 
 #[cfg(test)]
@@ -531,5 +624,82 @@ mig = [{ profile = "3g.40gb", owner = "train", count = 1 }]
             (1, "train-3g", 3, 1)
         );
         assert_eq!(s[0].cause, Cause::Waiting(waiter.clone()));
+    }
+
+    /// The switch of GPU 1 to train-3g that a waiting plain request of train (a team with no
+    /// device now) brings about, once the three slices have been idle for `after`.
+    fn switch_for_plain_request() -> reslice::Switch {
+        let p = policy(POLICY);
+        let procs = HashMap::new();
+        let mut idle = BTreeMap::new();
+        let see = seer(&[], Some(&procs));
+        gpus(&p, &[three()], &InForce::default(), &see, &mut idle, 1_000).unwrap();
+        let g = gpus(&p, &[three()], &InForce::default(), &see, &mut idle, 11_000).unwrap();
+        let waiter = Waiter {
+            ticket: 3,
+            team: "train".parse().unwrap(),
+            profile: None,
+        };
+        let mut s = reslice::choose(&reslice::Snapshot {
+            gpus: g,
+            waiting: vec![waiter.clone()],
+            now_ms: 11_000,
+            local: super::super::lend::local_time(11),
+        });
+        assert_eq!(
+            s.len(),
+            1,
+            "a plain request of a team with no device re-slices"
+        );
+        assert_eq!(s[0].cause, Cause::Waiting(waiter));
+        s.remove(0)
+    }
+
+    #[test]
+    fn a_switch_a_driver_error_left_part_way_is_rolled_back_and_no_other() {
+        let s = switch_for_plain_request();
+        let in_force = InForce {
+            gpus: [(
+                1,
+                Chosen {
+                    layout: "train-3g".into(),
+                    since_ms: 11_000,
+                    reason: s.reason.clone(),
+                },
+            )]
+            .into_iter()
+            .collect(),
+        };
+        let p = in_force.apply(&policy(POLICY));
+        let report = |gpu: GpuState, error: Option<bool>| {
+            let mut r = super::super::ReconcileReport {
+                view: Some(super::super::reply::HostView {
+                    teams: BTreeMap::new(),
+                    gpus: vec![gpu],
+                }),
+                ..Default::default()
+            };
+            if let Some(transient) = error {
+                r.error(
+                    "gpu 1: create GI 3g.40gb: Insufficient Resources".into(),
+                    transient,
+                );
+            }
+            r
+        };
+        // Part-way: the three 1g destroyed, the 3g not created.
+        let none = gpu(&[]);
+        let train = gpu(&[("3g.40gb", "train", "MIG-t")]);
+        let sw = std::slice::from_ref(&s);
+        assert_eq!(failed(sw, &p, &report(none.clone(), Some(false))), [1]);
+        // A transient error is retried (the switch resumes); no error: blocked, not failed.
+        assert!(failed(sw, &p, &report(none.clone(), Some(true))).is_empty());
+        assert!(failed(sw, &p, &report(none, None)).is_empty());
+        // The switch done, whatever else failed.
+        assert!(failed(sw, &p, &report(train, Some(false))).is_empty());
+        // No view of the GPU after the run: not known to have its layout.
+        let mut r = report(three(), Some(false));
+        r.view = None;
+        assert_eq!(failed(sw, &p, &r), [1]);
     }
 }

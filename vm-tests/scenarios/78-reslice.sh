@@ -6,7 +6,10 @@
 # created, no NVML call on GPU 0), carol's job starts on a 3g instance there, train's slice opens
 # GPU 1 and interns' no longer does; status, plan, journal and metrics say why, and the ledger
 # keeps each job's time by profile across the switch. With carol's job over and the hold past,
-# GPU 1 goes back to its default layout, not before the hold.
+# GPU 1 goes back to its default layout, not before the hold. Then a plain request of train,
+# which has no device, waits for GPU 1's train layout; the driver refuses the switch part-way
+# (the fake's one-shot fault): GPU 1 is rebuilt in its last layout, and past the hold the switch
+# is tried again and carol's job starts.
 # vmtest: timeout=300
 # vmtest: group=daemon
 . lib/common.sh
@@ -141,5 +144,38 @@ check "status says the calendar chose the default again" \
     grep -q "^    layout default since [0-9]* (unix): GPU 1 re-sliced to default (1g.10gb x7): the calendar prefers it" <<<"$st"
 wait_converged 30 2 2
 check "interns' slice opens GPU 1 again (ENXIO)" test "$(probe gpu-interns.slice /dev/nvidia1)" = ENXIO
+
+# A plain request of train, which has no device now, waits for the layout that gives it one;
+# the driver refuses the switch's first 3g create (once): GPU 1 goes back to its last layout.
+fake_jq '.faults.fail_once.nvmlDeviceCreateGpuInstanceWithPlacement = "NVML_ERROR_INSUFFICIENT_RESOURCES"'
+n1=$(calls)
+as carol "gpuctl run --team train --wait=150s -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/plain.env; echo \$GPUCTL_SCOPE >$d/plain.scope; exec sleep 600'" >"$d/plain.out" 2>&1 &
+# Polled: while the tick tries the switch, the reason says so for a moment.
+# shellcheck disable=SC2317 # called through wait_for
+plain_reason() { gpuctl status | grep -q "^  train #1: carol (uid [0-9]*): team train has no device now; waiting for a GPU to take a layout that gives it one (gpu\[1\] layout \"train-3g\")$"; }
+check "a plain request of train (no device now) waits for the layout that gives it one" wait_for 20 plain_reason
+gpuctl status | grep '^  train #' | sed 's/^/    status| /'
+wait_for $((HOLD + 40)) journal_has "GPU 1 back to default: the switch to train-3g failed"
+gpuctld_journal | grep "GPU 1 back to default" | tail -n1 | sed 's/^/    journal| /'
+check "the driver refused the switch's 3g create (the injected fault)" \
+    test "$(jq --argjson n "$n1" '[.call_log[] | select(.seq > $n and (.function | test("CreateGpuInstance")) and .result == "NVML_ERROR_INSUFFICIENT_RESOURCES")] | length' "$S")" = 1
+wait_for 30 sh -c "test \"\$(jq -r '[.gpus[1].gpu_instances[].profile_id] | sort | map(tostring) | join(\",\")' $S)\" = 19,19,19,19,19,19,19"
+check "GPU 1 is rebuilt in its last layout, seven 1g.10gb" test "$(profiles 1)" = "19,19,19,19,19,19,19"
+rolled=$(date +%s)
+st=$(gpuctl status)
+grep -A1 '^  1 ' <<<"$st" | sed 's/^/    status| /'
+check "gpuctl status says the switch failed and GPU 1 went back" \
+    grep -q "^    layout default since [0-9]* (unix): GPU 1 back to default: the switch to train-3g failed (.*insufficient resources)" <<<"$st"
+check "the roll-back is counted" \
+    grep -q '^gpuctl_gpu_reslices_total{gpu="1",layout="default",cause="rollback"} 1$' <(gpuctl metrics 2>&1)
+check "carol's request still waits" grep -q '^  train #1: carol' <<<"$st"
+# Past the hold, counted from the roll-back, the switch is tried again and succeeds.
+wait_for $((HOLD + 40)) test -s "$d/plain.env"
+sed 's/^/    carol| /' "$d/plain.out"
+echo "    rolled back at about $rolled, carol's job started at $(date +%s) (hold ${HOLD} s)"
+check "... then, past the hold, GPU 1 takes train-3g and carol's plain job starts on a 3g.40gb instance" \
+    grep -qxF "$(cat "$d/plain.env" 2>/dev/null)" <(jq -r '.gpus[1].gpu_instances[] | select(.profile_id == 9) | .compute_instances[].uuid' "$S")
+check "... not before the hold" test "$(($(date +%s) - rolled))" -ge $((HOLD - 2))
+systemctl kill -s KILL "$(cat "$d/plain.scope")" 2>/dev/null || true
 check "gpuctld still active" systemctl is-active -q gpuctld.service
 finish

@@ -161,6 +161,10 @@ pub struct Faults {
     /// Mutating call numbers that fail once.
     #[serde(default)]
     pub fail_at: Vec<FailAt>,
+    /// Mutating function name → return code: its next call fails once (the entry goes), as a
+    /// driver refusing one step of a longer change.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub fail_once: BTreeMap<String, String>,
 }
 
 /// "The mutating call whose number is `call` fails with `code`."

@@ -522,6 +522,31 @@ fn named_function_fault_from_env_fails_without_changing_state() {
 }
 
 #[test]
+fn a_fail_once_fault_fails_the_next_call_of_that_function_only() {
+    let fake = Fake::new("h100-80gb");
+    let nvml = fake.nvml();
+    enable_mig(&nvml, 0);
+    let d = dev(&nvml, 0);
+    control::update(&fake.state, |st| {
+        st.faults.fail_once.insert(
+            "nvmlDeviceCreateGpuInstanceWithPlacement".into(),
+            "NVML_ERROR_INSUFFICIENT_RESOURCES".into(),
+        );
+    })
+    .unwrap();
+    // Another function first: not its fault.
+    create_gi(&nvml, d, 19, None).unwrap();
+    assert_eq!(
+        create_gi(&nvml, d, 19, Some((1, 1))),
+        Err(fake_nvml::types::NVML_ERROR_INSUFFICIENT_RESOURCES)
+    );
+    create_gi(&nvml, d, 19, Some((1, 1))).unwrap();
+    let st = fake.read();
+    assert!(st.faults.fail_once.is_empty());
+    assert_eq!(st.gpus[0].gpu_instances.len(), 2);
+}
+
+#[test]
 fn nth_mutating_call_fault_counts_persistently() {
     let fake = Fake::new("h100-80gb");
     let nvml = fake.nvml();

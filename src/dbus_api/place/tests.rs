@@ -599,7 +599,13 @@ fn a_missing_profile_waits_only_where_a_layout_gives_the_team_one() {
     let train = layout_profiles(&p, None, "train");
     assert_eq!(
         train,
-        vec![("3g.40gb".to_string(), "gpu[0] layout \"night\"".to_string())]
+        vec![
+            ("3g.40gb".to_string(), "gpu[0] layout \"night\"".to_string()),
+            (
+                WHOLE_GPU.to_string(),
+                "gpu[1] layout \"default\"".to_string()
+            )
+        ]
     );
     assert_eq!(
         layout_profiles(&p, None, "interns"),
@@ -610,27 +616,65 @@ fn a_missing_profile_waits_only_where_a_layout_gives_the_team_one() {
     );
     // Only entries that claim a GPU of this host count.
     let host = [gpu(1, 1)];
-    assert!(layout_profiles(&p, Some(&host), "train").is_empty());
+    assert_eq!(layout_profiles(&p, Some(&host), "train"), train[1..]);
+    let host = [gpu(0, 0)];
+    assert_eq!(layout_profiles(&p, Some(&host), "train"), train[..1]);
     let host = [gpu(0, 0), gpu(1, 1)];
     assert_eq!(layout_profiles(&p, Some(&host), "train"), train);
 
     // With --wait: queued, saying for what.
-    let why = without_profile("train", "3g.40gb", &[], &train, true).unwrap();
+    let why = without_profile("train", Some("3g.40gb"), &[], &train, true).unwrap();
     assert_eq!(
         why,
         "no 3g.40gb device in team train's share now; waiting for a GPU to take a layout that \
          has one (gpu[0] layout \"night\")"
     );
     // Without: refused, pointing at --wait.
-    let e = without_profile("train", "3g.40gb", &[], &train, false).unwrap_err();
+    let e = without_profile("train", Some("3g.40gb"), &[], &train, false).unwrap_err();
     assert!(
         e.contains("gpu[0] layout \"night\" has one") && e.contains("--wait"),
         "{e}"
     );
     // No layout has it: refused even with --wait, naming what the team has and may get.
-    let e = without_profile("train", "7g.80gb", &["1g.10gb".into()], &train, true).unwrap_err();
+    let e =
+        without_profile("train", Some("7g.80gb"), &["1g.10gb".into()], &train, true).unwrap_err();
     assert!(e.contains("its MIG profiles now: 1g.10gb"), "{e}");
     assert!(e.contains("its layouts give it: 3g.40gb"), "{e}");
-    let e = without_profile("interns", "3g.40gb", &[], &[], true).unwrap_err();
+    let e = without_profile("interns", Some("3g.40gb"), &[], &[], true).unwrap_err();
     assert!(e.contains("no layout gives it a MIG device"), "{e}");
+}
+
+#[test]
+fn a_team_with_no_device_waits_only_where_a_layout_gives_it_one() {
+    let p = policy(LAYOUTS);
+    // Train's share is empty on a host with GPU 0 only, in its default layout.
+    let empty: Vec<ShareDevice> = Vec::new();
+    let e = place(
+        &team("train"),
+        &empty,
+        &[],
+        &HashMap::new(),
+        &JoinOptions::default(),
+    )
+    .unwrap_err();
+    assert!(!e.busy && e.no_profile == Some(vec![]), "{e:?}");
+    let host = [gpu(0, 0)];
+    let layouts = layout_profiles(&p, Some(&host), "train");
+    let why = without_profile("train", None, &[], &layouts, true).unwrap();
+    assert_eq!(
+        why,
+        "team train has no device now; waiting for a GPU to take a layout that gives it one \
+         (gpu[0] layout \"night\")"
+    );
+    let e = without_profile("train", None, &[], &layouts, false).unwrap_err();
+    assert!(
+        e.contains("gpu[0] layout \"night\" gives it one") && e.contains("--wait"),
+        "{e}"
+    );
+    // A layout with a whole GPU of the team counts, one that gives it nothing does not.
+    let whole = [(WHOLE_GPU.to_string(), "gpu[2] layout \"day\"".to_string())];
+    assert!(without_profile("train", None, &[], &whole, true).is_ok());
+    assert!(without_profile("train", Some("3g.40gb"), &[], &whole, true).is_err());
+    let e = without_profile("research", None, &[], &[], true).unwrap_err();
+    assert!(e.contains("no layout of the policy gives it one"), "{e}");
 }
