@@ -768,10 +768,12 @@ fn every_alert_is_evaluated_at_prometheus_own_interval() {
 #[test]
 fn each_gpus_layout_is_shown_with_the_time_since_its_switch() {
     let text = metrics::encode_prometheus_text(&full_snapshot(), metrics::counters());
-    let lines: Vec<&str> = text
+    // A family's series come in no set order (prometheus-client keeps them in a HashMap).
+    let mut lines: Vec<&str> = text
         .lines()
         .filter(|l| l.starts_with("gpuctl_gpu_layout"))
         .collect();
+    lines.sort_unstable();
     assert_eq!(
         lines,
         [

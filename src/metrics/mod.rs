@@ -148,7 +148,7 @@ impl Counters {
             .inc();
     }
 
-    /// GPU `gpu` switched to `layout` (`cause`: `waiting`, `calendar`).
+    /// GPU `gpu` switched to `layout` (`cause`: `waiting`, `calendar`, `rollback`).
     pub fn resliced(&self, gpu: u32, layout: &str, cause: &str) {
         self.reslices
             .get_or_create(&l(&[
@@ -506,7 +506,7 @@ pub fn registry(s: &Snapshot, c: &Counters) -> Registry {
     r
 }
 
-/// Device health: in service or not, XIDs by code, quarantines, standing conditions.
+/// The layout of each GPU whose entry allows several, and how long it has had it.
 fn register_layouts(r: &mut Registry, layouts: &[(u32, String, Option<u64>)]) {
     if layouts.is_empty() {
         return;
@@ -532,6 +532,7 @@ fn register_layouts(r: &mut Registry, layouts: &[(u32, String, Option<u64>)]) {
     );
 }
 
+/// Device health: in service or not, XIDs by code, quarantines, standing conditions.
 fn register_health(r: &mut Registry, devices: &[DeviceHealth]) {
     if devices.is_empty() {
         return;
