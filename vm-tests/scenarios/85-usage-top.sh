@@ -5,8 +5,8 @@
 # the stray, and reports no utilisation for the MIG GPU (not a made-up 0). Who sees what: alice
 # (infer) sees her team's processes by name and only counts of train's and the stray; bob (no
 # team) sees every device and only counts. Admit what fits: infer-job, in infer's slice but in
-# no gpuctl job, holds GPU 0, so alice's `gpuctl run` there is refused naming it, and placed
-# once it is gone.
+# no gpuctl job, holds GPU 0, so alice's `gpuctl run` there is refused naming it, and placed,
+# with --wait, once it is gone.
 # vmtest: timeout=300
 # vmtest: group=usage
 . lib/common.sh
@@ -73,7 +73,9 @@ check "... naming the process" grep -q "is busy: pid $P_INFER (sleep) holds 7800
 systemctl stop infer-job.service
 S=$FAKE_NVML_STATE
 flock "$S.lock" sh -c "jq '.processes |= map(select(.pid != $P_INFER))' '$S' >'$S.new' && mv '$S.new' '$S'"
-out=$("${alice[@]}" gpuctl run --team infer -- sh -c 'echo "on $CUDA_VISIBLE_DEVICES"' 2>&1); rc=$?
+# With --wait: a placement reads the usage collection, which sees the process gone at its next
+# sample (every 2 s), not at once.
+out=$("${alice[@]}" gpuctl run --team infer --wait=30s -- sh -c 'echo "on $CUDA_VISIBLE_DEVICES"' 2>&1); rc=$?
 _vm_show "$out" 4
 check "once it is gone the job is placed there" bash -c 'test "$1" = 0 && grep -q "^on GPU-" <<<"$2"' _ "$rc" "$out"
 usage_teardown
