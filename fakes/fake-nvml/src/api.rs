@@ -152,9 +152,14 @@ fn mutate(
     let r = state::with_state(&path, spec.as_deref(), |st| {
         st.mutating_calls += 1;
         let seq = st.mutating_calls;
-        let once = st.faults.fail_once.remove(name);
+        // A one-shot fault is used up only by the call it fails.
         let fault = nth_fault(st, seq)
-            .or_else(|| once.as_deref().and_then(parse_return))
+            .or_else(|| {
+                st.faults
+                    .fail_once
+                    .remove(name)
+                    .and_then(|c| parse_return(&c))
+            })
             .or_else(|| named_fault(st, name));
         let (rc, args) = f(st, fault);
         st.call_log.push(state::CallRecord {
