@@ -10,10 +10,11 @@ use gpuctl::daemon::reconcile::{CoreReconciler, ReconcileReport, Reconciler};
 use gpuctl::daemon::requeue::{Backoff, Requeue, FIRST_RETRY, RECHECK, RETRY_CAP};
 use gpuctl::daemon::state::{AppliedState, STATE_FILE};
 use gpuctl::daemon::{load_keeping_last_good, persist_last_good, Shared};
+use gpuctl::dbus_api::ResetError;
 use gpuctl::observe::{MpsSpec, Observed, SliceSpec};
 use gpuctl::paths::Root;
 use gpuctl::policy::{Policy, TeamName};
-use gpuctl::real::RealHost;
+use gpuctl::real::{OtherClients, RealHost};
 use gpuctl::systemd::{LiveUnits, SystemdError};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -159,16 +160,26 @@ static SERIAL: Mutex<()> = Mutex::new(());
 
 impl Daemon {
     fn new(spec: &str) -> Daemon {
+        Daemon::with_others(spec, None)
+    }
+
+    /// With `others` quieted around a GPU reset, as gpuctld's watcher and collector are.
+    fn with_others(spec: &str, others: Option<Box<dyn OtherClients>>) -> Daemon {
         let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let fake = FakeHost::new(spec);
-        // The reconciler opens the library the environment names, as gpuctld would.
+        // The reconciler opens the library the environment names, as gpuctld would, and resets
+        // through the fake as the VM scenarios' gpuctld does.
         std::env::set_var("GPUCTL_NVML_LIBRARY", lib_path());
+        std::env::set_var("GPUCTL_GPU_RESET_CMD", "fake:");
         let sd = RecSystemd {
             rec: Arc::default(),
             nvml_state: fake.state.clone(),
         };
-        let host = RealHost::open(Root::new(&fake.root), Some(lib_path()))
+        let mut host = RealHost::open(Root::new(&fake.root), Some(lib_path()))
             .with_systemd(Box::new(sd.clone()));
+        if let Some(o) = others {
+            host = host.with_other_clients(o);
+        }
         Daemon {
             rec: CoreReconciler::new(host),
             fake,
@@ -893,4 +904,91 @@ fn a_mig_change_blocked_by_a_busy_instance_is_rechecked_shortly() {
         Backoff::default().after(&blocked).0,
         Requeue::Recheck(RECHECK)
     );
+}
+
+/// Another NVML client of the process (gpuctld's health watcher): it lets go when quieted.
+struct Watcher {
+    nvml: Arc<Mutex<Option<nvml_wrapper::Nvml>>>,
+    quieted: Arc<Mutex<u32>>,
+}
+
+impl OtherClients for Watcher {
+    fn quiet(&self) -> Box<dyn std::any::Any> {
+        *self.quieted.lock().unwrap() += 1;
+        self.nvml.lock().unwrap().take();
+        Box::new(())
+    }
+}
+
+fn open_nvml() -> nvml_wrapper::Nvml {
+    nvml_wrapper::Nvml::builder()
+        .lib_path(lib_path().as_os_str())
+        .init()
+        .unwrap()
+}
+
+/// gpuctld's idle reset of a quarantined GPU: nothing is tried while a process holds it; the
+/// driver (the fake, as nvidia-smi) refuses it while another NVML client of the process is
+/// open, so the host has the others let go first; then it resets and the next run reads the
+/// host again.
+#[test]
+fn an_idle_reset_refuses_a_held_gpu_and_has_the_other_nvml_clients_let_go_first() {
+    let resets = |d: &Daemon| {
+        d.fake
+            .log()
+            .into_iter()
+            .filter(|(f, _, _)| f == "fakeNvmlResetGpu")
+            .map(|(_, r, _)| r)
+            .collect::<Vec<_>>()
+    };
+    // No hook: the other client stays open and the driver refuses.
+    let mut d = Daemon::new("h100*2");
+    let watcher = open_nvml();
+    d.put("10-teams.toml", TWO_TEAMS);
+    let p = d.load();
+    converged(&d.rec.reconcile(&p));
+    let g1 = d.observe().gpus[1].uuid.clone();
+    let add = fake_nvml::control::add_process(
+        &d.fake.state,
+        fake_nvml::state::Process {
+            pid: 77,
+            gpu: 1,
+            gi: None,
+            ci: None,
+            used_memory_mib: 100,
+        },
+    );
+    assert_eq!(add.unwrap(), 0);
+    match d.rec.reset_gpu(&p, &g1) {
+        Err(ResetError::Busy(who)) => assert!(who.contains("pid 77"), "{who}"),
+        r => panic!("a held GPU: {r:?}"),
+    }
+    assert!(resets(&d).is_empty(), "tried on a held GPU");
+    fake_nvml::control::remove_process(&d.fake.state, 77).unwrap();
+    match d.rec.reset_gpu(&p, &g1) {
+        Err(ResetError::Failed(why)) => assert!(why.contains("in use"), "{why}"),
+        r => panic!("another client open: {r:?}"),
+    }
+    assert_eq!(resets(&d), ["NVML_ERROR_IN_USE"]);
+    drop(d);
+    drop(watcher);
+
+    // With the hook: the watcher lets go, the reset goes through, nothing stays open.
+    let (nvml, quieted) = (Arc::new(Mutex::new(None)), Arc::new(Mutex::new(0)));
+    let w = Watcher {
+        nvml: nvml.clone(),
+        quieted: quieted.clone(),
+    };
+    let mut d = Daemon::with_others("h100*2", Some(Box::new(w)));
+    *nvml.lock().unwrap() = Some(open_nvml());
+    d.put("10-teams.toml", TWO_TEAMS);
+    let p = d.load();
+    converged(&d.rec.reconcile(&p));
+    let g1 = d.observe().gpus[1].uuid.clone();
+    d.rec.reset_gpu(&p, &g1).unwrap();
+    assert_eq!(resets(&d), ["NVML_SUCCESS"]);
+    assert_eq!(*quieted.lock().unwrap(), 1);
+    assert!(nvml.lock().unwrap().is_none());
+    assert_eq!(fakehost::open_inits(), 0, "NVML left open by the reset");
+    converged(&d.rec.reconcile(&p));
 }

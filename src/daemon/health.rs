@@ -7,7 +7,9 @@
 //! terminals ([`crate::real::tty`]), the out-of-service set placement reads
 //! ([`crate::dbus_api::health`]) and the registry file under `/run/gpuctl` (through
 //! [`crate::files::write_atomic`]), so that a restart of gpuctld keeps a quarantine. A reboot
-//! clears it: the board is reset by then, and a fault that persists is seen again.
+//! clears it: the board is reset by then, and a fault that persists is seen again. With
+//! `reset-when-idle`, the task also resets a quarantined GPU once nothing holds it
+//! ([`reset_idle`]), through the reconcile loop, which owns the host.
 
 use super::Shared;
 use crate::dbus_api::reply::{DeviceChangeReply, HealthReply};
@@ -18,8 +20,8 @@ use crate::nvml::health::{HealthWatch, Waited};
 use crate::observe::GpuState;
 use crate::paths::Root;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tracing::{info, warn};
 
@@ -140,14 +142,106 @@ fn library_of(shared: &Mutex<Shared>) -> Option<PathBuf> {
     )
 }
 
-/// What the watcher thread sends: observations, or why it cannot read NVML (`Err`).
-type Batch = Result<Vec<Observation>, String>;
+/// What the watcher thread sends: when it read them and the observations, or why it cannot
+/// read NVML (`Err`).
+type Batch = (Instant, Result<Vec<Observation>, String>);
+
+/// Lets a GPU reset have the watcher thread let go of NVML. The watcher looks between its
+/// waits, so a hold waits up to one wait (the interval) for it; an event wait cannot be
+/// interrupted, and a shorter wait would cost the idle host wakeups.
+#[derive(Debug, Default)]
+pub struct WatchGate {
+    state: Mutex<GateState>,
+    cv: Condvar,
+}
+
+#[derive(Debug, Default)]
+struct GateState {
+    /// Holds asked for and not dropped.
+    holds: usize,
+    /// The watcher has NVML open, or may open it before it looks again.
+    open: bool,
+}
+
+/// The watcher stays off NVML while this lives.
+#[derive(Debug)]
+pub struct GateHold(Arc<WatchGate>);
+
+impl Drop for GateHold {
+    fn drop(&mut self) {
+        let mut s = self.0.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.holds -= 1;
+        self.0.cv.notify_all();
+    }
+}
+
+impl WatchGate {
+    /// Ask the watcher to let go of NVML and wait up to `wait` for it (past that, the reset
+    /// goes on and the driver decides).
+    pub fn hold(self: &Arc<Self>, wait: Duration) -> GateHold {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.holds += 1;
+        let (s, timeout) = self
+            .cv
+            .wait_timeout_while(s, wait, |s| s.open)
+            .unwrap_or_else(|e| e.into_inner());
+        if timeout.timed_out() && s.open {
+            warn!(
+                gpuctl_action = "health",
+                "the health watcher did not let go of NVML within {} ms",
+                wait.as_millis()
+            );
+        }
+        GateHold(self.clone())
+    }
+
+    /// In the watcher, before it uses NVML: while a hold is asked for, let go of `watch` and
+    /// wait; then mark NVML as in use (opened now if `watch` is empty).
+    fn checkpoint(&self, watch: &mut Option<HealthWatch>) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if s.holds > 0 {
+            *watch = None;
+            s.open = false;
+            self.cv.notify_all();
+            while s.holds > 0 {
+                s = self.cv.wait(s).unwrap_or_else(|e| e.into_inner());
+            }
+        }
+        s.open = true;
+    }
+
+    /// The watcher holds no NVML (an open failed).
+    fn closed(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.open = false;
+        self.cv.notify_all();
+    }
+}
+
+/// gpuctld's other NVML clients, quieted for a reset ([`crate::real::OtherClients`]): the
+/// watcher first (it may take an interval), then the usage collector (its readers wait).
+#[derive(Debug)]
+pub struct Quiet {
+    /// The watcher's gate.
+    pub gate: Arc<WatchGate>,
+    /// How long a reset waits for the watcher.
+    pub wait: Duration,
+}
+
+impl crate::real::OtherClients for Quiet {
+    fn quiet(&self) -> Box<dyn std::any::Any> {
+        let watcher = self.gate.hold(self.wait);
+        let collector = crate::dbus_api::collector::quiet();
+        Box::new((watcher, collector))
+    }
+}
 
 /// Start the watcher thread; it runs for the life of the process.
 pub fn spawn_watcher(
     shared: Arc<Mutex<Shared>>,
     tx: mpsc::UnboundedSender<Batch>,
     interval: Duration,
+    gate: Arc<WatchGate>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new()
         .name("health".into())
@@ -158,12 +252,14 @@ pub fn spawn_watcher(
             let ms = interval.as_millis().min(u32::MAX as u128) as u32;
             let mut watch: Option<HealthWatch> = None;
             loop {
+                gate.checkpoint(&mut watch);
                 let w = match &watch {
                     Some(w) => w,
                     None => match HealthWatch::open(library_of(&shared)) {
                         Ok(w) => watch.insert(w),
                         Err(e) => {
-                            if tx.send(Err(e.to_string())).is_err() {
+                            gate.closed();
+                            if tx.send((Instant::now(), Err(e.to_string()))).is_err() {
                                 return;
                             }
                             std::thread::sleep(interval);
@@ -188,6 +284,7 @@ pub fn spawn_watcher(
                                 "NVML event wait: {why}; reopening"
                             );
                             watch = None;
+                            gate.closed();
                             std::thread::sleep(interval);
                             break;
                         }
@@ -199,7 +296,7 @@ pub fn spawn_watcher(
                 }
                 let Some(w) = &watch else { continue };
                 batch.extend(w.counters());
-                if tx.send(Ok(batch)).is_err() {
+                if tx.send((Instant::now(), Ok(batch))).is_err() {
                     return;
                 }
                 if lost {
@@ -211,15 +308,27 @@ pub fn spawn_watcher(
         .map(|_| ())
 }
 
+/// What the health task works with.
+pub struct RunCx {
+    /// Files.
+    pub root: Root,
+    /// The daemon.
+    pub backend: Arc<dyn Backend>,
+    /// systemd (leases, stops).
+    pub sd: crate::systemd::Systemd,
+    /// The daemon's state.
+    pub shared: Arc<Mutex<Shared>>,
+    /// The registry.
+    pub side: SharedHealth,
+    /// The placement lock, held from an idle reset's look until the reset is over.
+    pub placing: Arc<tokio::sync::Mutex<()>>,
+}
+
 /// Consume the watcher's batches until the runtime ends.
-pub async fn run(
-    root: Root,
-    backend: Arc<dyn Backend>,
-    sd: crate::systemd::Systemd,
-    shared: Arc<Mutex<Shared>>,
-    side: SharedHealth,
-    mut rx: mpsc::UnboundedReceiver<Batch>,
-) {
+pub async fn run(cx: RunCx, mut rx: mpsc::UnboundedReceiver<Batch>) {
+    let (root, backend, sd) = (cx.root.clone(), cx.backend.clone(), cx.sd.clone());
+    let (shared, side) = (cx.shared.clone(), cx.side.clone());
+    let mut resets = Resets::default();
     let mut said: Option<String> = None;
     loop {
         // With `on-fault = "stop"` a quarantine's grace ends between batches: sleep until the
@@ -238,9 +347,13 @@ pub async fn run(
             }
             None => rx.recv().await,
         };
-        let Some(batch) = batch else { break };
+        let Some((read_at, batch)) = batch else { break };
         let obs = match batch {
-            Ok(o) => o,
+            Ok(mut o) => {
+                // Read before a reset that has since cleared them: the next read tells.
+                o.retain(|o| resets.done.get(o.gpu()).is_none_or(|at| read_at > *at));
+                o
+            }
             Err(why) => {
                 if said.as_deref() != Some(why.as_str()) {
                     warn!(gpuctl_action = "health", "health watcher: {why}");
@@ -282,7 +395,172 @@ pub async fn run(
             act(&root, &*backend, &sd, &topo, &settings, e).await;
         }
         stop_due(&root, &*backend, &sd, &shared, &side).await;
+        reset_idle(&cx, &mut resets).await;
     }
+}
+
+/// How long after an idle reset gpuctld resets that GPU again: a failed one is retried, and
+/// one that did not clear the fault (quarantined again at the next read) is not repeated at
+/// every read.
+const RESET_RETRY: Duration = Duration::from_secs(300);
+
+/// What the idle reset remembers between batches.
+#[derive(Debug, Default)]
+struct Resets {
+    /// When each GPU was last reset, or tried.
+    tried: std::collections::BTreeMap<String, Instant>,
+    /// What each GPU waits for, as last logged (logged again only when it changes).
+    waiting: std::collections::BTreeMap<String, String>,
+    /// When each GPU's last reset was over: what the watcher read before then is stale.
+    done: std::collections::BTreeMap<String, Instant>,
+}
+
+/// `reset-when-idle`: reset each GPU the registry says a reset may bring back, once nothing
+/// holds it or any of its MIG devices (no lease, no process), under the placement lock so that
+/// no job is placed there meanwhile. The reset's own look at the processes and the driver
+/// refuse a busy GPU too.
+async fn reset_idle(cx: &RunCx, resets: &mut Resets) {
+    let settings = settings_of(&cx.shared);
+    let topo = topology_of(&cx.shared);
+    let candidates = super::lock(&cx.side)
+        .registry
+        .reset_candidates(&topo, &settings);
+    resets.waiting.retain(|g, _| candidates.contains(g));
+    for gpu in candidates {
+        if resets
+            .tried
+            .get(&gpu)
+            .is_some_and(|t| t.elapsed() < RESET_RETRY)
+        {
+            continue;
+        }
+        let index = topo
+            .gpus
+            .iter()
+            .find(|g| g.uuid == gpu)
+            .map_or(String::from("?"), |g| g.index.to_string());
+        let _guard = cx.placing.lock().await;
+        let held = match held(&cx.root, &*cx.backend, &cx.sd).await {
+            Ok(h) => h,
+            Err(why) => {
+                wait_note(resets, &gpu, &index, why);
+                continue;
+            }
+        };
+        let holders = crate::health::Registry::reset_holders(&topo, &gpu, &held);
+        if !holders.is_empty() {
+            wait_note(
+                resets,
+                &gpu,
+                &index,
+                format!("held by {}", holders.join(", ")),
+            );
+            continue;
+        }
+        resets.waiting.remove(&gpu);
+        info!(
+            gpuctl_action = "health-reset",
+            gpuctl_gpu = %gpu,
+            "GPU {index} ({gpu}) is idle: resetting it (reset-when-idle)"
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let req = crate::dbus_api::Request::ResetGpu {
+            gpu: gpu.clone(),
+            reply: tx,
+        };
+        if !cx.backend.send(req) {
+            return;
+        }
+        let Ok(r) = rx.await else { return };
+        resets.tried.insert(gpu.clone(), Instant::now());
+        match r {
+            Ok(at) => {
+                resets.done.insert(gpu.clone(), at);
+                info!(
+                    gpuctl_action = "health-reset",
+                    gpuctl_gpu = %gpu,
+                    "GPU {index} ({gpu}) reset"
+                );
+                // The topology after the reconcile that rebuilt its instances.
+                let now_topo = topology_of(&cx.shared);
+                let effects = {
+                    let mut s = super::lock(&cx.side);
+                    let e = s.registry.reset_done(&topo, &gpu);
+                    s.save();
+                    let _ = s.publish(&now_topo);
+                    e
+                };
+                cx.backend.send(env_reconcile());
+                for e in effects {
+                    act(&cx.root, &*cx.backend, &cx.sd, &topo, &settings, e).await;
+                }
+            }
+            Err(crate::dbus_api::ResetError::Busy(who)) => {
+                // A process the collection had not seen yet: wait for it like any holder.
+                resets.tried.remove(&gpu);
+                wait_note(resets, &gpu, &index, format!("held by {who}"));
+            }
+            Err(why) => {
+                warn!(
+                    gpuctl_action = "health-reset",
+                    gpuctl_gpu = %gpu,
+                    "GPU {index} ({gpu}): the idle reset failed: {why}; tried again in {} s",
+                    RESET_RETRY.as_secs()
+                );
+            }
+        }
+    }
+}
+
+/// Log what an idle reset waits for, once per change.
+fn wait_note(resets: &mut Resets, gpu: &str, index: &str, why: String) {
+    if resets.waiting.get(gpu) != Some(&why) {
+        info!(
+            gpuctl_action = "health-reset",
+            gpuctl_gpu = %gpu,
+            "GPU {index} ({gpu}) needs a reset; waiting until it is idle: {why}"
+        );
+        resets.waiting.insert(gpu.to_string(), why);
+    }
+}
+
+/// Every device's holders: its placement leases and the processes of a usage collection.
+/// Either one unreadable: nothing can be called idle.
+async fn held(
+    root: &Root,
+    backend: &dyn Backend,
+    sd: &crate::systemd::Systemd,
+) -> Result<std::collections::BTreeMap<String, Vec<String>>, String> {
+    let mut held: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    let leases = crate::dbus_api::place::leases(sd, root)
+        .await
+        .map_err(|e| format!("cannot read the leases: {e}"))?;
+    for l in leases {
+        for d in &l.devices {
+            held.entry(d.clone())
+                .or_default()
+                .push(format!("the job of {} ({})", l.user, l.unit));
+        }
+    }
+    let u = crate::dbus_api::usage::usage(backend, root)
+        .await
+        .map_err(|e| format!("no usage collection: {e}"))?;
+    if let Some(why) = &u.nvml_unavailable {
+        return Err(why.clone());
+    }
+    for g in &u.gpus {
+        let procs = g.processes.iter().map(|p| (&g.uuid, p));
+        let mig = g
+            .mig_devices
+            .iter()
+            .flat_map(|m| m.processes.iter().map(move |p| (&m.uuid, p)));
+        for (dev, p) in procs.chain(mig) {
+            held.entry(dev.clone())
+                .or_default()
+                .push(format!("pid {}", p.pid));
+        }
+    }
+    Ok(held)
 }
 
 /// `on-fault = "stop"`: stop the jobs (member scopes) on every device whose grace is over, tell
@@ -570,4 +848,44 @@ pub fn change(
     // Journal only: an admin's change tells nobody's terminal (running jobs keep running).
     journal_change(&e);
     Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc::channel;
+
+    #[test]
+    fn a_hold_waits_for_the_watcher_to_let_go_and_keeps_it_off_until_dropped() {
+        let gate = Arc::new(WatchGate::default());
+        // The watcher uses NVML, then sits in a wait before it looks again.
+        gate.checkpoint(&mut None);
+        let (tx, rx) = channel();
+        let g = gate.clone();
+        let watcher = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(200));
+            tx.send("looks").unwrap();
+            g.checkpoint(&mut None);
+            tx.send("back on NVML").unwrap();
+        });
+        let hold = gate.hold(Duration::from_secs(30));
+        assert_eq!(
+            rx.try_recv(),
+            Ok("looks"),
+            "the hold did not wait for the watcher"
+        );
+        assert!(
+            rx.recv_timeout(Duration::from_millis(300)).is_err(),
+            "the watcher went back to NVML while held"
+        );
+        drop(hold);
+        assert_eq!(rx.recv_timeout(Duration::from_secs(30)), Ok("back on NVML"));
+        watcher.join().unwrap();
+
+        // A watcher whose open failed holds nothing: no wait.
+        gate.closed();
+        let t = Instant::now();
+        drop(gate.hold(Duration::from_secs(30)));
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
+    }
 }

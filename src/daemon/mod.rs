@@ -529,6 +529,30 @@ impl Looper {
         self.progress.leave();
         r
     }
+
+    /// Reset GPU `gpu` if nothing holds it, then reconcile when it was reset (its MIG
+    /// instances are gone).
+    async fn reset_gpu(
+        &mut self,
+        gpu: String,
+    ) -> Result<std::time::Instant, crate::dbus_api::ResetError> {
+        use crate::dbus_api::ResetError;
+        let Some(p) = self.load_guarded().await.map(|p| self.in_force(&p)) else {
+            return Err(ResetError::Failed("no valid policy".into()));
+        };
+        let rec = self.reconciler.clone();
+        self.progress.enter(reconcile_limit(&p));
+        let g = gpu.clone();
+        let r = tokio::task::spawn_blocking(move || lock(&rec).reset_gpu(&p, &g))
+            .await
+            .unwrap_or_else(|e| Err(ResetError::Failed(format!("the reset panicked: {e}"))));
+        self.progress.leave();
+        let over = std::time::Instant::now();
+        if r.is_ok() {
+            self.cycle(&format!("GPU {gpu} reset"), Observe::All).await;
+        }
+        r.map(|()| over)
+    }
 }
 
 /// Forward systemd's removal of our units (someone stopped a team slice or MPS daemon and it
@@ -766,8 +790,16 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     let effector = BlockingSystemd::new(tokio::runtime::Handle::current(), Arc::new(sd.clone()));
     // The default NVML library is tried now; every reconcile points the host at the library
     // the policy names (CoreReconciler::observe), so a policy change can fix a wrong path.
-    let host =
-        crate::real::RealHost::open(opts.root.clone(), None).with_systemd(Box::new(effector));
+    // A reset waits for the health watcher to let go of NVML: up to two of its waits (a lost
+    // GPU's read is paced by one more).
+    let gate = Arc::new(health::WatchGate::default());
+    let quiet = health::Quiet {
+        gate: gate.clone(),
+        wait: 2 * health::interval_from_env() + Duration::from_secs(1),
+    };
+    let host = crate::real::RealHost::open(opts.root.clone(), None)
+        .with_systemd(Box::new(effector))
+        .with_other_clients(Box::new(quiet));
     let reconciler: SharedReconciler = Arc::new(Mutex::new(Box::new(CoreReconciler::new(host))));
 
     let health_side = Arc::new(Mutex::new(health::HealthSide::load(&opts.root)));
@@ -787,15 +819,20 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         policy_seen.clone(),
     ));
     let (health_tx, health_rx) = mpsc::unbounded_channel();
-    if let Err(e) = health::spawn_watcher(shared.clone(), health_tx, health::interval_from_env()) {
+    let health_every = health::interval_from_env();
+    if let Err(e) = health::spawn_watcher(shared.clone(), health_tx, health_every, gate) {
         error!("cannot start the health watcher thread: {e}");
     }
+    let placing = Arc::new(tokio::sync::Mutex::new(()));
     tokio::spawn(health::run(
-        opts.root.clone(),
-        backend.clone(),
-        sd.clone(),
-        shared.clone(),
-        health_side.clone(),
+        health::RunCx {
+            root: opts.root.clone(),
+            backend: backend.clone(),
+            sd: sd.clone(),
+            shared: shared.clone(),
+            side: health_side.clone(),
+            placing: placing.clone(),
+        },
         health_rx,
     ));
     let loans_seen = Arc::new(tokio::sync::Notify::new());
@@ -805,6 +842,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         backend,
         sd.clone(),
         opts.root.clone(),
+        placing,
         loans_seen.clone(),
         reslice_seen.clone(),
     )
@@ -926,6 +964,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         let mut reasons = Vec::new();
         let mut plans = Vec::new();
         let mut observe = None::<Observe>;
+        let mut resets = Vec::new();
         for r in std::iter::once(first).chain(std::iter::from_fn(|| rx.try_recv().ok())) {
             match r {
                 Request::Reconcile {
@@ -939,6 +978,7 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
                     waiters.extend(reply);
                 }
                 Request::Plan { reply } => plans.push(reply),
+                Request::ResetGpu { gpu, reply } => resets.push((gpu, reply)),
             }
         }
         if !reasons.is_empty() {
@@ -951,6 +991,10 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
             for w in waiters {
                 let _ = w.send(report.clone());
             }
+        }
+        for (gpu, reply) in resets {
+            let r = looper.reset_gpu(gpu).await;
+            let _ = reply.send(r);
         }
         // Every Plan queued by now gets the same dry run: N callers cost one observation.
         if !plans.is_empty() {

@@ -12,6 +12,7 @@ use super::Observe;
 use crate::apply::journal::FileJournal;
 use crate::apply::{self, EffectError, Observer, Report};
 pub use crate::dbus_api::reply::{HostView, ReconcileReport};
+use crate::dbus_api::ResetError;
 use crate::observe::Observed;
 use crate::plan::{self, Action, ActionKind, Plan, TeamView};
 use crate::policy::{Policy, TeamName};
@@ -45,6 +46,13 @@ pub trait Reconciler: Send {
     }
     /// Report what [`Reconciler::reconcile`] would change, changing nothing.
     fn plan(&mut self, policy: &Policy) -> ReconcileReport;
+    /// Reset GPU `gpu` (UUID) when no process holds it.
+    fn reset_gpu(&mut self, policy: &Policy, gpu: &str) -> Result<(), ResetError> {
+        let _ = (policy, gpu);
+        Err(ResetError::Failed(
+            "this reconciler cannot reset a GPU".into(),
+        ))
+    }
 }
 
 /// The reconciler: `observe → plan → execute` on a [`RealHost`] with systemd attached.
@@ -490,6 +498,39 @@ fn absorb(rep: &Report, r: &mut ReconcileReport) {
     }
 }
 
+impl CoreReconciler {
+    /// The reset itself, after the processes are read again: the driver would refuse a busy
+    /// GPU too, but gpuctl never even tries to take one from a job.
+    fn reset_idle(&mut self, gpu: &str) -> Result<(), ResetError> {
+        let failed = |e: EffectError| ResetError::Failed(e.to_string());
+        let obs = crate::apply::Observer::observe(&mut self.host).map_err(failed)?;
+        if let Some(why) = obs.nvml_unavailable {
+            return Err(ResetError::Failed(why));
+        }
+        let g = obs
+            .gpus
+            .iter()
+            .find(|g| g.uuid == gpu)
+            .ok_or_else(|| ResetError::Failed(format!("no GPU {gpu} on this host")))?;
+        let holders: Vec<String> = g
+            .processes
+            .iter()
+            .chain(
+                g.mig
+                    .iter()
+                    .flat_map(|m| m.instances.iter())
+                    .flat_map(|i| i.compute.iter())
+                    .flat_map(|c| c.processes.iter()),
+            )
+            .map(crate::plan::mig::holder)
+            .collect();
+        if !holders.is_empty() {
+            return Err(ResetError::Busy(holders.join(", ")));
+        }
+        crate::apply::GpuEffector::reset_gpu(&mut self.host, gpu).map_err(failed)
+    }
+}
+
 impl Reconciler for CoreReconciler {
     fn reconcile_with(&mut self, policy: &Policy, observe: Observe) -> ReconcileReport {
         let mut laps = Laps::start();
@@ -506,6 +547,20 @@ impl Reconciler for CoreReconciler {
             "reconcile took {}",
             laps.show()
         );
+        r
+    }
+
+    fn reset_gpu(&mut self, policy: &Policy, gpu: &str) -> Result<(), ResetError> {
+        let _lock =
+            crate::apply::lock::ApplyLock::acquire(self.host.root(), "gpuctld", LOCK_WAIT, |_| {})
+                .map_err(|e| ResetError::Failed(e.to_string()))?;
+        self.host.set_nvml_library(crate::nvml::library_path(
+            policy.host.nvml_library.as_deref(),
+        ));
+        let r = self.reset_idle(gpu);
+        self.host.release_nvml();
+        // Its instances are gone: the next run reads the host again.
+        self.last = None;
         r
     }
 

@@ -17,6 +17,12 @@ pub fn collector(lib: Option<std::path::PathBuf>) -> &'static Collector {
     COLLECTOR.get_or_init(|| Collector::new(lib, Collector::interval_from_env()))
 }
 
+/// The collector without NVML while the guard lives (`None`: none was made yet, so none holds
+/// the library).
+pub fn quiet() -> Option<crate::usage::collect::Quiet<'static>> {
+    COLLECTOR.get().map(Collector::quiet)
+}
+
 /// The last collection, however old, without collecting; `None` before the first one or
 /// while one runs.
 pub fn last_collection() -> Option<Arc<Usage>> {

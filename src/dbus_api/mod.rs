@@ -56,7 +56,7 @@ use tokio::sync::oneshot;
 use zbus::{fdo, interface, message::Header, Connection};
 
 pub mod client;
-mod collector;
+pub(crate) mod collector;
 pub mod events;
 pub mod health;
 pub mod join;
@@ -113,6 +113,25 @@ pub enum Request {
         /// Where the report goes.
         reply: oneshot::Sender<ReconcileReport>,
     },
+    /// Reset GPU `gpu` (UUID) if no process holds it, then reconcile (its MIG instances are
+    /// gone): gpuctld's idle reset of a quarantined GPU.
+    ResetGpu {
+        /// The GPU's UUID.
+        gpu: String,
+        /// Where the outcome goes: when the reset was over, or why there was none.
+        reply: oneshot::Sender<Result<Instant, ResetError>>,
+    },
+}
+
+/// Why gpuctld did not reset a GPU ([`Request::ResetGpu`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ResetError {
+    /// Processes hold it, read again just before the reset: nothing was tried.
+    #[error("held by {0}")]
+    Busy(String),
+    /// The reset failed, or the host could not be read or locked for it.
+    #[error("{0}")]
+    Failed(String),
 }
 
 /// How much of the host a reconcile reads again. Ordered: a run serving several triggers reads
@@ -617,13 +636,13 @@ pub async fn serve(
     backend: Arc<dyn Backend>,
     sd: Systemd,
     root: Root,
+    placing: Arc<tokio::sync::Mutex<()>>,
     policy_seen: Arc<tokio::sync::Notify>,
     reslice_seen: Arc<tokio::sync::Notify>,
 ) -> zbus::Result<()> {
     // Subscribed before the name is taken, so no placement can miss its job's signal.
     let jobs = JobWaiter::spawn(&sd).await?;
     let saved = join::load_queue(&root);
-    let placing = Arc::new(tokio::sync::Mutex::new(()));
     let queue = Arc::new(Mutex::new({
         // The requests a previous gpuctld left waiting keep their places while their clients
         // ask again; new tickets follow the clock, so none repeats one of the last gpuctld's

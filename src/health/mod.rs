@@ -233,6 +233,18 @@ pub enum Observation {
     },
 }
 
+impl Observation {
+    /// The GPU it is about.
+    pub fn gpu(&self) -> &str {
+        match self {
+            Observation::Xid { gpu, .. }
+            | Observation::DoubleBitEcc { gpu }
+            | Observation::Counters { gpu, .. }
+            | Observation::Lost { gpu } => gpu,
+        }
+    }
+}
+
 /// A condition that stays until the GPU is reset; resume is refused while one holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -694,6 +706,29 @@ impl Registry {
             })
             .map(|g| g.uuid.clone())
             .collect()
+    }
+
+    /// What keeps GPU `gpu` from an idle reset, from `held` (device UUID → its holders, e.g.
+    /// leases and processes): anything on the GPU or on any of its MIG devices, in service or
+    /// not, since a reset destroys every MIG instance. Empty: idle.
+    pub fn reset_holders(
+        topo: &Topology,
+        gpu: &str,
+        held: &BTreeMap<String, Vec<String>>,
+    ) -> Vec<String> {
+        let mut out: Vec<String> = std::iter::once(gpu)
+            .chain(
+                topo.gpu(gpu)
+                    .into_iter()
+                    .flat_map(|g| g.mig.iter().map(|m| m.uuid.as_str())),
+            )
+            .filter_map(|d| held.get(d))
+            .flatten()
+            .cloned()
+            .collect();
+        out.sort();
+        out.dedup();
+        out
     }
 
     /// After gpuctld reset GPU `gpu`: the conditions a reset clears are gone and the faults

@@ -159,6 +159,39 @@ fn counters_quarantine_reset_when_idle_and_resume_waits_for_the_reset() {
 }
 
 #[test]
+fn an_idle_reset_waits_for_every_holder_of_the_gpu_or_any_of_its_mig_devices() {
+    let held = |pairs: &[(&str, &str)]| {
+        let mut m: BTreeMap<String, Vec<String>> = BTreeMap::new();
+        for (d, h) in pairs {
+            m.entry(d.to_string()).or_default().push(h.to_string());
+        }
+        m
+    };
+    let t = topo();
+    assert!(Registry::reset_holders(&t, "GPU-1", &held(&[])).is_empty());
+    // Another GPU's holders are not this one's.
+    let other = held(&[("GPU-0", "pid 7"), ("MIG-x", "lease of bob")]);
+    assert!(Registry::reset_holders(&t, "GPU-1", &other).is_empty());
+    // The GPU's own, and each MIG device's: a reset destroys the instances in service too.
+    let on = held(&[
+        ("MIG-b", "lease of alice (gpuctl-run-1.scope)"),
+        ("GPU-1", "pid 42"),
+        ("MIG-b", "pid 43"),
+        ("GPU-0", "pid 7"),
+    ]);
+    assert_eq!(
+        Registry::reset_holders(&t, "GPU-1", &on),
+        ["lease of alice (gpuctl-run-1.scope)", "pid 42", "pid 43"]
+    );
+    assert_eq!(Registry::reset_holders(&t, "GPU-0", &on), ["pid 7"]);
+    // A GPU the topology no longer names is still its own holder's.
+    assert_eq!(
+        Registry::reset_holders(&t, "GPU-9", &held(&[("GPU-9", "pid 1")])),
+        ["pid 1"]
+    );
+}
+
+#[test]
 fn new_uncorrectable_ecc_quarantines_slowdown_only_warns() {
     let s = HealthSettings::default();
     let mut r = Registry::default();

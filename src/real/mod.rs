@@ -70,6 +70,20 @@ fn read_team_files(
     Ok(out)
 }
 
+/// The process's other NVML clients (gpuctld's health watcher and usage collector): a GPU
+/// reset is refused while any of them has the library open, so they let go of it while the
+/// guard [`OtherClients::quiet`] returns lives.
+pub trait OtherClients: Send {
+    /// Have them let go; they may open NVML again once the guard is dropped.
+    fn quiet(&self) -> Box<dyn std::any::Any>;
+}
+
+impl std::fmt::Debug for dyn OtherClients {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OtherClients")
+    }
+}
+
 /// The real host.
 #[derive(Debug)]
 pub struct RealHost {
@@ -82,6 +96,8 @@ pub struct RealHost {
     slurm: Option<slurm::SlurmSide>,
     /// What every observation says is out of service ([`RealHost::set_out_of_service`]).
     out_of_service: BTreeSet<String>,
+    /// Quieted around a GPU reset ([`RealHost::with_other_clients`]).
+    others: Option<Box<dyn OtherClients>>,
 }
 
 impl RealHost {
@@ -96,7 +112,14 @@ impl RealHost {
             systemd: None,
             slurm: None,
             out_of_service: BTreeSet::new(),
+            others: None,
         }
+    }
+
+    /// Quiet `others` around every GPU reset.
+    pub fn with_other_clients(mut self, others: Box<dyn OtherClients>) -> Self {
+        self.others = Some(others);
+        self
     }
 
     /// The devices out of service now (gpuctld calls this before each observation, from its
@@ -315,12 +338,14 @@ impl GpuEffector for RealHost {
         self.backend(gpu)?.set_mig_mode(gpu, enable)
     }
     fn reset_gpu(&mut self, gpu: &str) -> Result<(), EffectError> {
-        let b = self.backend(gpu)?;
-        let Some((argv, index)) = b.reset_to_run(gpu)? else {
-            return b.reset_gpu(gpu);
-        };
+        let run = self.backend(gpu)?.reset_to_run(gpu)?;
         // nvidia-smi(1): a reset needs the GPU free of other clients, monitoring ones (NVML)
-        // included. gpuctld lets go of NVML first; the next call opens it again.
+        // included: the process's other clients let go, and so does this host (the next call
+        // opens it again).
+        let _quiet = self.others.as_ref().map(|o| o.quiet());
+        let Some((argv, index)) = run else {
+            return self.backend(gpu)?.reset_gpu(gpu);
+        };
         self.release_nvml();
         crate::nvml::run_reset(&argv, index, gpu)
     }

@@ -280,6 +280,11 @@ impl Drop for Inner {
     }
 }
 
+/// A [`Collector`] without NVML ([`Collector::quiet`]).
+pub struct Quiet<'a> {
+    _inner: std::sync::MutexGuard<'a, Inner>,
+}
+
 /// Serves one collection to every reader for `interval`; collects only when asked.
 pub struct Collector {
     interval: Duration,
@@ -318,6 +323,16 @@ impl Collector {
     /// How many collections ran (each reads NVML once per device).
     pub fn collections(&self) -> u64 {
         self.inner.lock().map_or(0, |i| i.collections)
+    }
+
+    /// Let go of NVML until the guard is dropped; collections wait for it meanwhile. A GPU
+    /// reset is refused while any client of the process has the library open.
+    pub fn quiet(&self) -> Quiet<'_> {
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = inner.nvml.take() {
+            inner.gpm.free_all(&n);
+        }
+        Quiet { _inner: inner }
     }
 
     /// The last collection, however old, without waiting for one that runs now.

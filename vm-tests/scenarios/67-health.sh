@@ -7,7 +7,9 @@
 # service, and the waiter gets GPU 2 when that frees. XID 13 on GPU 0 only counts. The quarantine
 # survives a gpuctld restart; a non-root drain is refused; `gpuctl device resume 1 --reason`
 # brings GPU 1 back (journalled with the reason) and the next job may land there. Both are
-# events (`gpuctl events`) that anyone reads, a user in no team too.
+# events (`gpuctl events`) that anyone reads, a user in no team too. With on-fault = "stop" the
+# job there is stopped after its grace; with reset-when-idle, GPU 1 is reset once nothing holds
+# it and comes back.
 # vmtest: timeout=600
 # vmtest: group=daemon
 . lib/common.sh
@@ -136,6 +138,34 @@ echo "    quarantine $q, stop $st: $(((${st:-0} - ${q:-0}) / 1000)) ms"
 check "the stop came after the 4 s grace" test "$((${st:-0} - ${q:-0}))" -ge 4000000
 check "the journal names the stopped job" journal_has "device $G1: grace over (on-fault = stop): stopped 1 job(s): $s1"
 check "carol's job on GPU 0, in service, still runs" systemctl is-active -q "${s0:-none}"
+
+# reset-when-idle: GPU 1, out of service and now with a row remap pending, is reset only once
+# nothing holds it, through the fake's reset, which refuses while another NVML client of
+# gpuctld (its health watcher, its usage collector) is open; the reset carries out the remap
+# and GPU 1 comes back and stays back.
+S=$FAKE_NVML_STATE
+fake_jq() { (flock 9 && jq "$@" "$S" >"$S.new" && mv "$S.new" "$S") 9>"$S.lock"; }
+resets() { jq -c '[.call_log[]? | select(.function == "fakeNvmlResetGpu") | .result]' "$S"; }
+sleep 600 &
+P=$!
+fake_jq --argjson p "$P" '.processes += [{pid: $p, gpu: 1, used_memory_mib: 100}] | .health.gpus["1"].remap_pending = true'
+policy 'reset-when-idle = true'
+reload_wait
+check "the reset waits while a process holds GPU 1" \
+    wait_for 20 journal_has "GPU 1 ($G1) needs a reset; waiting until it is idle: held by pid $P"
+check "and GPU 1 is not reset meanwhile" test "$(resets)" = "[]"
+fake_jq --argjson p "$P" 'del(.processes[] | select(.pid == $p))'
+kill "$P"
+check "once idle gpuctld resets GPU 1" wait_for 30 journal_has "GPU 1 ($G1) reset$"
+check_output "with its other NVML clients closed: one reset, accepted" test "$(resets)" = '["NVML_SUCCESS"]'
+check "the reset carried out the pending remap" \
+    test "$(jq '.health.gpus["1"].remap_pending' "$S")" = false
+check "the journal has GPU 1 back in service by the reset" \
+    wait_for 10 journal_has "device $G1 back in service (reset): GPU reset while idle"
+check "train's env file lists GPU 1 again after the reset" wait_for 15 grep -q "^CUDA_VISIBLE_DEVICES=.*$G1" "$ENV"
+sleep 3
+check "GPU 1 stays in service over the next counter reads" \
+    sh -c "gpuctl device list | grep '$G1' | grep -q 'in service'"
 
 pkill -u alice -x script || true
 finish

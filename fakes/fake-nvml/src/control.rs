@@ -66,9 +66,16 @@ fn logged(st: &mut State, function: &str, args: serde_json::Value, rc: NvmlRetur
 }
 
 /// Models `nvidia-smi -r -i <gpu>`: fails with `NVML_ERROR_IN_USE` while processes hold the
-/// GPU; otherwise applies the pending MIG mode and drops all GPU/compute instances.
+/// GPU (or, through [`fakeNvmlResetGpu`], another client of the calling process has NVML
+/// open), `NVML_ERROR_GPU_IS_LOST` for a GPU that fell off the bus; otherwise applies the
+/// pending MIG mode, drops all GPU/compute instances and what a reset clears of its health:
+/// a pending row remap or page retirement is carried out, volatile ECC counts start again.
 /// Logged in `call_log` with `seq` = current `mutating_calls` (not counted).
 pub fn reset_gpu(path: &Path, gpu: u32) -> Result<NvmlReturn, StateError> {
+    reset_gpu_from(path, gpu, false)
+}
+
+fn reset_gpu_from(path: &Path, gpu: u32, other_clients: bool) -> Result<NvmlReturn, StateError> {
     update(path, |st| {
         let args = serde_json::json!({"gpu": gpu});
         let injected = st
@@ -76,16 +83,22 @@ pub fn reset_gpu(path: &Path, gpu: u32) -> Result<NvmlReturn, StateError> {
             .fail
             .get("fakeNvmlResetGpu")
             .and_then(|c| parse_return(c));
+        let lost = st.health.gpus.get(&gpu).is_some_and(|h| h.lost);
         let rc = if let Some(c) = injected {
             c
         } else if gpu as usize >= st.gpus.len() {
             NVML_ERROR_INVALID_ARGUMENT
-        } else if crate::mig::busy(st, gpu, None, None) {
+        } else if other_clients || crate::mig::busy(st, gpu, None, None) {
             NVML_ERROR_IN_USE
+        } else if lost {
+            NVML_ERROR_GPU_IS_LOST
         } else {
             let g = &mut st.gpus[gpu as usize];
             g.mig.current = g.mig.pending;
             g.gpu_instances.clear();
+            if let Some(h) = st.health.gpus.get_mut(&gpu) {
+                h.reset();
+            }
             NVML_SUCCESS
         };
         logged(st, "fakeNvmlResetGpu", args, rc)
@@ -209,10 +222,13 @@ pub unsafe extern "C" fn fakeNvmlSetStatePath(path: *const c_char) -> NvmlReturn
     NVML_SUCCESS
 }
 
-/// C form of [`reset_gpu`].
+/// C form of [`reset_gpu`], called through the library a client has open: `IN_USE` while more
+/// than that one `nvmlInit` of this process is open. nvidia-smi(1) refuses a reset while any
+/// other client, a monitoring one included, has the GPU open.
 #[no_mangle]
 pub extern "C" fn fakeNvmlResetGpu(gpu: c_uint) -> NvmlReturn {
-    with_path(|p| reset_gpu(p, gpu), |rc| rc)
+    let others = *INIT_COUNT.lock().unwrap_or_else(|e| e.into_inner()) > 1;
+    with_path(|p| reset_gpu_from(p, gpu, others), |rc| rc)
 }
 
 /// C form of [`reboot`].

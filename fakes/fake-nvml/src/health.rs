@@ -109,6 +109,18 @@ pub struct GpuHealth {
 }
 
 impl GpuHealth {
+    /// What a GPU reset does: the pending remap or page retirement is carried out (a remap
+    /// counts as uncorrectable, the cause of the pending ones the fake models), volatile ECC
+    /// counts start again.
+    pub(crate) fn reset(&mut self) {
+        if std::mem::take(&mut self.remap_pending) {
+            self.remapped_uncorrectable += 1;
+        }
+        self.retired_pages_pending = false;
+        self.ecc_uncorrected_volatile = 0;
+        self.ecc_corrected_volatile = 0;
+    }
+
     fn supported_events(&self) -> u64 {
         self.supported_events.unwrap_or(DEFAULT_SUPPORTED_EVENTS)
     }

@@ -285,3 +285,49 @@ fn a_wait_sleeps_until_the_state_changes() {
     );
     raiser.join().unwrap();
 }
+
+/// nvidia-smi(1): a reset is refused while another client has the GPU open; through the
+/// library a caller has open, "another" is any second `nvmlInit` of the process. A reset
+/// carries out a pending remap and zeroes the volatile ECC counts; a lost GPU cannot be reset.
+#[test]
+fn a_reset_needs_the_callers_nvml_alone_and_clears_what_a_reset_clears() {
+    let _serial = serial();
+    let fake = Fake::new("h100-80gb*2");
+    health::set_health(&fake.state, 0, |h| {
+        h.remap_pending = true;
+        h.ecc_uncorrected_volatile = 3;
+        h.ecc_uncorrected_aggregate = 3;
+    })
+    .unwrap();
+    health::set_health(&fake.state, 1, |h| h.lost = true).unwrap();
+    let nvml = fake.nvml();
+    // SAFETY: loading our own library; the signature matches src/control.rs.
+    let lib = unsafe { libloading::Library::new(lib_path()).unwrap() };
+    let reset: libloading::Symbol<unsafe extern "C" fn(u32) -> u32> =
+        unsafe { lib.get(b"fakeNvmlResetGpu").unwrap() };
+    let other = fake.nvml();
+    assert_eq!(
+        unsafe { reset(0) },
+        19,
+        "IN_USE while a second client is open"
+    );
+    drop(other);
+    assert_eq!(unsafe { reset(0) }, 0);
+    assert_eq!(unsafe { reset(1) }, GPU_IS_LOST);
+    let a = dev(&nvml, 0);
+    let (mut c, mut u, mut p, mut f) = (0u32, 0u32, 0u32, 0u32);
+    rc(unsafe {
+        nvml.lib()
+            .nvmlDeviceGetRemappedRows(a, &mut c, &mut u, &mut p, &mut f)
+    })
+    .unwrap();
+    assert_eq!((u, p, f), (1, 0, 0), "the pending remap was carried out");
+    let (mut vol, mut agg) = (0u64, 0u64);
+    rc(unsafe { nvml.lib().nvmlDeviceGetTotalEccErrors(a, 1, 0, &mut vol) }).unwrap();
+    rc(unsafe { nvml.lib().nvmlDeviceGetTotalEccErrors(a, 1, 1, &mut agg) }).unwrap();
+    assert_eq!(
+        (vol, agg),
+        (0, 3),
+        "volatile counts start again, lifetime ones stay"
+    );
+}
