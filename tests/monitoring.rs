@@ -225,6 +225,7 @@ fn full_snapshot() -> Snapshot {
                 in_service: false,
                 xids: [(13, 2), (79, 1)].into(),
                 quarantines: 1,
+                resets: 2,
                 conditions: vec!["remap-pending".into()],
             },
             metrics::DeviceHealth {
@@ -780,6 +781,31 @@ fn each_gpus_layout_is_shown_with_the_time_since_its_switch() {
             "gpuctl_gpu_layout_info{gpu=\"1\",layout=\"night\"} 1",
             "gpuctl_gpu_layout_info{gpu=\"2\",layout=\"default\"} 1",
             "gpuctl_gpu_layout_since_seconds{gpu=\"1\",layout=\"night\"} 90",
+        ]
+    );
+}
+
+#[test]
+fn each_gpus_idle_resets_are_counted_and_no_mig_device_has_the_series() {
+    let mut snap = full_snapshot();
+    snap.health.push(metrics::DeviceHealth {
+        device: "MIG-cccc".into(),
+        gpu: 1,
+        in_service: true,
+        resets: 3,
+        ..Default::default()
+    });
+    let text = metrics::encode_prometheus_text(&snap, metrics::counters());
+    let mut lines: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("gpuctl_device_resets_total"))
+        .collect();
+    lines.sort_unstable();
+    assert_eq!(
+        lines,
+        [
+            "gpuctl_device_resets_total{gpu=\"0\",device=\"GPU-aaaa\"} 2",
+            "gpuctl_device_resets_total{gpu=\"1\",device=\"GPU-bbbb\"} 0",
         ]
     );
 }

@@ -792,10 +792,11 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
     // the policy names (CoreReconciler::observe), so a policy change can fix a wrong path.
     // A reset waits for the health watcher to let go of NVML: up to two of its waits (a lost
     // GPU's read is paced by one more).
+    let health_every = health::interval_from_env();
     let gate = Arc::new(health::WatchGate::default());
     let quiet = health::Quiet {
         gate: gate.clone(),
-        wait: 2 * health::interval_from_env() + Duration::from_secs(1),
+        wait: 2 * health_every + Duration::from_secs(1),
     };
     let host = crate::real::RealHost::open(opts.root.clone(), None)
         .with_systemd(Box::new(effector))
@@ -819,7 +820,6 @@ pub async fn run(opts: Options) -> Result<(), DaemonError> {
         policy_seen.clone(),
     ));
     let (health_tx, health_rx) = mpsc::unbounded_channel();
-    let health_every = health::interval_from_env();
     if let Err(e) = health::spawn_watcher(shared.clone(), health_tx, health_every, gate) {
         error!("cannot start the health watcher thread: {e}");
     }

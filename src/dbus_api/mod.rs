@@ -630,7 +630,8 @@ impl Agent {
     }
 }
 
-/// Export the object and take the bus name.
+/// Export the object and take the bus name. `placing` is the placement lock, which gpuctld's
+/// idle reset of a quarantined GPU holds too.
 pub async fn serve(
     conn: &Connection,
     backend: Arc<dyn Backend>,

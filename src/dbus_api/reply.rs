@@ -544,6 +544,8 @@ pub struct DeviceHealthStatus {
     pub slowdown: bool,
     /// Times a fault took it out of service.
     pub quarantines: u64,
+    /// Times gpuctld reset it (a GPU) while idle (`reset-when-idle`).
+    pub resets: u64,
 }
 
 impl HealthReply {
@@ -576,6 +578,7 @@ impl HealthReply {
                 conditions: d.conditions.into_iter().collect(),
                 slowdown: d.slowdown,
                 quarantines: d.quarantines,
+                resets: d.resets,
             }
         };
         let mut devices = Vec::new();

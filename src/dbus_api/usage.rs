@@ -246,6 +246,7 @@ pub fn health_metrics(h: &super::reply::HealthReply) -> Vec<metrics::DeviceHealt
                 in_service: d.in_service,
                 xids: d.xids.clone(),
                 quarantines: d.quarantines,
+                resets: d.resets,
                 conditions,
             }
         })

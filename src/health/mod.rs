@@ -337,6 +337,9 @@ pub struct DeviceHealth {
     /// Times it was taken out of service by a fault.
     #[serde(default)]
     pub quarantines: u64,
+    /// Times gpuctld reset it (a GPU) while idle to bring it back.
+    #[serde(default)]
+    pub resets: u64,
 }
 
 /// What the daemon does after an observation or a command.
@@ -735,6 +738,7 @@ impl Registry {
     /// on it and its MIG devices are lifted; an admin's drain stays.
     pub fn reset_done(&mut self, topo: &Topology, gpu: &str) -> Vec<Effect> {
         let mut out = Vec::new();
+        self.devices.entry(gpu.to_string()).or_default().resets += 1;
         let migs: Vec<String> = topo
             .gpu(gpu)
             .map(|g| g.mig.iter().map(|m| m.uuid.clone()).collect())

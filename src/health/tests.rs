@@ -156,6 +156,7 @@ fn counters_quarantine_reset_when_idle_and_resume_waits_for_the_reset() {
     let e = r.reset_done(&topo(), "GPU-0");
     assert!(matches!(&e[..], [Effect::Resumed { .. }]));
     assert!(out(&r).is_empty());
+    assert_eq!(r.get("GPU-0").unwrap().resets, 1);
 }
 
 #[test]

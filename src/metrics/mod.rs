@@ -70,6 +70,7 @@ pub const METRIC_NAMES: &[&str] = &[
     "gpuctl_device_in_service",
     "gpuctl_device_xid_total",
     "gpuctl_device_quarantines_total",
+    "gpuctl_device_resets_total",
     "gpuctl_device_health_condition",
 ];
 
@@ -203,6 +204,8 @@ pub struct DeviceHealth {
     pub xids: BTreeMap<u32, u64>,
     /// Times a fault took it out of service.
     pub quarantines: u64,
+    /// Times gpuctld reset it while idle.
+    pub resets: u64,
     /// Standing conditions (`remap-pending`, `lost`, …) and `slowdown`.
     pub conditions: Vec<String>,
 }
@@ -532,7 +535,8 @@ fn register_layouts(r: &mut Registry, layouts: &[(u32, String, Option<u64>)]) {
     );
 }
 
-/// Device health: in service or not, XIDs by code, quarantines, standing conditions.
+/// Device health: in service or not, XIDs by code, quarantines, idle resets, standing
+/// conditions.
 fn register_health(r: &mut Registry, devices: &[DeviceHealth]) {
     if devices.is_empty() {
         return;
@@ -540,12 +544,16 @@ fn register_health(r: &mut Registry, devices: &[DeviceHealth]) {
     let up: Family<Labels, Gauge> = Family::default();
     let xids: Family<Labels, Counter> = Family::default();
     let quarantines: Family<Labels, Counter> = Family::default();
+    let resets: Family<Labels, Counter> = Family::default();
     let conditions: Family<Labels, Gauge> = Family::default();
     for d in devices {
         let gpu = d.gpu.to_string();
         let base = l(&[("gpu", &gpu), ("device", &d.device)]);
         up.get_or_create(&base).set(i64::from(d.in_service));
         quarantines.get_or_create(&base).inc_by(d.quarantines);
+        if !d.device.starts_with("MIG-") {
+            resets.get_or_create(&base).inc_by(d.resets);
+        }
         for (code, n) in &d.xids {
             let mut k = base.clone();
             k.push(("xid".into(), code.to_string()));
@@ -567,6 +575,11 @@ fn register_health(r: &mut Registry, devices: &[DeviceHealth]) {
         "device_quarantines",
         "Times a fault took the device out of service",
         quarantines,
+    );
+    r.register(
+        "device_resets",
+        "Times gpuctld reset the GPU while idle to bring it back (reset-when-idle)",
+        resets,
     );
     r.register(
         "device_health_condition",

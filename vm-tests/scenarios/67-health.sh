@@ -163,6 +163,8 @@ check "the reset carried out the pending remap" \
 check "the journal has GPU 1 back in service by the reset" \
     wait_for 10 journal_has "device $G1 back in service (reset): GPU reset while idle"
 check "train's env file lists GPU 1 again after the reset" wait_for 15 grep -q "^CUDA_VISIBLE_DEVICES=.*$G1" "$ENV"
+check "the metrics count one idle reset of GPU 1" \
+    sh -c "gpuctl metrics | grep -qx 'gpuctl_device_resets_total{gpu=\"1\",device=\"$G1\"} 1'"
 sleep 3
 check "GPU 1 stays in service over the next counter reads" \
     sh -c "gpuctl device list | grep '$G1' | grep -q 'in service'"
