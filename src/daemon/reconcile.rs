@@ -47,12 +47,7 @@ pub trait Reconciler: Send {
     /// Report what [`Reconciler::reconcile`] would change, changing nothing.
     fn plan(&mut self, policy: &Policy) -> ReconcileReport;
     /// Reset GPU `gpu` (UUID) when no process holds it.
-    fn reset_gpu(&mut self, policy: &Policy, gpu: &str) -> Result<(), ResetError> {
-        let _ = (policy, gpu);
-        Err(ResetError::Failed(
-            "this reconciler cannot reset a GPU".into(),
-        ))
-    }
+    fn reset_gpu(&mut self, policy: &Policy, gpu: &str) -> Result<(), ResetError>;
 }
 
 /// The reconciler: `observe → plan → execute` on a [`RealHost`] with systemd attached.
