@@ -4,6 +4,7 @@
 # hash of this file and image-packages.txt. Started from the recipe in ../shared/vm/.
 #
 # Usage: build-image.sh [OUTDIR]          (default OUTDIR: /var/tmp/vm-image)
+#        build-image.sh --host-tools      only install the host tools (step 1) and exit
 # Env:   VM_EXTRA_PACKAGES="pkg1,pkg2"  extra Debian packages to put into the guest
 #        VM_IMAGE_SIZE=3G               size of the (sparse) ext4 root image
 #        DEBIAN_MIRROR=URL              the Debian mirror (the URL before /debian); default:
@@ -21,6 +22,8 @@
 # Needs root (mmdebstrap --mode=root, chroot, mounts). Debian 12 host, x86_64.
 set -euo pipefail
 
+HOST_TOOLS_ONLY=0
+[ "${1:-}" = --host-tools ] && { HOST_TOOLS_ONLY=1; shift; }
 OUT=${1:-/var/tmp/vm-image}
 SIZE=${VM_IMAGE_SIZE:-3G}
 SUITE=bookworm
@@ -51,16 +54,38 @@ log() { local ms=$(( ($(date +%s%N) - t0) / 1000000 )); printf '[recipe %4d.%03d
 [ "$(id -u)" = 0 ] || { echo "build-image.sh: must run as root" >&2; exit 1; }
 
 # ---- 1. host tools -----------------------------------------------------------
+# Under TCG, QEMU 10 runs the guests' fork+exec about 3x as fast as bookworm's 7.2, and every
+# scenario is a shell script (docs/performance.md): a bookworm host takes it from backports.
+qemu_major() { qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/^QEMU emulator version \([0-9]*\)\..*/\1/p'; }
+bpo=()
+major=$(qemu_major || true)
+if [ "${major:-0}" -lt 10 ] && grep -qx 'VERSION_CODENAME=bookworm' /etc/os-release; then
+  bpo=(qemu-system-x86)
+  echo "deb $MIRROR/debian bookworm-backports main" >/etc/apt/sources.list.d/gpuctl-vm-tests-backports.list
+fi
 need=()
-command -v qemu-system-x86_64 >/dev/null || need+=(qemu-system-x86)
+[ -n "$major" ] || [ ${#bpo[@]} -gt 0 ] || need+=(qemu-system-x86)
 command -v mmdebstrap          >/dev/null || need+=(mmdebstrap)
 command -v mke2fs              >/dev/null || need+=(e2fsprogs)
 command -v curl                >/dev/null || need+=(curl ca-certificates)
-if [ ${#need[@]} -gt 0 ]; then
-  log "installing host packages: ${need[*]}"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+if [ ${#need[@]} -gt 0 ] || [ ${#bpo[@]} -gt 0 ]; then
+  log "installing host packages: ${need[*]}${bpo[*]:+${need[*]:+ }${bpo[*]} (bookworm-backports; QEMU ${major:-none} here)}"
+  # A mirror without backports leaves the host's own QEMU (or bookworm's): slower, not wrong.
+  if ! apt-get update -qq && [ ${#bpo[@]} -gt 0 ]; then
+    log "warning: no bookworm-backports at $MIRROR: the guests run on bookworm's QEMU, slower"
+    rm -f /etc/apt/sources.list.d/gpuctl-vm-tests-backports.list
+    bpo=()
+    [ -n "$major" ] || need+=(qemu-system-x86)
+    apt-get update -qq
+  fi
+  [ ${#need[@]} -eq 0 ] ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  [ ${#bpo[@]} -eq 0 ] ||
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends -t bookworm-backports \
+      "${bpo[@]}" >/dev/null
+  log "QEMU $(qemu_major)"
 fi
+[ $HOST_TOOLS_ONLY = 1 ] && exit 0
 
 # ---- 2. root filesystem --------------------------------------------------------
 mkdir -p "$OUT"
