@@ -121,6 +121,10 @@ bench_size() { if [ "${VMTEST_SHORT:-0}" = 1 ]; then echo "$2"; else echo "$1"; 
 fail() { _vm_fail "$*"; }
 pass() { _vm_pass "$*"; }
 
+# journal_cursor: the journal's newest entry. `journalctl --after-cursor` reads what came after
+# it; `--since @SECONDS` would take in the rest of that second, an earlier step's lines too.
+journal_cursor() { journalctl -n1 -o json --no-pager | jq -r .__CURSOR; }
+
 # The package under test.
 vm_deb() { find "$VMTEST_DIR/pkg" -maxdepth 1 -name 'gpuctl_*.deb' | head -n1; }
 

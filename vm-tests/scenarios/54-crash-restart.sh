@@ -57,12 +57,12 @@ check "state file matches (${landed:-?}M)" grep -q "$want" /var/lib/gpuctl/slice
 idle() { [ "$(_agent_prop Reconciling)" = false ] && [ "$(systemctl show -P WatchdogUSec gpuctld.service)" = infinity ]; }
 check "idle, systemd's watchdog for gpuctld is disarmed (WatchdogUSec=infinity)" wait_for 20 idle
 systemd-analyze log-level debug
-t=$(date +%s)
+cur=$(journal_cursor)
 gen $N 320M | put_policy 10-teams.toml
 wait_for 20 sh -c "test \$(systemctl show -P MemoryMax gpu-t5.slice) = 335544320"
 wait_for 20 idle
 systemd-analyze log-level info
-journalctl _PID=1 -o cat --no-pager --since "@$t" |
+journalctl _PID=1 -o cat --no-pager --after-cursor "$cur" |
     grep -E '^gpuctld.service: Got notification message.*WATCHDOG' >/tmp/wd.txt || true
 sed 's/^/    | /' /tmp/wd.txt | head -n 6
 check "a policy change arms the watchdog (WATCHDOG_USEC=60000000 and WATCHDOG=1), then idle disarms it" \

@@ -45,7 +45,7 @@ train_gi=$(jq -c '.gpus[0].gpu_instances[] | select(.profile_id == 9 and (.compu
 echo "train's GI: $train_gi"
 systemd-run -q --unit=train-job --slice=gpu-train.slice sleep 600
 
-t_change=$(date +%s)
+cur_change=$(journal_cursor)
 t_us=$(date +%s%6N)
 # Done means: the 4g instance exists *and* a reconcile that started after the change has
 # finished. The instance alone is not enough: it appears mid-reconcile, before MPS is started
@@ -69,16 +69,19 @@ check_output "MPS runs again, on the new MIG device" grep -E "CUDA_VISIBLE_DEVIC
 check "the new daemon got the thread percentage" grep -q 'cmd set_default_active_thread_percentage 50 -> ok' "/var/log/gpuctl/mps/$i2/control.log"
 check "exactly one MPS daemon for infer" test "$(wc -w <<<"$u2")" = 1
 
-# Order, from the journal (systemd's and gpuctld's lines interleaved by time): the daemon was
-# stopped before the GI went, and started after the new one was made.
-journalctl --since "@$t_change" -o cat --no-pager >/tmp/j.txt
+# Order, from the journal. gpuctld logs each action once its apply is done, in the order it ran
+# them, so the order is read from its lines alone: systemd's, written as they happen, come before
+# all of them. systemd's lines show the stop and the start happened after the change.
+journalctl --after-cursor "$cur_change" -o cat --no-pager >/tmp/j.txt
 line() { grep -n -m1 -E "$1" /tmp/j.txt | cut -d: -f1; }
-stopped=$(line "^Stopped .*share $i1|^gpuctl-mps@$i1.service: Deactivated")
+stopped=$(line "^stop MPS daemon $i1 ")
 destroyed=$(line '^destroy GI 3g.40gb')
 created=$(line '^create GI 4g.40gb')
-started=$(line "^start MPS daemon $i2")
+started=$(line "^start MPS daemon $i2 on $new_uuid ")
 grep -n -E "share $i1|share $i2|^(stop|start) MPS|^(destroy|create) GI|^(destroy|create) CI" /tmp/j.txt | head -n 20 | sed 's/^/    | /'
-echo "journal lines: MPS stopped $stopped, GI destroyed $destroyed, GI created $created, MPS started $started"
+echo "gpuctld's lines: MPS stopped $stopped, GI destroyed $destroyed, GI created $created, MPS started $started"
+check "systemd stopped the old MPS daemon and started the new one" \
+    sh -c "grep -q '^Stopped .*share $i1' /tmp/j.txt && grep -q '^Started .*share $i2' /tmp/j.txt"
 check "MPS stopped before the GPU instance was destroyed" test -n "$stopped" -a -n "$destroyed" -a "${stopped:-0}" -lt "${destroyed:-0}"
 check "MPS started after the new GPU instance was created" test -n "$created" -a -n "$started" -a "${created:-0}" -lt "${started:-0}"
 
