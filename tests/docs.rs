@@ -208,6 +208,7 @@ const OTHER_TOOLS: &[(&str, &[&str])] = &[
         ],
     ),
     ("packaging/build.sh", &["--debug", "--no-rpm"]),
+    ("vm-tests/build-image.sh", &["--host-tools"]),
 ];
 
 /// Every long flag of `cmd` and its subcommands, with the values it accepts when they are fixed.
