@@ -29,6 +29,7 @@
 
 use crate::placement::{self, Candidate, Gpus, Request};
 use crate::policy::{LendRule, Team, Window};
+use crate::settings::value::human_duration;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hash::Hash;
 use std::time::Duration;
@@ -676,18 +677,23 @@ impl<'a> Cx<'a> {
         !dev.mps && dev.owners.len() == 1 && dev.owners[0] == owner
     }
 
-    /// Whether `d` of `owner` may be lent now under `rule`, for request `t`.
-    fn lendable(&self, d: usize, owner: &str, rule: &LendRule, t: Ticket) -> bool {
-        let dev = &self.s.devices[d];
-        let after = rule.after.as_millis() as u64;
-        self.lendable_kind(d, owner)
+    /// How long `d` of `owner` has been idle, if it could be lent to request `t` but for the
+    /// lender's `after` and window: no lease, no job placed this round, no foreign memory, not
+    /// kept for another request.
+    fn idle_for(&self, d: usize, owner: &str, t: Ticket) -> Option<u64> {
+        let free = self.lendable_kind(d, owner)
             && self.on[d].is_empty()
             && self.added[d].is_empty()
             && self.foreign(d).is_none()
-            && dev
-                .idle_since_ms
-                .is_some_and(|since| self.s.now_ms.saturating_sub(since) >= after)
-            && self.reserved[d].is_none_or(|r| r == t)
+            && self.reserved[d].is_none_or(|r| r == t);
+        let since = self.s.devices[d].idle_since_ms.filter(|_| free)?;
+        Some(self.s.now_ms.saturating_sub(since))
+    }
+
+    /// Whether `d` of `owner` may be lent now under `rule`, for request `t`.
+    fn lendable(&self, d: usize, owner: &str, rule: &LendRule, t: Ticket) -> bool {
+        self.idle_for(d, owner, t)
+            .is_some_and(|ms| ms >= rule.after.as_millis() as u64)
     }
 }
 
@@ -1116,9 +1122,19 @@ fn reason_parts(cx: &Cx<'_>, w: &Waiter, still: &HashSet<&str>) -> String {
             if kinds.is_empty() {
                 continue;
             }
-            let idle = kinds
+            let after = rule.after.as_millis() as u64;
+            let idle_for: Vec<Option<u64>> = kinds
                 .iter()
-                .filter(|&&d| cx.lendable(d, owner, rule, w.ticket))
+                .map(|&d| cx.idle_for(d, owner, w.ticket))
+                .collect();
+            let idle = idle_for
+                .iter()
+                .filter(|i| i.is_some_and(|ms| ms >= after))
+                .count();
+            // Idle, not yet for `after` (a restarted gpuctld counts from its first look): not busy.
+            let settling = idle_for
+                .iter()
+                .filter(|i| i.is_some_and(|ms| ms < after))
                 .count();
             parts.push(if !cx.window_open(rule) {
                 let when: Vec<String> = rule.when.iter().map(ToString::to_string).collect();
@@ -1128,11 +1144,18 @@ fn reason_parts(cx: &Cx<'_>, w: &Waiter, still: &HashSet<&str>) -> String {
             } else if !may_borrow(cx, w) && idle > 0 {
                 format!("{owner} has {idle} idle device(s) to lend: wait with --borrow")
             } else {
-                format!(
-                    "{} of {} lent devices busy",
-                    kinds.len() - idle.min(kinds.len()),
-                    possessive(owner)
-                )
+                let busy = kinds.len() - idle - settling;
+                let mut p = format!("{busy} of {} lent devices busy", possessive(owner));
+                if settling > 0 {
+                    p += &format!(
+                        ", {settling} idle, lent once idle for {}",
+                        human_duration(rule.after)
+                    );
+                    if !may_borrow(cx, w) {
+                        p += ": wait with --borrow";
+                    }
+                }
+                p
             });
         }
     }

@@ -132,7 +132,7 @@ fn plan_lists_each_gpus_layouts_and_which_one_each_gpu_has_now() {
     assert_eq!(
         gpuctl::cli::plan::render_layouts(&p, &obs),
         "\nLayouts (gpuctld switches each GPU among its entry's; `gpuctl status` shows which it has)\n  \
-         gpu[0] (gpu 1): reslice after 600 s, hold 1800 s\n    \
+         gpu[0] (gpu 1): reslice after 10 min, hold 30 min\n    \
          default: MIG 7x1g.10gb → interns · now on gpu 1\n    \
          night: MIG 2x3g.40gb → train · preferred Mon..Fri 20:00..08:00\n    \
          train-whole: whole GPU, owned by train\n"

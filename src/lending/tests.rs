@@ -192,8 +192,22 @@ fn only_devices_idle_for_after_inside_the_window_and_free_of_foreign_memory_are_
     s.devices[1].foreign = Some("pid 4242 (python) holds 3.0 GiB".into());
     let d = decide(&s);
     assert_eq!(places(&d), vec![]);
+    // GPU-a is idle, not yet for train's `after`: not called busy.
     assert_eq!(
         waits(&d)[0].3,
+        "no free device in interns' share; 1 of train's lent devices busy, 1 idle, lent once \
+         idle for 10 min; you are 1st"
+    );
+    s.waiting[0].borrow = false;
+    assert_eq!(
+        waits(&decide(&s))[0].3,
+        "no free device in interns' share; 1 of train's lent devices busy, 1 idle, lent once \
+         idle for 10 min: wait with --borrow; you are 1st"
+    );
+    s.waiting[0].borrow = true;
+    s.devices[0].idle_since_ms = None;
+    assert_eq!(
+        waits(&decide(&s))[0].3,
         "no free device in interns' share; 2 of train's lent devices busy; you are 1st"
     );
     s.devices[0].idle_since_ms = Some(90 * MIN);

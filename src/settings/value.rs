@@ -360,11 +360,13 @@ pub fn duration_item(i: &Item, max: Duration, max_name: &str) -> Result<Duration
     Ok(d)
 }
 
-/// A duration for people: `24 h`, `90 s`.
+/// A duration for people: `24 h`, `10 min`, `90 s`.
 pub fn human_duration(d: Duration) -> String {
     let s = d.as_secs();
     if s >= 3600 && s % 3600 == 0 {
         format!("{} h", s / 3600)
+    } else if s >= 60 && s % 60 == 0 {
+        format!("{} min", s / 60)
     } else {
         format!("{s} s")
     }
@@ -594,6 +596,17 @@ mod tests {
         assert_eq!(compact_bytes(512 << 20), "512.0M");
         assert_eq!(compact_bytes((1 << 30) - 1), "1024.0M");
         assert_eq!(compact_bytes(900), "900B");
+    }
+
+    #[test]
+    fn human_duration_picks_the_largest_whole_unit() {
+        let d = Duration::from_secs;
+        assert_eq!(human_duration(d(7200)), "2 h");
+        assert_eq!(human_duration(d(600)), "10 min");
+        assert_eq!(human_duration(d(3660)), "61 min");
+        assert_eq!(human_duration(d(90)), "90 s");
+        assert_eq!(human_duration(d(1)), "1 s");
+        assert_eq!(human_duration(d(0)), "0 s");
     }
 
     #[test]

@@ -80,9 +80,16 @@ borrower() {
 # Interns' own GPU is busy.
 as bob "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/own.env; echo \$GPUCTL_SCOPE >$d/own.scope; exec sleep 900'" >/dev/null 2>&1 &
 wait_for 30 test -s "$d/own.scope"
-out=$(as bob "gpuctl run --team interns -- true" 2>&1)
+# refused TEXT: bob's second interns job is refused with TEXT in its answer.
+refused() {
+    local out
+    out=$(as bob "gpuctl run --team interns -- true" 2>&1) && { echo "placed: $out"; return 1; }
+    grep -qF "$1" <<<"$out" || { echo "$out"; return 1; }
+}
+# The restarted gpuctld counts train's GPU idle from its first look, so for `after` (1 s) the
+# answer is "idle, lent once idle for 1 s" (src/lending/tests.rs); the wait covers that second.
 check "without --borrow a second interns job is refused and told it could borrow" \
-    grep -q 'train has 1 idle device(s) to lend: wait with --borrow' <<<"$out"
+    wait_for 10 refused 'train has 1 idle device(s) to lend: wait with --borrow'
 borrower 1
 require_nonempty "the borrowed job's device" "$(cat "$d/b1.env" 2>/dev/null)"
 bscope=$(cat "$d/b1.scope")
