@@ -81,6 +81,7 @@ borrower() {
 as bob "gpuctl run --team interns -- sh -c 'echo \$CUDA_VISIBLE_DEVICES >$d/own.env; echo \$GPUCTL_SCOPE >$d/own.scope; exec sleep 900'" >/dev/null 2>&1 &
 wait_for 30 test -s "$d/own.scope"
 # refused TEXT: bob's second interns job is refused with TEXT in its answer.
+# shellcheck disable=SC2317 # called through wait_for
 refused() {
     local out
     out=$(as bob "gpuctl run --team interns -- true" 2>&1) && { echo "placed: $out"; return 1; }
